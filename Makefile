@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Everything else is optional.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The one place torch is pinned. It is installed only when the environment has no torch:
+# here that takes the local CPU wheel; GPU hosts keep the CUDA build they already carry.
+TORCH_PIN ?= torch==2.13.0
+DEMO_WORKLOAD ?= resnet18
+
+.PHONY: install demo test bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: install
+	$(BIN)/dnnperf bench $(DEMO_WORKLOAD) --preset small --sweep 1,4,16 --steps 10 --warmup 3 --data disk
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/run_benchmarks.py
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) dnnperf-runs .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from dnnperf.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Analyses over workloads and run records."""

@@ -1,0 +1,324 @@
+"""The ``dnnperf`` command line. Results go to stdout (a single JSON document with --json);
+logs, progress and errors go to stderr. Bad input: one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import dnnperf
+from dnnperf.errors import DnnperfError, UsageError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exits with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def batch_size_list(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("expects comma-separated positive integers, e.g. 1,2,4,8")
+    try:
+        return tuple(positive_int(p) for p in parts)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expects comma-separated positive integers (batch sizes), got {text!r}"
+        ) from None
+
+
+def _common(parser: argparse.ArgumentParser, runs: bool = False) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress or tables on the terminal")
+    if runs:
+        parser.add_argument(
+            "--runs-dir",
+            type=Path,
+            default=None,
+            help="where run records live (default: $DNNPERF_RUNS_DIR or ./dnnperf-runs)",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dnnperf.data.sources import DATA_KINDS
+    from dnnperf.devices import DEVICE_CHOICES
+
+    parser = _Parser(
+        prog="dnnperf",
+        description="Measure, explain, predict and reduce the cost of training deep neural networks.",
+    )
+    parser.add_argument("--version", action="version", version=f"dnnperf {dnnperf.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    listing = commands.add_parser("list", help="the workload suite: domains, parameters, FLOPs per sample")
+    listing.add_argument("--preset", action="append", dest="presets", help="only these presets (repeatable)")
+    _common(listing)
+    listing.set_defaults(handler=cmd_list)
+
+    bench = commands.add_parser("bench", help="train a workload and time its steps, at one or more batch sizes")
+    bench.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
+    bench.add_argument("--preset", default="tiny", help="tiny, small or full (default: tiny)")
+    sizes = bench.add_mutually_exclusive_group()
+    sizes.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the preset's)")
+    sizes.add_argument("--sweep", type=batch_size_list, help="several batch sizes, e.g. 1,2,4,8")
+    bench.add_argument("--steps", type=positive_int, default=20, help="measured steps per batch size (20)")
+    bench.add_argument("--warmup", type=non_negative_int, default=5, help="unmeasured warm-up steps (5)")
+    bench.add_argument("--device", default="auto", help=f"{', '.join(DEVICE_CHOICES)} or cuda:N (auto)")
+    bench.add_argument("--data", default="memory", choices=DATA_KINDS, help="synthetic data in memory or on disk")
+    bench.add_argument("--workers", type=non_negative_int, help="DataLoader workers for --data disk")
+    bench.add_argument("--seed", type=non_negative_int, default=0, help="seed of model and data (0)")
+    bench.add_argument("--data-dir", type=Path, help="dataset cache (default: $DNNPERF_DATA_DIR or ~/.cache)")
+    _common(bench, runs=True)
+    bench.set_defaults(handler=cmd_bench)
+
+    runs = commands.add_parser("runs", help="list the run records in the runs directory")
+    _common(runs, runs=True)
+    runs.set_defaults(handler=cmd_runs)
+
+    show = commands.add_parser("show", help="show one run record's results")
+    show.add_argument("run", help="run id, unique id prefix, or path to a record file")
+    _common(show, runs=True)
+    show.set_defaults(handler=cmd_show)
+    return parser
+
+
+# --------------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.analysis.flops import training_flops_per_sample
+    from dnnperf.workloads import all_workloads
+    from dnnperf.workloads.base import PRESET_NAMES, count_parameters
+
+    presets = tuple(args.presets or PRESET_NAMES)
+    for preset in presets:
+        if preset not in PRESET_NAMES:
+            raise UsageError(f"unknown preset {preset!r}: choose one of {', '.join(PRESET_NAMES)}")
+    rows = []
+    workloads = all_workloads()
+    with out.progress("counting parameters and FLOPs", total=len(workloads) * len(presets)) as advance:
+        for workload in workloads:
+            row: dict[str, Any] = {"name": workload.name, "domain": workload.domain, "summary": workload.summary,
+                                   "sample_unit": workload.sample_unit, "presets": {}}
+            for preset in presets:
+                row["presets"][preset] = {
+                    "parameters": count_parameters(workload.build(preset, "meta").model),
+                    "train_flops_per_sample": training_flops_per_sample(workload.name, preset),
+                    "default_batch_size": workload.default_batch_size[preset],
+                }
+                advance()
+            rows.append(row)
+    if args.json:
+        out.json({"workloads": rows})
+    else:
+        from dnnperf.report.terminal import suite_table
+
+        out.print(suite_table(rows, presets))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.results.store import RunStore
+    from dnnperf.runner import BenchSettings, bench
+    from dnnperf.workloads import get_workload
+
+    workload = get_workload(args.workload)
+    workload.config(args.preset)  # validates the preset before anything else happens
+    batch_sizes = args.sweep or ((args.batch_size,) if args.batch_size else None)
+    settings = BenchSettings(
+        workload=workload.name,
+        preset=args.preset,
+        batch_sizes=batch_sizes,
+        steps=args.steps,
+        warmup=args.warmup,
+        device=args.device,
+        data=args.data,
+        workers=args.workers,
+        seed=args.seed,
+        data_dir=args.data_dir,
+    )
+    store = RunStore(args.runs_dir)
+    sizes = batch_sizes or (workload.default_batch_size[args.preset],)
+    total = len(sizes) * (args.steps + args.warmup)
+    with out.progress(f"{workload.name} ({args.preset})", total=total) as advance:
+        try:
+            record = bench(settings, store, command=sys.argv, on_step=lambda *_: advance())
+        except KeyboardInterrupt:
+            out.error(f"interrupted: the steps measured so far are saved (partial) under {store.root}")
+            return EXIT_INTERRUPTED
+    path = store.path(record.id)
+    if args.json:
+        out.json({"record_path": str(path), "record": record.to_dict()})
+    else:
+        from dnnperf.report.terminal import points_table
+
+        out.print(points_table(record))
+        out.print(f"record: {path}")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.results.store import RunStore
+
+    store = RunStore(args.runs_dir, create=False)
+    records, skipped = store.scan()
+    for item in skipped:
+        out.warn(f"skipped {item.path.name}: {item.reason}")
+    if args.json:
+        out.json(
+            {
+                "runs_dir": str(store.root),
+                "runs": [
+                    {
+                        "id": r.id,
+                        "path": str(store.path(r.id)),
+                        "workload": r.workload.get("name"),
+                        "preset": r.workload.get("preset"),
+                        "status": r.status,
+                        "created": r.created,
+                        "device": r.settings.get("device"),
+                        "points": [{"batch_size": p.batch_size, "status": p.status, **p.summary()}
+                                   for p in r.points],
+                    }
+                    for r in records
+                ],
+                "skipped": [{"path": str(s.path), "reason": s.reason} for s in skipped],
+            }
+        )
+    else:
+        from dnnperf.report.terminal import runs_table
+
+        if not records:
+            out.print(f"no runs in {store.root}")
+        else:
+            out.print(runs_table(records))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.results.store import RunStore
+
+    record = RunStore(args.runs_dir, create=False).load(args.run)
+    if args.json:
+        out.json(record.to_dict())
+    else:
+        from dnnperf.report.terminal import points_table
+
+        out.print(points_table(record))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Output discipline and entry point
+# --------------------------------------------------------------------------------------------------
+
+
+class Output:
+    """stdout carries results only; everything else goes to stderr (and --quiet/--json silence it)."""
+
+    def __init__(self, json_mode: bool, quiet: bool) -> None:
+        self.json_mode, self.quiet = json_mode, quiet
+        # Rich assumes 80 columns when output is not a terminal; tables of results need more.
+        self.stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 140)
+        self.stderr = Console(stderr=True)
+
+    def print(self, renderable: Any) -> None:
+        if not self.json_mode and not self.quiet:
+            self.stdout.print(renderable)
+
+    def json(self, document: Any) -> None:
+        sys.stdout.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
+        sys.stdout.flush()
+
+    def warn(self, message: str) -> None:
+        self.stderr.print(f"dnnperf: warning: {message}", markup=False, highlight=False)
+
+    def error(self, message: str) -> None:
+        self.stderr.print(f"dnnperf: {message}", markup=False, highlight=False)
+
+    @contextmanager
+    def progress(self, description: str, total: int):
+        """A progress bar on stderr; yields the function that advances it by one."""
+        disabled = self.quiet or self.json_mode or not self.stderr.is_terminal
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.stderr,
+            transient=True,
+            disable=disabled,
+        ) as progress:
+            task = progress.add_task(description, total=total)
+            yield lambda: progress.advance(task)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace, Output], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    out = Output(args.json, args.quiet)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM saves partial results like Ctrl-C
+    try:
+        return handler(args, out)
+    except DnnperfError as error:
+        out.error(f"error: {error}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as error:  # a bug in dnnperf or the workload: say so in one line unless debugging
+        if os.environ.get("DNNPERF_DEBUG"):
+            raise
+        out.error(f"internal error: {type(error).__name__}: {error} (set DNNPERF_DEBUG=1 for the traceback)")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

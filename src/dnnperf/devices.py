@@ -1,0 +1,53 @@
+"""Choosing the compute device, moving batches to it, and timing that is correct on it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from dnnperf.errors import UsageError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str) -> torch.device:
+    """Turn ``auto``/``cpu``/``cuda``/``cuda:N`` into a device, refusing ones this machine lacks."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}: use one of {', '.join(DEVICE_CHOICES)}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda was asked for but no CUDA GPU is available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"{name} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    elif device.type != "cpu":
+        raise UsageError(f"unsupported device {name!r}: use one of {', '.join(DEVICE_CHOICES)}")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on ``device`` so a host clock reading covers it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Copy every tensor of a batch to ``device``; non-blocking when the source is pinned."""
+    return {
+        key: value.to(device, non_blocking=value.is_pinned()) if isinstance(value, torch.Tensor) else value
+        for key, value in batch.items()
+    }
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for allocation failures on any device (CUDA OOM, CPU allocator failure, MemoryError)."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in message or "can't allocate memory" in message
+    )

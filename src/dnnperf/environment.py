@@ -1,0 +1,84 @@
+"""What a measurement ran on: the machine, the device and the software versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from functools import cache
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+import dnnperf
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform reports."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> list[dict[str, Any]]:
+    """Name, memory and compute capability of every visible CUDA device."""
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append(
+            {
+                "index": index,
+                "name": props.name,
+                "memory_bytes": int(props.total_memory),
+                "compute_capability": f"{props.major}.{props.minor}",
+                "multiprocessors": int(props.multi_processor_count),
+            }
+        )
+    return gpus
+
+
+@cache
+def machine() -> dict[str, Any]:
+    """The host: CPU, cores, memory, GPUs. Cached: it does not change during a process."""
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "hostname": platform.node(),
+        "cpu_model": cpu_model(),
+        "architecture": platform.machine(),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "cores_logical": psutil.cpu_count(logical=True),
+        "cores_usable": len(affinity) if affinity is not None else psutil.cpu_count(logical=True),
+        "memory_bytes": int(psutil.virtual_memory().total),
+        "gpus": gpu_info(),
+    }
+
+
+def software() -> dict[str, Any]:
+    """Versions that change results: Python, torch and its backends, numpy, dnnperf, the OS."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "dnnperf": dnnperf.__version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "numpy": np.__version__,
+        "os": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+    }
+
+
+def describe() -> dict[str, Any]:
+    """Everything a run record stores about where it ran."""
+    return {"machine": machine(), "software": software()}

@@ -1,0 +1,1 @@
+"""Plain-PyTorch models of the workload suite, one module per application domain."""

@@ -1,0 +1,1 @@
+"""Rendering of measurements: terminal tables now; HTML, traces and comparisons later."""

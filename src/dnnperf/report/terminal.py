@@ -1,0 +1,94 @@
+"""Rich tables of the suite, of a run's results and of the run store. Rendering only: no measuring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from dnnperf.results.record import RunRecord
+
+
+def human_count(value: float | None, unit: str = "") -> str:
+    """1234567 -> '1.23 M'; None -> 'n/a'."""
+    if value is None:
+        return "n/a"
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def milliseconds(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def suite_table(rows: list[dict[str, Any]], presets: tuple[str, ...]) -> Table:
+    table = Table(title="dnnperf workload suite", title_justify="left")
+    table.add_column("workload", style="bold")
+    table.add_column("domain")
+    for preset in presets:
+        table.add_column(f"{preset} params", justify="right")
+        table.add_column(f"{preset} FLOPs/sample", justify="right")
+    for row in rows:
+        cells = [row["name"], row["domain"]]
+        for preset in presets:
+            info = row["presets"][preset]
+            cells += [human_count(info["parameters"]), human_count(info["train_flops_per_sample"])]
+        table.add_row(*cells)
+    table.caption = (
+        "FLOPs: one training step (forward + backward, counted per operator by torch's FlopCounterMode: "
+        "matmul, convolution, attention) divided by the batch size."
+    )
+    return table
+
+
+def points_table(record: RunRecord) -> Table:
+    unit = record.workload.get("sample_unit", "sample")
+    title = (
+        f"{record.workload['name']} ({record.workload['preset']}) on {record.settings['device']}, "
+        f"data {record.settings['data']}: {record.status}"
+    )
+    table = Table(title=title, title_justify="left")
+    for name in ("batch", "status", "steps", "step ms median", "p10-p90 ms", f"{unit}s/s median", "p10-p90",
+                 "loss first->last"):
+        table.add_column(name, justify="right")
+    for point in record.points:
+        summary = point.summary()
+        step, rate = summary["step_time_s"], summary["throughput"]
+        losses = [v for v in point.loss if v is not None]
+        loss = f"{losses[0]:.3g} -> {losses[-1]:.3g}" if losses else "n/a"
+        if rate is None:
+            table.add_row(str(point.batch_size), point.status, "0", "n/a", "n/a", "n/a", "n/a", loss)
+            continue
+        table.add_row(
+            str(point.batch_size),
+            point.status,
+            str(step["n"]),
+            milliseconds(step["median"]),
+            f"{milliseconds(step['p10'])}-{milliseconds(step['p90'])}",
+            f"{rate['median']:.1f}",
+            f"{rate['p10']:.1f}-{rate['p90']:.1f}",
+            loss,
+        )
+    return table
+
+
+def runs_table(records: list[RunRecord]) -> Table:
+    table = Table(title="runs", title_justify="left")
+    for name in ("id", "workload", "preset", "device", "data", "status", "batch sizes", "best samples/s"):
+        table.add_column(name)
+    for record in records:
+        rates = [p.summary()["throughput"] for p in record.points]
+        best = max((r["median"] for r in rates if r), default=None)
+        table.add_row(
+            record.id,
+            record.workload.get("name", "?"),
+            record.workload.get("preset", "?"),
+            str(record.settings.get("device", "?")),
+            str(record.settings.get("data", "?")),
+            record.status,
+            ",".join(str(p.batch_size) for p in record.points),
+            "n/a" if best is None else f"{best:.1f}",
+        )
+    return table

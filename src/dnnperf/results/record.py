@@ -1,0 +1,189 @@
+"""The run record: one self-describing JSON document per run (schema in docs/run-record.md).
+
+Raw per-step samples are the source of truth; the summaries stored beside them are recomputed from
+them on load, so a record edited by hand cannot disagree with itself.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from dnnperf.stats import Samples
+
+SCHEMA = "dnnperf.run"
+SCHEMA_VERSION = 1
+
+RUN_STATUSES = ("running", "complete", "partial", "failed")
+POINT_STATUSES = ("running", "complete", "partial", "oom", "failed")
+
+
+class RecordError(ValueError):
+    """A document that is not a valid run record; the message says what is wrong."""
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(workload: str, preset: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{workload}-{preset}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class Point:
+    """The measurements at one batch size."""
+
+    batch_size: int
+    status: str = "running"
+    warmup_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    #: Loss after every step, warm-up steps first (None where a step produced none).
+    loss: list[float | None] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def step_time(self) -> Samples:
+        return Samples.of(self.step_s)
+
+    def summary(self) -> dict[str, Any]:
+        """Step time statistics and the throughput they imply (samples/s; p10 of throughput comes
+        from p90 of step time)."""
+        times = self.step_time
+        if not len(times):
+            return {"step_time_s": times.summary(), "throughput": None}
+        b = self.batch_size
+        return {
+            "step_time_s": times.summary(),
+            "throughput": {"median": b / times.median, "p10": b / times.p90, "p90": b / times.p10},
+        }
+
+
+@dataclass
+class RunRecord:
+    """Everything one invocation measured, and what it ran on."""
+
+    id: str
+    kind: str
+    workload: dict[str, Any]
+    settings: dict[str, Any]
+    environment: dict[str, Any]
+    command: list[str] = field(default_factory=list)
+    created: str = field(default_factory=utc_now)
+    finished: str | None = None
+    status: str = "running"
+    error: str | None = None
+    points: list[Point] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        points = []
+        for point in self.points:
+            points.append(
+                {
+                    "batch_size": point.batch_size,
+                    "status": point.status,
+                    "error": point.error,
+                    "warmup_s": point.warmup_s,
+                    "step_s": point.step_s,
+                    "loss": point.loss,
+                    "summary": point.summary(),
+                }
+            )
+        document = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "id": self.id,
+            "kind": self.kind,
+            "status": self.status,
+            "error": self.error,
+            "created": self.created,
+            "finished": self.finished,
+            "command": self.command,
+            "workload": self.workload,
+            "settings": self.settings,
+            "environment": self.environment,
+            "points": points,
+        }
+        return _finite(document)
+
+    @classmethod
+    def from_dict(cls, document: Any) -> RunRecord:
+        """Validate a parsed JSON document and build the record; RecordError says what is wrong."""
+        if not isinstance(document, dict):
+            raise RecordError("not a JSON object")
+        if document.get("schema") != SCHEMA:
+            raise RecordError(f"schema is {document.get('schema')!r}, expected {SCHEMA!r}")
+        version = document.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise RecordError(f"schema_version {version!r} is not one this dnnperf reads (<= {SCHEMA_VERSION})")
+        _expect(document, "id", str)
+        _expect(document, "kind", str)
+        _expect(document, "created", str)
+        for key in ("workload", "settings", "environment"):
+            _expect(document, key, dict)
+        _expect(document, "points", list)
+        if document.get("status") not in RUN_STATUSES:
+            raise RecordError(f"status {document.get('status')!r} is not one of {', '.join(RUN_STATUSES)}")
+        points = [_point_from_dict(p, i) for i, p in enumerate(document["points"])]
+        return cls(
+            id=document["id"],
+            kind=document["kind"],
+            workload=document["workload"],
+            settings=document["settings"],
+            environment=document["environment"],
+            command=list(document.get("command") or []),
+            created=document["created"],
+            finished=document.get("finished"),
+            status=document["status"],
+            error=document.get("error"),
+            points=points,
+        )
+
+
+def _expect(document: dict[str, Any], key: str, kind: type) -> None:
+    if not isinstance(document.get(key), kind):
+        raise RecordError(f"field {key!r} missing or not a {kind.__name__}")
+
+
+def _numbers(values: Any, where: str, allow_none: bool = False) -> list[Any]:
+    if not isinstance(values, list):
+        raise RecordError(f"{where} is not a list")
+    for value in values:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok and not (allow_none and value is None):
+            raise RecordError(f"{where} holds {value!r}, not a number")
+    return [v if v is None else float(v) for v in values]
+
+
+def _point_from_dict(data: Any, index: int) -> Point:
+    where = f"points[{index}]"
+    if not isinstance(data, dict):
+        raise RecordError(f"{where} is not an object")
+    batch_size = data.get("batch_size")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise RecordError(f"{where}.batch_size is {batch_size!r}, not a positive integer")
+    if data.get("status") not in POINT_STATUSES:
+        raise RecordError(f"{where}.status {data.get('status')!r} is not one of {', '.join(POINT_STATUSES)}")
+    return Point(
+        batch_size=batch_size,
+        status=data["status"],
+        warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s"),
+        step_s=_numbers(data.get("step_s", []), f"{where}.step_s"),
+        loss=_numbers(data.get("loss", []), f"{where}.loss", allow_none=True),
+        error=data.get("error"),
+    )
+
+
+def _finite(value: Any) -> Any:
+    """Replace NaN and infinities (not valid JSON) with null, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

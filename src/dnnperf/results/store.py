@@ -1,0 +1,113 @@
+"""The run store: a directory of JSON run records, written atomically, listed without trusting them."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dnnperf.errors import UsageError
+from dnnperf.results.record import RecordError, RunRecord
+
+RUNS_DIR_ENV = "DNNPERF_RUNS_DIR"
+DEFAULT_RUNS_DIR = "dnnperf-runs"
+
+
+def default_runs_dir() -> Path:
+    return Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
+
+
+def write_json_atomic(path: Path, document: object) -> None:
+    """Write JSON so that readers see the old file or the new one, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A file in the runs directory that could not be read as a record, and why."""
+
+    path: Path
+    reason: str
+
+
+class RunStore:
+    """Run records under one directory, one ``<id>.json`` file each."""
+
+    def __init__(self, root: Path | str | None = None, *, create: bool = True) -> None:
+        self.root = Path(root) if root is not None else default_runs_dir()
+        if create:
+            self._check_writable()
+
+    def _check_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.root):
+                pass
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise UsageError(f"runs directory {self.root} is not writable: {reason}") from None
+
+    def path(self, record_id: str) -> Path:
+        return self.root / f"{record_id}.json"
+
+    def save(self, record: RunRecord) -> Path:
+        path = self.path(record.id)
+        write_json_atomic(path, record.to_dict())
+        return path
+
+    def load(self, ref: str) -> RunRecord:
+        """A record by file path, id, or unique id prefix."""
+        candidate = Path(ref)
+        if candidate.suffix == ".json" and candidate.is_file():
+            return read_record(candidate)
+        if self.path(ref).is_file():
+            return read_record(self.path(ref))
+        matches = sorted(self.root.glob(f"{ref}*.json")) if self.root.is_dir() else []
+        if len(matches) == 1:
+            return read_record(matches[0])
+        if not matches:
+            raise UsageError(f"no run {ref!r} in {self.root}")
+        raise UsageError(f"run {ref!r} is ambiguous in {self.root}: {len(matches)} records match")
+
+    def scan(self) -> tuple[list[RunRecord], list[SkippedRecord]]:
+        """Every readable record (oldest first) and every file that was skipped, with the reason."""
+        records: list[RunRecord] = []
+        skipped: list[SkippedRecord] = []
+        if not self.root.is_dir():
+            return records, skipped
+        for path in sorted(self.root.glob("*.json")):
+            try:
+                records.append(read_record(path))
+            except UsageError as error:
+                skipped.append(SkippedRecord(path, str(error)))
+        records.sort(key=lambda r: r.created)
+        return records, skipped
+
+
+def read_record(path: Path) -> RunRecord:
+    """Parse and validate one record file (plain JSON: nothing is executed)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+    try:
+        return RunRecord.from_dict(document)
+    except RecordError as error:
+        raise UsageError(f"{path} is not a dnnperf run record: {error}") from None

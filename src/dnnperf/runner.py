@@ -1,0 +1,211 @@
+"""The training loop that measures: warm-up, then timed steps, one batch size after another.
+
+A step's time runs from asking the data source for a batch to the end of the optimizer update, with
+the device synchronised at the end so the host clock covers the queued GPU work. The record is saved
+atomically when the run starts, at most every ``checkpoint_s`` seconds while it runs, and when it
+ends, so an interrupted run keeps the steps it measured (marked partial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dnnperf import environment
+from dnnperf.data.sources import open_source
+from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
+from dnnperf.errors import UsageError
+from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
+from dnnperf.results.store import RunStore
+from dnnperf.workloads import get_workload
+from dnnperf.workloads.base import Workload, count_parameters
+
+#: Called after every step: (batch size, steps done at this batch size, steps in total at it).
+StepCallback = Callable[[int, int, int], None]
+
+# On-disk dataset size (samples) per preset, before the "at least two batches" rule.
+DISK_SAMPLES = {"tiny": 64, "small": 256, "full": 512}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What to measure. ``batch_sizes`` None means the workload's default for the preset."""
+
+    workload: str
+    preset: str = "tiny"
+    batch_sizes: tuple[int, ...] | None = None
+    steps: int = 20
+    warmup: int = 5
+    device: str = "auto"
+    data: str = "memory"
+    workers: int | None = None
+    seed: int = 0
+    data_dir: Path | None = None
+
+    def validate(self) -> None:
+        if self.steps <= 0:
+            raise UsageError(f"--steps must be a positive integer, got {self.steps}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be zero or more, got {self.warmup}")
+        for b in self.batch_sizes or ():
+            if b <= 0:
+                raise UsageError(f"batch size must be a positive integer, got {b}")
+        if self.workers is not None and self.workers < 0:
+            raise UsageError(f"--workers must be zero or more, got {self.workers}")
+
+
+def bench(
+    settings: BenchSettings,
+    store: RunStore | None = None,
+    *,
+    command: Sequence[str] = (),
+    on_step: StepCallback | None = None,
+    checkpoint_s: float = 1.0,
+) -> RunRecord:
+    """Train and time ``settings.steps`` steps at each batch size; return (and store) the record.
+
+    A batch size that runs out of memory is recorded as ``oom`` and the sweep goes on. Ctrl-C saves
+    the record as ``partial`` and re-raises KeyboardInterrupt; any other error saves it as ``failed``.
+    """
+    settings.validate()
+    workload = get_workload(settings.workload)
+    config = workload.config(settings.preset)
+    device = resolve_device(settings.device)
+    batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
+    record = RunRecord(
+        id=new_run_id(workload.name, settings.preset),
+        kind="bench",
+        command=list(command),
+        workload=_describe_workload(workload, settings.preset),
+        settings={
+            **{k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
+            "batch_sizes": list(batch_sizes),
+            "device": str(device),
+            "requested_device": settings.device,
+            "torch_threads": torch.get_num_threads(),
+        },
+        environment=environment.describe(),
+    )
+    saver = _Saver(store, record, checkpoint_s)
+    saver.save()
+    try:
+        for batch_size in batch_sizes:
+            point = Point(batch_size=batch_size)
+            record.points.append(point)
+            _measure_point(workload, settings, device, point, saver, on_step)
+        record.status = "complete"
+    except KeyboardInterrupt:
+        record.status = "partial"
+        raise
+    except BaseException as error:
+        record.status = "failed"
+        record.error = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        record.finished = utc_now()
+        saver.save()
+    return record
+
+
+def _measure_point(
+    workload: Workload,
+    settings: BenchSettings,
+    device: torch.device,
+    point: Point,
+    saver: _Saver,
+    on_step: StepCallback | None,
+) -> None:
+    total = settings.warmup + settings.steps
+    task = source = None
+    try:
+        torch.manual_seed(settings.seed)
+        task = workload.build(settings.preset, device)
+        source = open_source(
+            workload.data(settings.preset),
+            settings.data,
+            point.batch_size,
+            seed=settings.seed,
+            workers=settings.workers,
+            data_dir=settings.data_dir,
+            min_samples=DISK_SAMPLES.get(settings.preset, 64),
+            pin=device.type == "cuda",
+        )
+        for index in range(total):
+            start = time.perf_counter()
+            batch = to_device(next(source), device)
+            loss = task.step(batch)
+            synchronize(device)
+            elapsed = time.perf_counter() - start
+            (point.warmup_s if index < settings.warmup else point.step_s).append(elapsed)
+            point.loss.append(_as_float(loss))
+            if on_step is not None:
+                on_step(point.batch_size, index + 1, total)
+            saver.maybe_save()
+        point.status = "complete"
+    except KeyboardInterrupt:
+        point.status = "partial"
+        raise
+    except Exception as error:
+        if not is_out_of_memory(error):
+            point.status = "failed"
+            point.error = f"{type(error).__name__}: {error}"
+            raise
+        point.status = "oom"
+        point.error = str(error).splitlines()[0][:300]
+    finally:
+        if source is not None:
+            source.close()
+        del task, source
+        _release_memory(device)
+
+
+def _as_float(loss: torch.Tensor | None) -> float | None:
+    if loss is None:
+        return None
+    value = float(loss)
+    return value if math.isfinite(value) else None
+
+
+def _release_memory(device: torch.device) -> None:
+    """Free what the last batch size held so the next one starts clean (and an OOM can recover)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _describe_workload(workload: Workload, preset: str) -> dict:
+    config = workload.config(preset)
+    with torch.device("meta"):  # count parameters without allocating them
+        parameters = count_parameters(workload.build(preset, "meta").model)
+    return {
+        "name": workload.name,
+        "domain": workload.domain,
+        "preset": preset,
+        "parameters": parameters,
+        "sample_unit": workload.sample_unit,
+        "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config),
+    }
+
+
+class _Saver:
+    """Saves the record now, or when ``interval`` seconds have passed since the last save."""
+
+    def __init__(self, store: RunStore | None, record: RunRecord, interval: float) -> None:
+        self.store, self.record, self.interval = store, record, interval
+        self.last = -math.inf
+
+    def save(self) -> None:
+        if self.store is not None:
+            self.store.save(self.record)
+        self.last = time.monotonic()
+
+    def maybe_save(self) -> None:
+        if time.monotonic() - self.last >= self.interval:
+            self.save()

@@ -1,0 +1,24 @@
+"""The workload suite: one module per application domain, each registering its workloads."""
+
+from dnnperf.workloads import (  # noqa: F401 - imported to register their workloads
+    classification,
+    detection,
+    language,
+    recommendation,
+    speech,
+    translation,
+)
+from dnnperf.workloads.base import Batch, Stages, SupervisedTask, Task, Workload, count_parameters
+from dnnperf.workloads.registry import all_workloads, get_workload, register
+
+__all__ = [
+    "Batch",
+    "Stages",
+    "SupervisedTask",
+    "Task",
+    "Workload",
+    "all_workloads",
+    "count_parameters",
+    "get_workload",
+    "register",
+]
