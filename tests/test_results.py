@@ -15,7 +15,9 @@ def make_record(**changes) -> RunRecord:
         workload={"name": "basic_cnn", "preset": "tiny"},
         settings={"device": "cpu", "data": "memory"},
         environment={"machine": {}, "software": {}},
-        points=[Point(batch_size=4, status="complete", warmup_s=[0.5], step_s=[0.1, 0.2, 0.4], loss=[2.0, 1.5])],
+        points=[
+            Point(batch_size=4, status="complete", warmup_s=[0.5], step_s=[0.1, 0.2, 0.4], loss=[2.0, 1.5])
+        ],
     )
     for key, value in changes.items():
         setattr(record, key, value)

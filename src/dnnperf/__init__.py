@@ -1,3 +1,27 @@
-"""dnnperf: measure, explain, predict and reduce the cost of training deep neural networks."""
+"""dnnperf: measure, explain, predict and reduce the cost of training deep neural networks.
+
+The Python API: workloads of the suite (:func:`get_workload`), the measuring runner (:func:`bench`)
+and the run records it produces (:class:`RunRecord`, :class:`RunStore`).
+"""
 
 __version__ = "0.1.0"
+
+from dnnperf.results import Point, RunRecord, RunStore, read_record
+from dnnperf.runner import BenchSettings, bench
+from dnnperf.stats import Samples
+from dnnperf.workloads import Task, Workload, all_workloads, get_workload
+
+__all__ = [
+    "BenchSettings",
+    "Point",
+    "RunRecord",
+    "RunStore",
+    "Samples",
+    "Task",
+    "Workload",
+    "__version__",
+    "all_workloads",
+    "bench",
+    "get_workload",
+    "read_record",
+]

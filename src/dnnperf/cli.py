@@ -63,7 +63,9 @@ def batch_size_list(text: str) -> tuple[int, ...]:
 
 
 def _common(parser: argparse.ArgumentParser, runs: bool = False) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON document on stdout and nothing else"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress or tables on the terminal")
     if runs:
         parser.add_argument(
@@ -90,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(listing)
     listing.set_defaults(handler=cmd_list)
 
-    bench = commands.add_parser("bench", help="train a workload and time its steps, at one or more batch sizes")
+    bench = commands.add_parser(
+        "bench", help="train a workload and time its steps, at one or more batch sizes"
+    )
     bench.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
     bench.add_argument("--preset", default="tiny", help="tiny, small or full (default: tiny)")
     sizes = bench.add_mutually_exclusive_group()
@@ -99,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=positive_int, default=20, help="measured steps per batch size (20)")
     bench.add_argument("--warmup", type=non_negative_int, default=5, help="unmeasured warm-up steps (5)")
     bench.add_argument("--device", default="auto", help=f"{', '.join(DEVICE_CHOICES)} or cuda:N (auto)")
-    bench.add_argument("--data", default="memory", choices=DATA_KINDS, help="synthetic data in memory or on disk")
+    bench.add_argument(
+        "--data", default="memory", choices=DATA_KINDS, help="synthetic data in memory or on disk"
+    )
     bench.add_argument("--workers", type=non_negative_int, help="DataLoader workers for --data disk")
     bench.add_argument("--seed", type=non_negative_int, default=0, help="seed of model and data (0)")
     bench.add_argument("--data-dir", type=Path, help="dataset cache (default: $DNNPERF_DATA_DIR or ~/.cache)")
@@ -135,8 +141,13 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
     workloads = all_workloads()
     with out.progress("counting parameters and FLOPs", total=len(workloads) * len(presets)) as advance:
         for workload in workloads:
-            row: dict[str, Any] = {"name": workload.name, "domain": workload.domain, "summary": workload.summary,
-                                   "sample_unit": workload.sample_unit, "presets": {}}
+            row: dict[str, Any] = {
+                "name": workload.name,
+                "domain": workload.domain,
+                "summary": workload.summary,
+                "sample_unit": workload.sample_unit,
+                "presets": {},
+            }
             for preset in presets:
                 row["presets"][preset] = {
                     "parameters": count_parameters(workload.build(preset, "meta").model),
@@ -214,8 +225,9 @@ def cmd_runs(args: argparse.Namespace, out: Output) -> int:
                         "status": r.status,
                         "created": r.created,
                         "device": r.settings.get("device"),
-                        "points": [{"batch_size": p.batch_size, "status": p.status, **p.summary()}
-                                   for p in r.points],
+                        "points": [
+                            {"batch_size": p.batch_size, "status": p.status, **p.summary()} for p in r.points
+                        ],
                     }
                     for r in records
                 ],
@@ -268,10 +280,12 @@ class Output:
         sys.stdout.flush()
 
     def warn(self, message: str) -> None:
-        self.stderr.print(f"dnnperf: warning: {message}", markup=False, highlight=False)
+        self.error(f"warning: {message}")
 
     def error(self, message: str) -> None:
-        self.stderr.print(f"dnnperf: {message}", markup=False, highlight=False)
+        # Plain write: a rich console would wrap a long message onto a second line.
+        sys.stderr.write(f"dnnperf: {' '.join(message.split())}\n")
+        sys.stderr.flush()
 
     @contextmanager
     def progress(self, description: str, total: int):

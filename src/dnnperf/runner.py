@@ -76,8 +76,11 @@ def bench(
     """
     settings.validate()
     workload = get_workload(settings.workload)
-    config = workload.config(settings.preset)
+    workload.config(settings.preset)
     device = resolve_device(settings.device)
+    fmt = workload.data(settings.preset)
+    if settings.data == "disk" and not fmt.storable:
+        raise UsageError(f"{workload.name}: {fmt.why_not_storable}; --data disk does not apply")
     batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
     record = RunRecord(
         id=new_run_id(workload.name, settings.preset),

@@ -401,7 +401,11 @@ class InteractionFormat(RecordFormat):
         items[1:] = torch.randint(0, self.num_items, (self.negatives,))
         labels = torch.zeros(rows)
         labels[0] = 1.0
-        return {"user": torch.full((rows,), int(raw["user"]), dtype=torch.long), "item": items, "label": labels}
+        return {
+            "user": torch.full((rows,), int(raw["user"]), dtype=torch.long),
+            "item": items,
+            "label": labels,
+        }
 
 
 @dataclass(frozen=True)

@@ -197,4 +197,6 @@ def open_source(
     if kind == "memory":
         return MemorySource(fmt, batch_size, seed=seed, pin=pin)
     directory = ensure_dataset(fmt, dataset_size(batch_size, min_samples), seed, data_dir)
-    return DiskSource(fmt, directory, batch_size, default_workers() if workers is None else workers, seed, pin)
+    return DiskSource(
+        fmt, directory, batch_size, default_workers() if workers is None else workers, seed, pin
+    )

@@ -50,8 +50,16 @@ def points_table(record: RunRecord) -> Table:
         f"data {record.settings['data']}: {record.status}"
     )
     table = Table(title=title, title_justify="left")
-    for name in ("batch", "status", "steps", "step ms median", "p10-p90 ms", f"{unit}s/s median", "p10-p90",
-                 "loss first->last"):
+    for name in (
+        "batch",
+        "status",
+        "steps",
+        "step ms median",
+        "p10-p90 ms",
+        f"{unit}s/s median",
+        "p10-p90",
+        "loss first->last",
+    ):
         table.add_column(name, justify="right")
     for point in record.points:
         summary = point.summary()

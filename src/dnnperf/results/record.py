@@ -119,7 +119,9 @@ class RunRecord:
             raise RecordError(f"schema is {document.get('schema')!r}, expected {SCHEMA!r}")
         version = document.get("schema_version")
         if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise RecordError(f"schema_version {version!r} is not one this dnnperf reads (<= {SCHEMA_VERSION})")
+            raise RecordError(
+                f"schema_version {version!r} is not one this dnnperf reads (<= {SCHEMA_VERSION})"
+            )
         _expect(document, "id", str)
         _expect(document, "kind", str)
         _expect(document, "created", str)

@@ -1,10 +1,12 @@
 """The workload suite: one module per application domain, each registering its workloads."""
 
 from dnnperf.workloads import (  # noqa: F401 - imported to register their workloads
+    adversarial,
     classification,
     detection,
     language,
     recommendation,
+    reinforcement,
     speech,
     translation,
 )

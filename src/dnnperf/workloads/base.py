@@ -22,8 +22,9 @@ Batch = dict[str, torch.Tensor]
 
 PRESET_NAMES = ("tiny", "small", "full")
 
-# The stage names a training step reports, in data-flow order. Reading and copying are the runner's.
-STAGE_NAMES = ("read", "preprocess", "copy", "forward", "backward", "update", "exchange")
+# The stage names a training step reports, in data-flow order. Reading, preprocessing and copying are
+# the runner's; "environment" is reinforcement learning's data stage (playing the game inside the step).
+STAGE_NAMES = ("read", "preprocess", "copy", "environment", "forward", "backward", "update", "exchange")
 
 
 class Stages(Protocol):
@@ -95,7 +96,9 @@ class Workload:
         from dnnperf.errors import UsageError
 
         if preset not in self.presets:
-            raise UsageError(f"unknown preset {preset!r} for {self.name}: choose one of {', '.join(self.presets)}")
+            raise UsageError(
+                f"unknown preset {preset!r} for {self.name}: choose one of {', '.join(self.presets)}"
+            )
         return self.presets[preset]
 
     def build(self, preset: str, device: torch.device | str = "cpu") -> Task:

@@ -26,7 +26,9 @@ def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     output = model(batch["image"])
     if isinstance(output, tuple):  # (logits, auxiliary logits)
         logits, aux = output
-        return F.cross_entropy(logits, batch["label"]) + AUX_LOSS_WEIGHT * F.cross_entropy(aux, batch["label"])
+        return F.cross_entropy(logits, batch["label"]) + AUX_LOSS_WEIGHT * F.cross_entropy(
+            aux, batch["label"]
+        )
     return F.cross_entropy(output, batch["label"])
 
 
@@ -74,8 +76,9 @@ BASIC_CNN = _classifier(
     vision.BASIC_CNN_PRESETS,
     batch_sizes=(8, 64, 128),
 )
-ALEXNET = _classifier("alexnet", "AlexNet, single-tower (61.1 M parameters)", vision.AlexNet,
-                      vision.ALEXNET_PRESETS)
+ALEXNET = _classifier(
+    "alexnet", "AlexNet, single-tower (61.1 M parameters)", vision.AlexNet, vision.ALEXNET_PRESETS
+)
 VGG16 = _classifier("vgg16", "VGG-16 without batch norm (138.4 M)", vision.VGG, vision.VGG16_PRESETS)
 VGG19 = _classifier("vgg19", "VGG-19 without batch norm (143.7 M)", vision.VGG, vision.VGG19_PRESETS)
 RESNET18 = _classifier("resnet18", "ResNet-18 (11.7 M)", vision.ResNet, vision.RESNET18_PRESETS, lr=0.1)
@@ -86,5 +89,7 @@ INCEPTION_V3 = _classifier(
     vision.InceptionV3,
     vision.INCEPTION_V3_PRESETS,
     lr=0.045,
-    notes=("parameter count excludes the auxiliary classifier unless the preset enables it (27.2 M with it)",),
+    notes=(
+        "parameter count excludes the auxiliary classifier unless the preset enables it (27.2 M with it)",
+    ),
 )

@@ -22,7 +22,10 @@ def _token_loss(label_smoothing: float):
     def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
         logits = model(batch["src"], batch["tgt_in"])
         return F.cross_entropy(
-            logits.flatten(0, 1), batch["tgt_out"].flatten(), ignore_index=PAD, label_smoothing=label_smoothing
+            logits.flatten(0, 1),
+            batch["tgt_out"].flatten(),
+            ignore_index=PAD,
+            label_smoothing=label_smoothing,
         )
 
     return loss

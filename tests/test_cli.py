@@ -1,0 +1,150 @@
+"""The command line as a user meets it: help, version, JSON discipline, and one-line errors."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.conftest import run_cli
+
+import dnnperf
+
+SUBCOMMANDS = ("list", "bench", "runs", "show")
+
+
+def assert_one_line_error(result, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"dnnperf {dnnperf.__version__}"
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_help(command):
+    result = run_cli(command, "--help")
+    assert result.returncode == 0
+    assert "usage: dnnperf " + command in result.stdout
+    assert "--json" in result.stdout
+
+
+def test_bench_json_is_a_single_document_and_nothing_else(isolated_dirs):
+    result = run_cli("bench", "basic_cnn", "--steps", "3", "--warmup", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)  # the whole of stdout parses as one document
+    record = document["record"]
+    assert record["status"] == "complete"
+    assert len(record["points"][0]["step_s"]) == 3
+    assert len(record["points"][0]["warmup_s"]) == 1
+    saved = json.loads(Path(document["record_path"]).read_text())
+    assert saved["id"] == record["id"]
+    assert os.path.dirname(document["record_path"]) == str(isolated_dirs["runs"])
+
+
+def test_list_json_covers_the_suite():
+    result = run_cli("list", "--preset", "tiny", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["workloads"]
+    from dnnperf.workloads import all_workloads
+
+    assert [r["name"] for r in rows] == [w.name for w in all_workloads()]
+    for row in rows:
+        assert row["presets"]["tiny"]["parameters"] > 0
+        assert row["presets"]["tiny"]["train_flops_per_sample"] > 0, row["name"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("bench", "resnet5"), ("unknown workload 'resnet5'", "resnet50")),
+        (("bench", "basic_cnn", "--batch-size", "0"), ("--batch-size", "positive integer")),
+        (("bench", "basic_cnn", "--batch-size", "-3"), ("--batch-size", "positive integer")),
+        (("bench", "basic_cnn", "--batch-size", "2.5"), ("--batch-size", "positive integer")),
+        (("bench", "basic_cnn", "--sweep", "1,x,4"), ("--sweep",)),
+        (("bench", "basic_cnn", "--preset", "huge"), ("unknown preset 'huge'", "tiny, small, full")),
+        (("bench", "basic_cnn", "--device", "tpu"), ("device",)),
+        (("bench", "a3c", "--data", "disk"), ("--data disk does not apply",)),
+        (("show", "no-such-run"), ("no run 'no-such-run'",)),
+        (("list", "--preset", "medium"), ("unknown preset 'medium'",)),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, needles):
+    assert_one_line_error(run_cli(*args), *needles)
+
+
+def test_cuda_without_a_gpu_is_refused():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert_one_line_error(run_cli("bench", "basic_cnn", "--device", "cuda"), "no CUDA GPU")
+
+
+def test_unwritable_runs_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_cli("bench", "basic_cnn", "--runs-dir", str(blocker / "runs"))
+    assert_one_line_error(result, "not writable")
+
+
+def test_runs_lists_records_and_skips_corrupt_ones(isolated_dirs):
+    assert run_cli("bench", "basic_cnn", "--steps", "2", "--warmup", "0", "-q").returncode == 0
+    (isolated_dirs["runs"] / "broken.json").write_text("{not json")
+    result = run_cli("runs", "--json")
+    assert result.returncode == 0
+    document = json.loads(result.stdout)
+    assert [r["workload"] for r in document["runs"]] == ["basic_cnn"]
+    assert document["skipped"][0]["path"].endswith("broken.json")
+    assert "skipped broken.json" in result.stderr and "Traceback" not in result.stderr
+    table = run_cli("runs")
+    assert table.returncode == 0 and "basic_cnn" in table.stdout
+
+
+def test_sigint_keeps_a_valid_partial_record(isolated_dirs):
+    runs = isolated_dirs["runs"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dnnperf", "bench", "basic_cnn", "--steps", "100000", "--warmup", "1", "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen = 0
+    try:
+        deadline = time.monotonic() + 120
+        while seen < 3 and time.monotonic() < deadline:  # wait for a checkpoint holding >= 3 steps
+            time.sleep(0.2)
+            for path in runs.glob("*.json"):
+                # never expected (writes are atomic); the assertions below would catch a torn file
+                with contextlib.suppress(ValueError, KeyError, IndexError):
+                    seen = len(json.loads(path.read_text())["points"][0]["step_s"])
+        assert seen >= 3, "no checkpoint with measured steps appeared"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert "partial" in stderr and "Traceback" not in stderr
+    [path] = list(runs.glob("*.json"))
+    from dnnperf.results.store import read_record
+
+    record = read_record(path)
+    assert record.status == "partial"
+    assert record.points[0].status == "partial"
+    assert len(record.points[0].step_s) >= seen
+    assert record.finished is not None

@@ -1,0 +1,95 @@
+"""The runner against known truths: injected delays, injected out-of-memory, raw-sample statistics."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from dnnperf.data.formats import ImageFormat
+from dnnperf.results.store import RunStore, read_record
+from dnnperf.runner import BenchSettings, bench
+from dnnperf.workloads import registry
+from dnnperf.workloads.base import Batch, Task, Workload, no_stages
+
+DELAY_S = 0.03
+
+
+class SleepyTask(Task):
+    """A step that sleeps a known time, and fails like an out-of-memory above a batch size."""
+
+    def __init__(self, oom_above: int | None) -> None:
+        self.model = nn.Linear(2, 1)
+        self.oom_above = oom_above
+
+    def step(self, batch: Batch, stages=no_stages) -> torch.Tensor:
+        if self.oom_above is not None and batch["image"].shape[0] > self.oom_above:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
+        time.sleep(DELAY_S)
+        return torch.tensor(1.0)
+
+
+@pytest.fixture
+def sleepy(monkeypatch):
+    def register(oom_above=None):
+        workload = Workload(
+            name="sleepy",
+            domain="test",
+            summary="sleeps",
+            presets={"tiny": {"oom_above": oom_above}},
+            default_batch_size={"tiny": 2},
+            make_task=lambda config, device: SleepyTask(config["oom_above"]),
+            make_data=lambda config: ImageFormat(image_size=8, num_classes=2),
+        )
+        monkeypatch.setitem(registry._REGISTRY, "sleepy", workload)
+        return workload
+
+    return register
+
+
+def test_step_time_covers_an_injected_delay(sleepy, tmp_path):
+    sleepy()
+    record = bench(BenchSettings("sleepy", steps=5, warmup=1), RunStore(tmp_path))
+    point = record.points[0]
+    assert len(point.step_s) == 5 and len(point.warmup_s) == 1
+    assert all(t >= DELAY_S for t in point.step_s)
+    assert point.step_time.median < DELAY_S + 0.1  # generous: only rules out gross mis-timing
+    summary = point.summary()
+    assert summary["throughput"]["median"] == pytest.approx(2 / point.step_time.median)
+    saved = read_record(RunStore(tmp_path).path(record.id))
+    assert saved.status == "complete" and saved.points[0].step_s == point.step_s
+
+
+def test_out_of_memory_is_recorded_and_the_sweep_goes_on(sleepy, tmp_path):
+    sleepy(oom_above=4)
+    record = bench(BenchSettings("sleepy", batch_sizes=(2, 8, 4), steps=2, warmup=0), RunStore(tmp_path))
+    assert [p.status for p in record.points] == ["complete", "oom", "complete"]
+    assert "out of memory" in record.points[1].error
+    assert record.points[1].step_s == []
+    assert record.status == "complete"
+
+
+def test_record_describes_machine_software_and_settings(sleepy, tmp_path):
+    sleepy()
+    record = bench(BenchSettings("sleepy", steps=1, warmup=0, seed=3), RunStore(tmp_path))
+    machine, software = record.environment["machine"], record.environment["software"]
+    assert machine["cores_logical"] >= 1 and machine["memory_bytes"] > 0 and machine["cpu_model"]
+    assert software["torch"] == torch.__version__
+    assert record.settings["seed"] == 3 and record.settings["device"] == "cpu"
+    assert record.settings["torch_threads"] == torch.get_num_threads()
+    assert record.workload["name"] == "sleepy" and record.workload["parameters"] == 3
+
+
+def test_a_failing_step_saves_a_failed_record(monkeypatch, sleepy, tmp_path):
+    sleepy()
+
+    def broken(self, batch, stages=no_stages):
+        raise ValueError("bug in the step")
+
+    monkeypatch.setattr(SleepyTask, "step", broken)
+    with pytest.raises(ValueError):
+        bench(BenchSettings("sleepy", steps=1, warmup=0), RunStore(tmp_path))
+    [path] = tmp_path.glob("*.json")
+    record = read_record(path)
+    assert record.status == "failed" and "bug in the step" in record.error
+    assert record.points[0].status == "failed"
