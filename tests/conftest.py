@@ -20,6 +20,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     runs, data = tmp_path / "runs", tmp_path / "datasets"
     monkeypatch.setenv("DNNPERF_RUNS_DIR", str(runs))
     monkeypatch.setenv("DNNPERF_DATA_DIR", str(data))
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path / "cache"))
     return {"runs": runs, "data": data}
 
 

@@ -76,7 +76,6 @@ def bench(
     """
     settings.validate()
     workload = get_workload(settings.workload)
-    workload.config(settings.preset)
     device = resolve_device(settings.device)
     fmt = workload.data(settings.preset)
     if settings.data == "disk" and not fmt.storable:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from dnnperf.cache import cache_dir
 from dnnperf.data.formats import DataFormat, Sample
 from dnnperf.errors import UsageError
 
@@ -27,11 +28,10 @@ DATA_KINDS = ("memory", "disk")
 
 
 def default_data_dir() -> Path:
-    """``$DNNPERF_DATA_DIR``, else ``$XDG_CACHE_HOME/dnnperf/datasets`` (``~/.cache/...``)."""
+    """``$DNNPERF_DATA_DIR``, else ``datasets`` in dnnperf's cache directory (``~/.cache/dnnperf``)."""
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "dnnperf" / "datasets"
+    return cache_dir() / "datasets"
 
 
 def dataset_key(fmt: DataFormat, count: int, seed: int) -> str:
