@@ -53,7 +53,7 @@ def training_flops_per_sample(workload_name: str, preset: str) -> float | None:
     """FLOPs of one training step divided by the batch size; None if the step cannot be counted."""
     try:
         return count_step_flops(workload_name, preset, COUNT_BATCH_SIZE, "meta") / COUNT_BATCH_SIZE
-    except Exception:  # noqa: BLE001 - meta has no data-dependent kernels; count on the CPU instead
+    except Exception:  # meta has no data-dependent kernels: count on the CPU instead
         pass
     store = JsonCache("flops")
     key = _cache_key(workload_name, preset, COUNT_BATCH_SIZE)
@@ -62,7 +62,7 @@ def training_flops_per_sample(workload_name: str, preset: str) -> float | None:
         return float(cached)
     try:
         flops = count_step_flops(workload_name, preset, COUNT_BATCH_SIZE, "cpu") / COUNT_BATCH_SIZE
-    except Exception:  # noqa: BLE001 - e.g. out of memory for a full preset on a small machine
+    except Exception:  # e.g. out of memory for a full preset on a small machine
         return None
     store.put(key, flops)
     return flops
