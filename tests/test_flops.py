@@ -42,3 +42,27 @@ def test_workloads_meta_cannot_run_are_counted_on_the_cpu_and_cached():
     assert value == flops.count_step_flops("faster_rcnn", "tiny", 2, "cpu") / 2
     stored = json.loads((cache_dir() / "flops.json").read_text())
     assert list(stored.values()) == [value]
+    flops.training_flops_per_sample.cache_clear()
+    assert flops.training_flops_per_sample("faster_rcnn", "tiny") == value  # from the disk cache
+
+
+def test_totals_counter_agrees_with_the_stock_flop_counter():
+    """Notices a change in FlopCounterMode's internals that the totals-only counter relies on."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    assert hasattr(FlopCounterMode(display=False), "mod_tracker")
+    counts = []
+    for counter in (FlopCounterMode(display=False), flops.total_flop_counter()):
+        torch.manual_seed(0)
+        workload = get_workload("resnet18")
+        task = workload.build("tiny", "cpu")
+        with counter:
+            task.step(workload.data("tiny").synthesize(2, 0))
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
+
+
+def test_double_backward_steps_are_counted():
+    flops.training_flops_per_sample.cache_clear()
+    assert flops.training_flops_per_sample("wgan_gp", "tiny") > 0

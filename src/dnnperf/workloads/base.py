@@ -102,8 +102,14 @@ class Workload:
         return self.presets[preset]
 
     def build(self, preset: str, device: torch.device | str = "cpu") -> Task:
-        """Build the task at a preset on a device (parameters initialised from torch's global RNG)."""
-        return self.make_task(self.config(preset), torch.device(device))
+        """Build the task at a preset on a device (parameters initialised from torch's global RNG).
+
+        Tensors are created on the device directly: no host copy to move, nothing allocated on
+        ``meta``, and tied weights stay tied (moving a module to ``meta`` replaces each parameter).
+        """
+        device = torch.device(device)
+        with device:
+            return self.make_task(self.config(preset), device)
 
     def data(self, preset: str) -> DataFormat:
         return self.make_data(self.config(preset))

@@ -27,5 +27,20 @@ def get_workload(name: str) -> Workload:
         raise UsageError(f"unknown workload {name!r}{hint}") from None
 
 
+# The order `dnnperf list` shows: the TBD suite's applications, then the additions.
+DOMAIN_ORDER = (
+    "image classification",
+    "machine translation",
+    "language modelling",
+    "speech recognition",
+    "object detection",
+    "adversarial",
+    "reinforcement learning",
+    "recommendation",
+)
+
+
 def all_workloads() -> list[Workload]:
-    return list(_REGISTRY.values())
+    """Every registered workload, grouped by domain (registration order within a domain)."""
+    rank = {domain: i for i, domain in enumerate(DOMAIN_ORDER)}
+    return sorted(_REGISTRY.values(), key=lambda w: rank.get(w.domain, len(rank)))
