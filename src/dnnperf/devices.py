@@ -43,9 +43,15 @@ def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[s
     }
 
 
+# torch.OutOfMemoryError exists from torch 2.5; torch.cuda.OutOfMemoryError in every supported version.
+_OOM_TYPES = tuple(
+    t for t in (getattr(torch, "OutOfMemoryError", None), torch.cuda.OutOfMemoryError, MemoryError) if t
+)
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """True for allocation failures on any device (CUDA OOM, CPU allocator failure, MemoryError)."""
-    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+    if isinstance(error, _OOM_TYPES):
         return True
     message = str(error)
     return isinstance(error, RuntimeError) and (
