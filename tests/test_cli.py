@@ -1,6 +1,5 @@
 """The command line as a user meets it: help, version, JSON discipline, and one-line errors."""
 
-import contextlib
 import json
 import os
 import signal
@@ -79,6 +78,12 @@ def test_list_json_covers_the_suite():
         (("bench", "a3c", "--data", "disk"), ("--data disk does not apply",)),
         (("show", "no-such-run"), ("no run 'no-such-run'",)),
         (("list", "--preset", "medium"), ("unknown preset 'medium'",)),
+        (("show", "*"), ("no run",)),
+        (("show", "/nonexistent/run.json"), ("no record file",)),
+        (("show", ""), ("give a run id",)),
+        (("bench", "basic_cnn", "--seed", str(2**64)), ("--seed",)),
+        (("bench", "basic_cnn", "--device", "cpu:5"), ("no device index",)),
+        (("bench", "basic_cnn", "--steps", "0"), ("--steps", "positive integer")),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, needles):
@@ -100,13 +105,23 @@ def test_unwritable_runs_directory(tmp_path):
     assert_one_line_error(result, "not writable")
 
 
+def test_file_paths_where_directories_belong(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert_one_line_error(run_cli("runs", "--runs-dir", str(blocker)), "not a directory")
+    result = run_cli("bench", "basic_cnn", "--data", "disk", "--data-dir", str(blocker))
+    assert_one_line_error(result, "not a directory")
+
+
 def test_runs_lists_records_and_skips_corrupt_ones(isolated_dirs):
-    assert run_cli("bench", "basic_cnn", "--steps", "2", "--warmup", "0", "-q").returncode == 0
+    # one measured step: its spread is undefined (NaN), which must still give valid JSON
+    assert run_cli("bench", "basic_cnn", "--steps", "1", "--warmup", "0", "-q").returncode == 0
     (isolated_dirs["runs"] / "broken.json").write_text("{not json")
     result = run_cli("runs", "--json")
     assert result.returncode == 0
     document = json.loads(result.stdout)
     assert [r["workload"] for r in document["runs"]] == ["basic_cnn"]
+    assert document["runs"][0]["points"][0]["step_time_s"]["std"] is None
     assert document["skipped"][0]["path"].endswith("broken.json")
     assert "skipped broken.json" in result.stderr and "Traceback" not in result.stderr
     table = run_cli("runs")
@@ -117,29 +132,46 @@ def test_sigint_keeps_a_valid_partial_record(isolated_dirs):
     runs = isolated_dirs["runs"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "dnnperf", "bench", "basic_cnn", "--steps", "100000", "--warmup", "1", "-q"],
+        [
+            sys.executable,
+            "-m",
+            "dnnperf",
+            "bench",
+            "basic_cnn",
+            "--steps",
+            "100000",
+            "--warmup",
+            "1",
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
-    seen = 0
+    seen = torn = 0
     try:
         deadline = time.monotonic() + 120
         while seen < 3 and time.monotonic() < deadline:  # wait for a checkpoint holding >= 3 steps
             time.sleep(0.2)
             for path in runs.glob("*.json"):
-                # never expected (writes are atomic); the assertions below would catch a torn file
-                with contextlib.suppress(ValueError, KeyError, IndexError):
+                try:
                     seen = len(json.loads(path.read_text())["points"][0]["step_s"])
+                except ValueError:  # a torn file: must never happen, writes are atomic
+                    torn += 1
+                except (KeyError, IndexError):  # the first save, before the first point exists
+                    pass
         assert seen >= 3, "no checkpoint with measured steps appeared"
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 130, stderr
+    assert torn == 0
     assert "partial" in stderr and "Traceback" not in stderr
+    printed = json.loads(stdout)["record"]  # --json still prints the partial record
+    assert printed["status"] == "partial" and len(printed["points"][0]["step_s"]) >= seen
     [path] = list(runs.glob("*.json"))
     from dnnperf.results.store import read_record
 

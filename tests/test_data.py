@@ -137,3 +137,15 @@ def test_disk_source_runs_past_an_epoch_and_close_stops_its_workers(tmp_path):
     source.close()  # idempotent
     _gone, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
     assert alive == []
+
+
+def test_the_endless_sampler_gives_a_fresh_permutation_every_epoch():
+    from itertools import islice
+
+    from dnnperf.data.sources import EndlessShuffle
+
+    indices = list(islice(iter(EndlessShuffle(10, seed=3)), 30))
+    epochs = [indices[i : i + 10] for i in (0, 10, 20)]
+    assert all(sorted(e) == list(range(10)) for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert indices == list(islice(iter(EndlessShuffle(10, seed=3)), 30))  # reproducible

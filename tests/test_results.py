@@ -55,6 +55,45 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r1.json"]
 
 
+def test_a_save_that_fails_midway_leaves_the_previous_record_intact(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    path = store.save(make_record())
+    before = path.read_text()
+
+    def torn_dump(document, f, **kwargs):
+        f.write('{"schema": "dnnperf.run", "id": "r1", "poi')  # half a document, then the crash
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", torn_dump)
+    with pytest.raises(OSError):
+        store.save(make_record(status="complete"))
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r1.json"]
+
+
+def test_stored_summaries_are_ignored_and_recomputed_from_raw_samples(tmp_path):
+    document = make_record().to_dict()
+    document["points"][0]["summary"]["step_time_s"]["median"] = 99.0  # hand-edited, inconsistent
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(document))
+    assert read_record(path).to_dict()["points"][0]["summary"]["step_time_s"]["median"] == pytest.approx(0.2)
+
+
+def test_a_dead_running_record_reads_interrupted():
+    import subprocess
+    import sys
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead_pid = int(finished.stdout)
+    import platform
+
+    record = make_record(
+        status="running", pid=dead_pid, environment={"machine": {"hostname": platform.node()}}
+    )
+    assert record.effective_status() == "interrupted"
+    assert make_record(status="running", pid=None).effective_status() == "running"
+
+
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
@@ -64,6 +103,12 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
         (lambda d: d["points"][0].update(batch_size=0), "batch_size"),
         (lambda d: d["points"][0].update(step_s=["fast"]), "step_s"),
         (lambda d: d.pop("workload"), "workload"),
+        (lambda d: d["points"][0].update(step_s=[0.0]), "positive"),
+        (lambda d: d["points"][0].update(step_s=[-0.5]), "positive"),
+        (lambda d: d["workload"].pop("name"), "workload.name"),
+        (lambda d: d["settings"].pop("device"), "settings.device"),
+        (lambda d: d.update(command=5), "command"),
+        (lambda d: d.update(error=3), "error"),
     ],
 )
 def test_invalid_documents_are_rejected_with_a_reason(mutate, reason):
@@ -78,11 +123,18 @@ def test_scan_skips_corrupt_files_and_says_why(tmp_path):
     store.save(make_record())
     (tmp_path / "truncated.json").write_text('{"schema": "dnnperf.run", "id": ')
     (tmp_path / "foreign.json").write_text('{"hello": 1}')
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    (tmp_path / "deep.json").write_text('{"a":' * 100_000)
+    huge = make_record().to_dict()
+    huge["points"][0]["step_s"] = [10**400]
+    (tmp_path / "huge.json").write_text(json.dumps(huge))
     records, skipped = store.scan()
     assert [r.id for r in records] == ["r1"]
     reasons = {s.path.name: s.reason for s in skipped}
     assert "not valid JSON" in reasons["truncated.json"]
     assert "not a dnnperf run record" in reasons["foreign.json"]
+    assert "not a text file" in reasons["binary.json"]
+    assert set(reasons) == {"truncated.json", "foreign.json", "binary.json", "deep.json", "huge.json"}
 
 
 def test_unwritable_runs_directory_is_a_usage_error(tmp_path):
@@ -101,3 +153,17 @@ def test_load_by_prefix_and_ambiguity(tmp_path):
         store.load("abc")
     with pytest.raises(UsageError, match="no run"):
         store.load("zzz")
+    for odd in ("*", "[", "**/x"):
+        with pytest.raises(UsageError):
+            store.load(odd)
+    with pytest.raises(UsageError, match="no record file"):
+        store.load(str(tmp_path / "missing.json"))
+    with pytest.raises(UsageError, match="give a run id"):
+        store.load("")
+
+
+def test_a_runs_path_that_is_a_file_is_an_error_not_an_empty_list(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match="not a directory"):
+        RunStore(blocker, create=False).scan()

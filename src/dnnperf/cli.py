@@ -167,7 +167,7 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.results.store import RunStore
-    from dnnperf.runner import BenchSettings, bench
+    from dnnperf.runner import BenchSettings, Interrupted, bench
     from dnnperf.workloads import get_workload
 
     workload = get_workload(args.workload)
@@ -190,9 +190,14 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     total = len(sizes) * (args.steps + args.warmup)
     with out.progress(f"{workload.name} ({args.preset})", total=total) as advance:
         try:
-            record = bench(settings, store, command=sys.argv, on_step=lambda *_: advance())
-        except KeyboardInterrupt:
-            out.error(f"interrupted: the steps measured so far are saved (partial) under {store.root}")
+            record = bench(settings, store, command=command_line(), on_step=lambda *_: advance())
+        except Interrupted as interrupt:
+            record = interrupt.record
+            measured = sum(len(p.step_s) for p in record.points)
+            path = store.path(record.id)
+            out.error(f"interrupted: {measured} measured steps saved as a partial record: {path}")
+            if args.json:
+                out.json({"record_path": str(store.path(record.id)), "record": record.to_dict()})
             return EXIT_INTERRUPTED
     path = store.path(record.id)
     if args.json:
@@ -222,7 +227,7 @@ def cmd_runs(args: argparse.Namespace, out: Output) -> int:
                         "path": str(store.path(r.id)),
                         "workload": r.workload.get("name"),
                         "preset": r.workload.get("preset"),
-                        "status": r.status,
+                        "status": r.effective_status(),
                         "created": r.created,
                         "device": r.settings.get("device"),
                         "points": [
@@ -276,7 +281,9 @@ class Output:
             self.stdout.print(renderable)
 
     def json(self, document: Any) -> None:
-        sys.stdout.write(json.dumps(document, indent=1, allow_nan=False) + "\n")
+        from dnnperf.results.record import json_safe
+
+        sys.stdout.write(json.dumps(json_safe(document), indent=1, allow_nan=False) + "\n")
         sys.stdout.flush()
 
     def warn(self, message: str) -> None:
@@ -302,6 +309,11 @@ class Output:
         ) as progress:
             task = progress.add_task(description, total=total)
             yield lambda: progress.advance(task)
+
+
+def command_line() -> list[str]:
+    """How this run was invoked, as a user would type it."""
+    return ["dnnperf", *sys.argv[1:]]
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -24,7 +24,11 @@ def resolve_device(name: str) -> torch.device:
             raise UsageError("--device cuda was asked for but no CUDA GPU is available on this machine")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"{name} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
-    elif device.type != "cpu":
+    elif device.type == "cpu":
+        if device.index not in (None, 0):
+            raise UsageError(f"{name}: the CPU has no device index; use cpu")
+        device = torch.device("cpu")
+    else:
         raise UsageError(f"unsupported device {name!r}: use one of {', '.join(DEVICE_CHOICES)}")
     return device
 

@@ -11,27 +11,40 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dnnperf import environment
-from dnnperf.data.sources import open_source
+from dnnperf.data.sources import BatchSource, open_source
 from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
 from dnnperf.workloads import get_workload
-from dnnperf.workloads.base import Workload, count_parameters
+from dnnperf.workloads.base import Task, Workload, count_parameters
 
 #: Called after every step: (batch size, steps done at this batch size, steps in total at it).
 StepCallback = Callable[[int, int, int], None]
 
+MAX_WORKERS = 64
+
 # On-disk dataset size (samples) per preset, before the "at least two batches" rule.
 DISK_SAMPLES = {"tiny": 64, "small": 256, "full": 512}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM through the CLI) during a run; carries the partial record, already saved."""
+
+    def __init__(self, record: RunRecord) -> None:
+        super().__init__(f"interrupted; partial record {record.id}")
+        self.record = record
 
 
 @dataclass(frozen=True)
@@ -57,8 +70,13 @@ class BenchSettings:
         for b in self.batch_sizes or ():
             if b <= 0:
                 raise UsageError(f"batch size must be a positive integer, got {b}")
-        if self.workers is not None and self.workers < 0:
-            raise UsageError(f"--workers must be zero or more, got {self.workers}")
+        if self.workers is not None and not 0 <= self.workers <= MAX_WORKERS:
+            raise UsageError(f"--workers must be between 0 and {MAX_WORKERS}, got {self.workers}")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {self.seed}")
+        data_dir = Path(self.data_dir) if self.data_dir is not None else None
+        if self.data == "disk" and data_dir is not None and data_dir.exists() and not data_dir.is_dir():
+            raise UsageError(f"--data-dir {self.data_dir} is not a directory")
 
 
 def bench(
@@ -94,6 +112,7 @@ def bench(
             "torch_threads": torch.get_num_threads(),
         },
         environment=environment.describe(),
+        pid=os.getpid(),
     )
     saver = _Saver(store, record, checkpoint_s)
     saver.save()
@@ -103,9 +122,9 @@ def bench(
             record.points.append(point)
             _measure_point(workload, settings, device, point, saver, on_step)
         record.status = "complete"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         record.status = "partial"
-        raise
+        raise Interrupted(record) from interrupt
     except BaseException as error:
         record.status = "failed"
         record.error = f"{type(error).__name__}: {error}"
@@ -124,32 +143,23 @@ def _measure_point(
     saver: _Saver,
     on_step: StepCallback | None,
 ) -> None:
-    total = settings.warmup + settings.steps
     task = source = None
     try:
-        torch.manual_seed(settings.seed)
-        task = workload.build(settings.preset, device)
-        source = open_source(
-            workload.data(settings.preset),
-            settings.data,
-            point.batch_size,
-            seed=settings.seed,
-            workers=settings.workers,
-            data_dir=settings.data_dir,
-            min_samples=DISK_SAMPLES.get(settings.preset, 64),
-            pin=device.type == "cuda",
-        )
-        for index in range(total):
-            start = time.perf_counter()
-            batch = to_device(next(source), device)
-            loss = task.step(batch)
-            synchronize(device)
-            elapsed = time.perf_counter() - start
-            (point.warmup_s if index < settings.warmup else point.step_s).append(elapsed)
-            point.loss.append(_as_float(loss))
-            if on_step is not None:
-                on_step(point.batch_size, index + 1, total)
-            saver.maybe_save()
+        with _on_device(device):
+            torch.manual_seed(settings.seed)
+            task = workload.build(settings.preset, device)
+            source = open_source(
+                workload.data(settings.preset),
+                settings.data,
+                point.batch_size,
+                seed=settings.seed,
+                workers=settings.workers,
+                data_dir=settings.data_dir,
+                min_samples=DISK_SAMPLES.get(settings.preset, 64),
+                pin=device.type == "cuda",
+            )
+            synchronize(device)  # model initialisation runs asynchronously on a GPU: keep it out of step 1
+            _train_steps(task, source, device, settings, point, saver, on_step)
         point.status = "complete"
     except KeyboardInterrupt:
         point.status = "partial"
@@ -160,12 +170,41 @@ def _measure_point(
             point.error = f"{type(error).__name__}: {error}"
             raise
         point.status = "oom"
-        point.error = str(error).splitlines()[0][:300]
+        point.error = (str(error).splitlines() or [type(error).__name__])[0][:300]
     finally:
         if source is not None:
             source.close()
         del task, source
         _release_memory(device)
+
+
+def _train_steps(
+    task: Task,
+    source: BatchSource,
+    device: torch.device,
+    settings: BenchSettings,
+    point: Point,
+    saver: _Saver,
+    on_step: StepCallback | None,
+) -> None:
+    """The timed loop. Its own function so that the last batch and loss are freed when it returns."""
+    total = settings.warmup + settings.steps
+    for index in range(total):
+        start = time.perf_counter()
+        batch = to_device(next(source), device)
+        loss = task.step(batch)
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        (point.warmup_s if index < settings.warmup else point.step_s).append(elapsed)
+        point.loss.append(_as_float(loss))
+        if on_step is not None:
+            on_step(point.batch_size, index + 1, total)
+        saver.maybe_save()
+
+
+def _on_device(device: torch.device) -> AbstractContextManager[Any]:
+    """Make ``device`` the current CUDA device (pinning and streams follow it); nothing on CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def _as_float(loss: torch.Tensor | None) -> float | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dnnperf.cache import cache_dir
 from dnnperf.data.formats import DataFormat, Sample
@@ -119,6 +119,20 @@ class MemorySource(BatchSource):
         return batch
 
 
+class EndlessShuffle(Sampler[int]):
+    """Successive seeded permutations of the dataset indices, forever. One DataLoader iterator then
+    serves every epoch: workers never restart and prefetching carries across epoch boundaries, so
+    no measured step pays for an epoch's start-up."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed = size, seed
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed)
+        while True:
+            yield from torch.randperm(self.size, generator=generator).tolist()
+
+
 class DiskSource(BatchSource):
     """Batches from a DataLoader over the on-disk dataset, reshuffled every epoch, forever."""
 
@@ -131,16 +145,14 @@ class DiskSource(BatchSource):
         seed: int = 0,
         pin: bool = False,
     ) -> None:
-        generator = torch.Generator().manual_seed(seed)
+        dataset = DiskDataset(fmt, directory)
         self.loader: DataLoader | None = DataLoader(
-            DiskDataset(fmt, directory),
+            dataset,
             batch_size=batch_size,
-            shuffle=True,
+            sampler=EndlessShuffle(len(dataset), seed),
             drop_last=True,
             num_workers=workers,
             pin_memory=pin,
-            persistent_workers=workers > 0,
-            generator=generator,
         )
         self.iterator: Iterator[Any] | None = None
 
@@ -149,17 +161,13 @@ class DiskSource(BatchSource):
             raise RuntimeError("batch source is closed")
         if self.iterator is None:
             self.iterator = iter(self.loader)
-        try:
-            return next(self.iterator)
-        except StopIteration:  # next epoch
-            self.iterator = iter(self.loader)
-            return next(self.iterator)
+        return next(self.iterator)
 
     def close(self) -> None:
         iterator, self.iterator = self.iterator, None
-        # No public API stops persistent workers. Prefer the iterator's own shutdown (private, hence
-        # getattr); otherwise dropping every reference lets its finaliser stop them. A test checks
-        # that no worker process outlives close().
+        # Stop the workers now rather than whenever the iterator is collected. The iterator's own
+        # shutdown is private API (hence getattr); without it, dropping every reference lets its
+        # finaliser stop them. A test checks that no worker process outlives close().
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()

@@ -47,7 +47,7 @@ def points_table(record: RunRecord) -> Table:
     unit = record.workload.get("sample_unit", "sample")
     title = (
         f"{record.workload['name']} ({record.workload['preset']}) on {record.settings['device']}, "
-        f"data {record.settings['data']}: {record.status}"
+        f"data {record.settings['data']}: {record.effective_status()}"
     )
     table = Table(title=title, title_justify="left")
     for name in (
@@ -87,7 +87,7 @@ def runs_table(records: list[RunRecord]) -> Table:
     for name in ("id", "workload", "preset", "device", "data", "status", "batch sizes", "best samples/s"):
         table.add_column(name)
     for record in records:
-        rates = [p.summary()["throughput"] for p in record.points]
+        rates = [p.summary()["throughput"] for p in record.points if p.status == "complete"]
         best = max((r["median"] for r in rates if r), default=None)
         table.add_row(
             record.id,
@@ -95,7 +95,7 @@ def runs_table(records: list[RunRecord]) -> Table:
             record.workload.get("preset", "?"),
             str(record.settings.get("device", "?")),
             str(record.settings.get("data", "?")),
-            record.status,
+            record.effective_status(),
             ",".join(str(p.batch_size) for p in record.points),
             "n/a" if best is None else f"{best:.1f}",
         )

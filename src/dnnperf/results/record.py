@@ -7,10 +7,13 @@ them on load, so a record edited by hand cannot disagree with itself.
 from __future__ import annotations
 
 import math
+import platform
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+import psutil
 
 from dnnperf.stats import Samples
 
@@ -78,6 +81,8 @@ class RunRecord:
     status: str = "running"
     error: str | None = None
     points: list[Point] = field(default_factory=list)
+    #: The process that wrote the record (to tell a live "running" record from one whose process died).
+    pid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         points = []
@@ -102,13 +107,23 @@ class RunRecord:
             "error": self.error,
             "created": self.created,
             "finished": self.finished,
+            "pid": self.pid,
             "command": self.command,
             "workload": self.workload,
             "settings": self.settings,
             "environment": self.environment,
             "points": points,
         }
-        return _finite(document)
+        return json_safe(document)
+
+    def effective_status(self) -> str:
+        """The status, except that a "running" record whose writer died on this host reads
+        "interrupted": a hard kill (SIGKILL, the OOM killer) leaves no chance to mark it."""
+        if self.status != "running" or self.pid is None:
+            return self.status
+        if self.environment.get("machine", {}).get("hostname") != platform.node():
+            return self.status
+        return self.status if psutil.pid_exists(self.pid) else "interrupted"
 
     @classmethod
     def from_dict(cls, document: Any) -> RunRecord:
@@ -130,6 +145,13 @@ class RunRecord:
         _expect(document, "points", list)
         if document.get("status") not in RUN_STATUSES:
             raise RecordError(f"status {document.get('status')!r} is not one of {', '.join(RUN_STATUSES)}")
+        for section, keys in (("workload", ("name", "preset")), ("settings", ("device", "data"))):
+            for key in keys:
+                if not isinstance(document[section].get(key), str):
+                    raise RecordError(f"{section}.{key} missing or not a string")
+        command = document.get("command", [])
+        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+            raise RecordError("field 'command' is not a list of strings")
         points = [_point_from_dict(p, i) for i, p in enumerate(document["points"])]
         return cls(
             id=document["id"],
@@ -137,12 +159,13 @@ class RunRecord:
             workload=document["workload"],
             settings=document["settings"],
             environment=document["environment"],
-            command=list(document.get("command") or []),
+            command=list(command),
             created=document["created"],
-            finished=document.get("finished"),
+            finished=_optional_str(document, "finished"),
             status=document["status"],
-            error=document.get("error"),
+            error=_optional_str(document, "error"),
             points=points,
+            pid=document.get("pid") if isinstance(document.get("pid"), int) else None,
         )
 
 
@@ -151,14 +174,30 @@ def _expect(document: dict[str, Any], key: str, kind: type) -> None:
         raise RecordError(f"field {key!r} missing or not a {kind.__name__}")
 
 
-def _numbers(values: Any, where: str, allow_none: bool = False) -> list[Any]:
+def _numbers(values: Any, where: str, allow_none: bool = False, positive: bool = False) -> list[Any]:
+    """A list of finite numbers (``positive``: > 0; ``allow_none``: nulls allowed)."""
     if not isinstance(values, list):
         raise RecordError(f"{where} is not a list")
+    checked: list[Any] = []
     for value in values:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok and not (allow_none and value is None):
+        if value is None and allow_none:
+            checked.append(None)
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise RecordError(f"{where} holds {value!r}, not a number")
-    return [v if v is None else float(v) for v in values]
+        number = float(value)  # OverflowError for huge integers is turned into a RecordError by callers
+        if not math.isfinite(number) or (positive and number <= 0):
+            kind = "positive finite" if positive else "finite"
+            raise RecordError(f"{where} holds {value!r}, not a {kind} number")
+        checked.append(number)
+    return checked
+
+
+def _optional_str(document: dict[str, Any], key: str) -> str | None:
+    value = document.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RecordError(f"field {key!r} is not a string")
+    return value
 
 
 def _point_from_dict(data: Any, index: int) -> Point:
@@ -173,19 +212,19 @@ def _point_from_dict(data: Any, index: int) -> Point:
     return Point(
         batch_size=batch_size,
         status=data["status"],
-        warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s"),
-        step_s=_numbers(data.get("step_s", []), f"{where}.step_s"),
+        warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s", positive=True),
+        step_s=_numbers(data.get("step_s", []), f"{where}.step_s", positive=True),
         loss=_numbers(data.get("loss", []), f"{where}.loss", allow_none=True),
-        error=data.get("error"),
+        error=_optional_str(data, "error"),
     )
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Replace NaN and infinities (not valid JSON) with null, recursively."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value

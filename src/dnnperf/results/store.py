@@ -70,25 +70,34 @@ class RunStore:
 
     def load(self, ref: str) -> RunRecord:
         """A record by file path, id, or unique id prefix."""
-        candidate = Path(ref)
-        if candidate.suffix == ".json" and candidate.is_file():
-            return read_record(candidate)
+        if not ref.strip():
+            raise UsageError("give a run id, id prefix or record path")
+        if os.sep in ref or ref.endswith(".json"):  # a path, not an id
+            if not Path(ref).is_file():
+                raise UsageError(f"no record file {ref}")
+            return read_record(Path(ref))
         if self.path(ref).is_file():
             return read_record(self.path(ref))
-        matches = sorted(self.root.glob(f"{ref}*.json")) if self.root.is_dir() else []
+        matches = sorted(p for p in self._files() if p.name.startswith(ref))
         if len(matches) == 1:
             return read_record(matches[0])
         if not matches:
             raise UsageError(f"no run {ref!r} in {self.root}")
         raise UsageError(f"run {ref!r} is ambiguous in {self.root}: {len(matches)} records match")
 
+    def _files(self) -> list[Path]:
+        """The record files; a runs path that exists but is not a directory is a usage error."""
+        if not self.root.exists():
+            return []
+        if not self.root.is_dir():
+            raise UsageError(f"runs directory {self.root} is not a directory")
+        return sorted(p for p in self.root.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+
     def scan(self) -> tuple[list[RunRecord], list[SkippedRecord]]:
         """Every readable record (oldest first) and every file that was skipped, with the reason."""
         records: list[RunRecord] = []
         skipped: list[SkippedRecord] = []
-        if not self.root.is_dir():
-            return records, skipped
-        for path in sorted(self.root.glob("*.json")):
+        for path in self._files():
             try:
                 records.append(read_record(path))
             except UsageError as error:
@@ -103,11 +112,15 @@ def read_record(path: Path) -> RunRecord:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a text file") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise UsageError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
+    except RecursionError:
+        raise UsageError(f"{path} is not a dnnperf run record: nested too deeply") from None
     try:
         return RunRecord.from_dict(document)
-    except RecordError as error:
+    except (RecordError, OverflowError, TypeError, ValueError) as error:
         raise UsageError(f"{path} is not a dnnperf run record: {error}") from None
