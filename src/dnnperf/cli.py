@@ -76,10 +76,31 @@ def _common(parser: argparse.ArgumentParser, runs: bool = False) -> None:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of every command that trains a workload (bench, profile)."""
     from dnnperf.data.sources import DATA_KINDS
     from dnnperf.devices import DEVICE_CHOICES
 
+    parser.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
+    parser.add_argument("--preset", default="tiny", help="tiny, small or full (default: tiny)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the preset's)")
+    sizes.add_argument("--sweep", type=batch_size_list, help="several batch sizes, e.g. 1,2,4,8")
+    parser.add_argument("--steps", type=positive_int, default=20, help="measured steps per batch size (20)")
+    parser.add_argument("--warmup", type=non_negative_int, default=5, help="unmeasured warm-up steps (5)")
+    parser.add_argument("--device", default="auto", help=f"{', '.join(DEVICE_CHOICES)} or cuda:N (auto)")
+    parser.add_argument(
+        "--data", default="memory", choices=DATA_KINDS, help="synthetic data in memory or on disk"
+    )
+    parser.add_argument("--workers", type=non_negative_int, help="DataLoader workers for --data disk")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of model and data (0)")
+    parser.add_argument(
+        "--data-dir", type=Path, help="dataset cache (default: $DNNPERF_DATA_DIR or ~/.cache)"
+    )
+    _common(parser, runs=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dnnperf",
         description="Measure, explain, predict and reduce the cost of training deep neural networks.",
@@ -95,22 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="train a workload and time its steps, at one or more batch sizes"
     )
-    bench.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
-    bench.add_argument("--preset", default="tiny", help="tiny, small or full (default: tiny)")
-    sizes = bench.add_mutually_exclusive_group()
-    sizes.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the preset's)")
-    sizes.add_argument("--sweep", type=batch_size_list, help="several batch sizes, e.g. 1,2,4,8")
-    bench.add_argument("--steps", type=positive_int, default=20, help="measured steps per batch size (20)")
-    bench.add_argument("--warmup", type=non_negative_int, default=5, help="unmeasured warm-up steps (5)")
-    bench.add_argument("--device", default="auto", help=f"{', '.join(DEVICE_CHOICES)} or cuda:N (auto)")
-    bench.add_argument(
-        "--data", default="memory", choices=DATA_KINDS, help="synthetic data in memory or on disk"
-    )
-    bench.add_argument("--workers", type=non_negative_int, help="DataLoader workers for --data disk")
-    bench.add_argument("--seed", type=non_negative_int, default=0, help="seed of model and data (0)")
-    bench.add_argument("--data-dir", type=Path, help="dataset cache (default: $DNNPERF_DATA_DIR or ~/.cache)")
-    _common(bench, runs=True)
+    _training_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
+
+    profile = commands.add_parser(
+        "profile", help="train a workload and break each step down by stage (read ... update, other)"
+    )
+    _training_arguments(profile)
+    profile.add_argument(
+        "--stages", action="store_true", help="the stage breakdown (the default while it is the only profile)"
+    )
+    profile.set_defaults(handler=cmd_profile)
 
     runs = commands.add_parser("runs", help="list the run records in the runs directory")
     _common(runs, runs=True)
@@ -165,7 +181,11 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace, out: Output) -> int:
+def cmd_profile(args: argparse.Namespace, out: Output) -> int:
+    return cmd_bench(args, out, stages=True)
+
+
+def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> int:
     from dnnperf.results.store import RunStore
     from dnnperf.runner import BenchSettings, Interrupted, bench
     from dnnperf.workloads import get_workload
@@ -184,6 +204,7 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
         workers=args.workers,
         seed=args.seed,
         data_dir=args.data_dir,
+        stages=stages,
     )
     store = RunStore(args.runs_dir)
     sizes = batch_sizes or (workload.default_batch_size[args.preset],)
@@ -203,9 +224,12 @@ def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         out.json({"record_path": str(path), "record": record.to_dict()})
     else:
-        from dnnperf.report.terminal import points_table
+        from dnnperf.report.terminal import points_table, stages_table
 
         out.print(points_table(record))
+        for point in record.points:
+            if point.stages is not None and point.stages.wall_s:
+                out.print(stages_table(point.batch_size, point.stages))
         out.print(f"record: {path}")
     return 0
 
@@ -256,9 +280,12 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         out.json(record.to_dict())
     else:
-        from dnnperf.report.terminal import points_table
+        from dnnperf.report.terminal import points_table, stages_table
 
         out.print(points_table(record))
+        for point in record.points:
+            if point.stages is not None and point.stages.wall_s:
+                out.print(stages_table(point.batch_size, point.stages))
     return 0
 
 

@@ -22,9 +22,11 @@ from typing import Any
 import torch
 
 from dnnperf import environment
-from dnnperf.data.sources import BatchSource, open_source
+from dnnperf.data.sources import BatchSource, open_source, pop_data_times
 from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
+from dnnperf.probes.clock import StageClock, WallClock
+from dnnperf.probes.stages import CpuMeter, StageBreakdown
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
 from dnnperf.workloads import get_workload
@@ -61,6 +63,8 @@ class BenchSettings:
     workers: int | None = None
     seed: int = 0
     data_dir: Path | None = None
+    #: Profile where each step's time goes (the stage breakdown), not only its wall time.
+    stages: bool = False
 
     def validate(self) -> None:
         if self.steps <= 0:
@@ -101,7 +105,7 @@ def bench(
     batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
     record = RunRecord(
         id=new_run_id(workload.name, settings.preset),
-        kind="bench",
+        kind="profile" if settings.stages else "bench",
         command=list(command),
         workload=_describe_workload(workload, settings.preset),
         settings={
@@ -188,15 +192,31 @@ def _train_steps(
     on_step: StepCallback | None,
 ) -> None:
     """The timed loop. Its own function so that the last batch and loss are freed when it returns."""
+    clock = StageClock(device) if settings.stages else WallClock(device)
+    if settings.stages:
+        point.stages = StageBreakdown(
+            timing="cuda-events" if device.type == "cuda" else "host-clock", data_workers=source.workers
+        )
+    cpu = CpuMeter()
     total = settings.warmup + settings.steps
     for index in range(total):
-        start = time.perf_counter()
-        batch = to_device(next(source), device)
-        loss = task.step(batch)
+        measured = index >= settings.warmup
+        if measured and not cpu.started:
+            cpu.start()
+        clock.begin_step()
+        with clock("data_wait"):
+            host_batch = next(source)
+        data_times = pop_data_times(host_batch)
+        with clock("copy"):
+            batch = to_device(host_batch, device)
+        loss = task.step(batch, clock)
         synchronize(device)
-        elapsed = time.perf_counter() - start
-        (point.warmup_s if index < settings.warmup else point.step_s).append(elapsed)
+        timing = clock.end_step()
+        (point.step_s if measured else point.warmup_s).append(timing.wall_s)
         point.loss.append(_as_float(loss))
+        if measured and point.stages is not None:
+            point.stages.add(timing, point.batch_size, data_times)
+            point.stages.cpu = cpu.read()
         if on_step is not None:
             on_step(point.batch_size, index + 1, total)
         saver.maybe_save()

@@ -12,12 +12,13 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from dnnperf.cache import cache_dir
 from dnnperf.data.formats import DataFormat, Sample
@@ -66,8 +67,17 @@ def ensure_dataset(fmt: DataFormat, count: int, seed: int = 0, root: Path | None
     return directory
 
 
+# Seconds of reading and preprocessing done by this process since the last batch was collated. Each
+# DataLoader worker is its own process with its own copy, so the totals travel with the batch they
+# belong to (under DATA_TIMES_KEY), whichever process made it.
+_pending_data_times = {"read": 0.0, "preprocess": 0.0}
+DATA_TIMES_KEY = "_dnnperf_data_times"
+DATA_TIME_NAMES = ("read", "preprocess", "collate")
+
+
 class DiskDataset(Dataset):
-    """Samples of an on-disk dataset: each item is read from storage, then preprocessed."""
+    """Samples of an on-disk dataset: each item is read from storage, then preprocessed; both are
+    timed, and the times are delivered with the batch by :func:`timed_collate`."""
 
     def __init__(self, fmt: DataFormat, directory: Path) -> None:
         self.format = fmt
@@ -78,11 +88,38 @@ class DiskDataset(Dataset):
         return self.count
 
     def __getitem__(self, index: int) -> Sample:
-        return self.format.preprocess(self.format.read(self.directory, index))
+        start = time.perf_counter()
+        raw = self.format.read(self.directory, index)
+        read_done = time.perf_counter()
+        sample = self.format.preprocess(raw)
+        _pending_data_times["read"] += read_done - start
+        _pending_data_times["preprocess"] += time.perf_counter() - read_done
+        return sample
+
+
+def timed_collate(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """Stack samples into a batch and attach the read/preprocess/collate seconds spent making it."""
+    start = time.perf_counter()
+    batch = default_collate(samples)
+    collate = time.perf_counter() - start
+    batch[DATA_TIMES_KEY] = torch.tensor(
+        [_pending_data_times["read"], _pending_data_times["preprocess"], collate], dtype=torch.float64
+    )
+    _pending_data_times["read"] = _pending_data_times["preprocess"] = 0.0
+    return batch
+
+
+def pop_data_times(batch: dict[str, Any]) -> dict[str, float] | None:
+    """Remove and return the data-making times a batch carries (None for batches made in memory)."""
+    times = batch.pop(DATA_TIMES_KEY, None)
+    return None if times is None else dict(zip(DATA_TIME_NAMES, times.tolist(), strict=True))
 
 
 class BatchSource:
     """An endless iterator of host batches (dicts of tensors). Close it to stop data workers."""
+
+    #: DataLoader worker processes making the batches (0: made in the training process).
+    workers: int = 0
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
@@ -153,7 +190,9 @@ class DiskSource(BatchSource):
             drop_last=True,
             num_workers=workers,
             pin_memory=pin,
+            collate_fn=timed_collate,
         )
+        self.workers = workers
         self.iterator: Iterator[Any] | None = None
 
     def __next__(self) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.record import RunRecord
 
 
@@ -99,4 +100,47 @@ def runs_table(records: list[RunRecord]) -> Table:
             ",".join(str(p.batch_size) for p in record.points),
             "n/a" if best is None else f"{best:.1f}",
         )
+    return table
+
+
+def stages_table(batch_size: int, breakdown: StageBreakdown) -> Table:
+    """Where the step's time went, stage by stage, adding up to the step."""
+    summary = breakdown.summary()
+    step = summary["step_time_s"]
+    title = (
+        f"batch {batch_size}: step {milliseconds(step['median'])} ms median over {step['n']} steps, "
+        f"{summary['samples_per_s']:.1f} samples/s ({breakdown.timing})"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("stage")
+    for name in ("median ms", "p10-p90 ms", "share"):
+        table.add_column(name, justify="right")
+    table.add_column("")
+    for name, stats in summary["stages"].items():
+        share = stats["share"]
+        table.add_row(
+            name,
+            milliseconds(stats["median"]),
+            f"{milliseconds(stats['p10'])}-{milliseconds(stats['p90'])}",
+            f"{100 * share:.1f}%",
+            "#" * round(40 * share),
+        )
+    for name, stats in summary["worker"].items():
+        table.add_row(
+            f"{name} (in workers)",
+            milliseconds(stats["median"]),
+            f"{milliseconds(stats['p10'])}-{milliseconds(stats['p90'])}",
+            "",
+            "",
+        )
+    cpu = summary["cpu"]
+    caption = (
+        f"Shares add up to 100%; the worst step closes within {100 * summary['max_closure_error']:.2g}%."
+    )
+    if cpu:
+        caption = (
+            f"CPU: training process {cpu['process_cores']:.2f} cores, {breakdown.data_workers} data workers "
+            f"{cpu['workers_cores']:.2f} cores, of {cpu['usable_cores']:.0f} usable. " + caption
+        )
+    table.caption = caption
     return table

@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from dnnperf.probes.stages import StageBreakdown
 from dnnperf.stats import Samples
 
 SCHEMA = "dnnperf.run"
@@ -48,6 +49,8 @@ class Point:
     #: Loss after every step, warm-up steps first (None where a step produced none).
     loss: list[float | None] = field(default_factory=list)
     error: str | None = None
+    #: The stage breakdown of the measured steps, when stages were profiled.
+    stages: StageBreakdown | None = None
 
     @property
     def step_time(self) -> Samples:
@@ -96,6 +99,7 @@ class RunRecord:
                     "step_s": point.step_s,
                     "loss": point.loss,
                     "summary": point.summary(),
+                    **({"stages": point.stages.to_dict()} if point.stages is not None else {}),
                 }
             )
         document = {
@@ -209,14 +213,31 @@ def _point_from_dict(data: Any, index: int) -> Point:
         raise RecordError(f"{where}.batch_size is {batch_size!r}, not a positive integer")
     if data.get("status") not in POINT_STATUSES:
         raise RecordError(f"{where}.status {data.get('status')!r} is not one of {', '.join(POINT_STATUSES)}")
+    step_s = _numbers(data.get("step_s", []), f"{where}.step_s", positive=True)
     return Point(
         batch_size=batch_size,
+        stages=_stages_from_dict(data.get("stages"), len(step_s), where),
         status=data["status"],
         warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s", positive=True),
-        step_s=_numbers(data.get("step_s", []), f"{where}.step_s", positive=True),
+        step_s=step_s,
         loss=_numbers(data.get("loss", []), f"{where}.loss", allow_none=True),
         error=_optional_str(data, "error"),
     )
+
+
+def _stages_from_dict(data: Any, steps: int, where: str) -> StageBreakdown | None:
+    if data is None:
+        return None
+    where = f"{where}.stages"
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
+        raise RecordError(f"{where} is not an object with per-stage 'steps'")
+    lists = {"wall_s": data.get("wall_s")} | {f"steps.{k}": v for k, v in data["steps"].items()}
+    lists |= {f"worker.{k}": v for k, v in (data.get("worker") or {}).items()}
+    for name, values in lists.items():
+        checked = _numbers(values, f"{where}.{name}")
+        if len(checked) != steps or any(v < 0 for v in checked):
+            raise RecordError(f"{where}.{name} needs {steps} non-negative values, one per measured step")
+    return StageBreakdown.from_dict(data)
 
 
 def json_safe(value: Any) -> Any:

@@ -1,0 +1,344 @@
+"""The stage profiler: where each training step's time goes, adding up to the step.
+
+Stages, in data-flow order (``STAGE_ORDER``): ``read`` and ``preprocess`` (when the training process
+makes its own batches), ``data_wait`` (the rest of the time spent getting the batch: with DataLoader
+workers, the time the loop was exposed to them), ``copy`` (host to device), ``environment``
+(reinforcement learning's play), ``forward`` (with the loss), ``backward``, ``update``, ``exchange``
+(gradient exchange under data parallelism) and ``other``, everything in the step no stage claims.
+Work done inside DataLoader workers is reported beside the step (``worker``), since it overlaps it.
+
+Two ways in: the suite's runner passes a :class:`~dnnperf.probes.clock.StageClock` to each
+``Task.step``; a user's own loop uses :class:`StageProfiler`, which finds the same boundaries with
+hooks on the model and optimizer and removes them when it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+from dnnperf.data.sources import pop_data_times
+from dnnperf.devices import synchronize, to_device
+from dnnperf.probes.clock import OTHER, StageClock, StepTiming
+from dnnperf.stats import Samples
+
+STAGE_ORDER = (
+    "read",
+    "preprocess",
+    "data_wait",
+    "copy",
+    "environment",
+    "forward",
+    "backward",
+    "update",
+    "exchange",
+    OTHER,
+)
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by its child processes (DataLoader workers) since
+    ``start()``, as cores kept busy on average."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self._start: tuple[float, float, dict[int, float]] | None = None
+
+    def _children(self) -> dict[int, float]:
+        seconds = {}
+        for child in self.process.children(recursive=True):
+            try:
+                times = child.cpu_times()
+                seconds[child.pid] = times.user + times.system
+            except psutil.Error:  # a worker that just exited
+                continue
+        return seconds
+
+    def start(self) -> None:
+        times = self.process.cpu_times()
+        self._start = (time.perf_counter(), times.user + times.system, self._children())
+
+    @property
+    def started(self) -> bool:
+        return self._start is not None
+
+    def read(self) -> dict[str, float]:
+        if self._start is None:
+            raise RuntimeError("read() before start()")
+        wall0, own0, children0 = self._start
+        times = self.process.cpu_times()
+        wall = time.perf_counter() - wall0
+        own = times.user + times.system - own0
+        children = sum(t - children0.get(pid, 0.0) for pid, t in self._children().items())
+        cores = (
+            len(self.process.cpu_affinity()) if hasattr(self.process, "cpu_affinity") else psutil.cpu_count()
+        )
+        return {
+            "wall_s": wall,
+            "process_cores": own / wall if wall > 0 else 0.0,
+            "workers_cores": children / wall if wall > 0 else 0.0,
+            "usable_cores": float(cores or 1),
+        }
+
+
+@dataclass
+class StageBreakdown:
+    """Per-step seconds of every stage over the measured steps, with what surrounds them."""
+
+    #: Stage name -> seconds in each measured step (every list as long as ``wall_s``).
+    steps: dict[str, list[float]] = field(default_factory=dict)
+    #: Wall time of each measured step.
+    wall_s: list[float] = field(default_factory=list)
+    #: Work done inside DataLoader workers for each step's batch (read, preprocess), if any.
+    worker: dict[str, list[float]] = field(default_factory=dict)
+    data_workers: int = 0
+    samples_per_step: list[int] = field(default_factory=list)
+    #: "cuda-events" or "host-clock".
+    timing: str = "host-clock"
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def add(self, timing: StepTiming, samples: int, data_times: Mapping[str, float] | None) -> None:
+        """Append one step. Batches made in the training process split ``data_wait`` into read,
+        preprocess (with collation) and the remaining loader overhead; batches made by workers keep
+        ``data_wait`` whole (the exposed wait) and their work goes to ``worker``."""
+        stages = dict(timing.stages)
+        if data_times is not None:
+            read, preprocess = data_times["read"], data_times["preprocess"] + data_times["collate"]
+            if self.data_workers == 0:
+                wait = stages.get("data_wait", 0.0)
+                rest = wait - read - preprocess
+                stages["read"], stages["preprocess"] = read, preprocess
+                stages["data_wait"] = max(rest, 0.0)
+                stages[OTHER] = stages.get(OTHER, 0.0) + min(rest, 0.0)  # keep the total exact
+            else:
+                self.worker.setdefault("read", []).append(read)
+                self.worker.setdefault("preprocess", []).append(preprocess)
+        index = len(self.wall_s)
+        for name in set(stages) | set(self.steps):
+            self.steps.setdefault(name, [0.0] * index).append(stages.get(name, 0.0))
+        self.wall_s.append(timing.wall_s)
+        self.samples_per_step.append(samples)
+
+    def names(self) -> list[str]:
+        """Stages that took any time, in data-flow order (``other`` always shown, last)."""
+        known = [n for n in STAGE_ORDER if n in self.steps and (n == OTHER or any(self.steps[n]))]
+        extra = sorted(n for n in self.steps if n not in STAGE_ORDER)
+        return [n for n in known if n != OTHER] + extra + [OTHER]
+
+    def summary(self) -> dict[str, Any]:
+        """Median, p10, p90 per stage, each stage's share of the total step time (shares of summed
+        times, so they add up to 1), throughput, and the closure error of the worst step."""
+        total_wall = sum(self.wall_s)
+        stages = {}
+        for name in self.names():
+            values = self.steps.get(name, [0.0] * len(self.wall_s))
+            samples = Samples.of(values)
+            stages[name] = {
+                "median": samples.median,
+                "p10": samples.p10,
+                "p90": samples.p90,
+                "share": sum(values) / total_wall if total_wall > 0 else float("nan"),
+            }
+        worker = {
+            name: {**Samples.of(values).summary(), "total_s": sum(values)}
+            for name, values in self.worker.items()
+        }
+        closure = [
+            abs(sum(self.steps[n][i] for n in self.steps) - wall) / wall for i, wall in enumerate(self.wall_s)
+        ]
+        return {
+            "stages": stages,
+            "worker": worker,
+            "step_time_s": Samples.of(self.wall_s).summary(),
+            "samples_per_s": sum(self.samples_per_step) / total_wall if total_wall > 0 else None,
+            "max_closure_error": max(closure, default=0.0),
+            "cpu": self.cpu,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "timing": self.timing,
+            "data_workers": self.data_workers,
+            "wall_s": self.wall_s,
+            "samples_per_step": self.samples_per_step,
+            "steps": {n: self.steps[n] for n in self.names() if n in self.steps},
+            "worker": self.worker,
+            "cpu": self.cpu,
+            "summary": self.summary(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageBreakdown:
+        return cls(
+            steps={k: list(v) for k, v in data["steps"].items()},
+            wall_s=list(data["wall_s"]),
+            worker={k: list(v) for k, v in data.get("worker", {}).items()},
+            data_workers=int(data.get("data_workers", 0)),
+            samples_per_step=list(data.get("samples_per_step", [])),
+            timing=str(data.get("timing", "host-clock")),
+            cpu=dict(data.get("cpu", {})),
+        )
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor (0 if it has none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = (
+        batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    )
+    for value in values:
+        size = batch_size_of(value)
+        if size:
+            return size
+    return 0
+
+
+class StageProfiler:
+    """Stage breakdown of a user's own training loop, in a few added lines::
+
+        profiler = dnnperf.StageProfiler(model, optimizer)
+        with profiler:
+            for batch in profiler.batches(loader):   # was: for batch in loader:
+                ...                                    # the loop body, unchanged
+        print(profiler.result().table())
+
+    A step runs from asking the loader for a batch to asking for the next one. Boundaries come from
+    hooks: the model's first forward call in a step starts ``forward``; autograd reaching the model's
+    output starts ``backward`` (so the loss's own small backward counts as forward); the optimizer's
+    ``step`` is ``update``. Code between getting the batch and calling the model counts as ``other``
+    unless the batch is moved with :meth:`to_device`, which is timed as ``copy``. The device is
+    synchronised once per step, at its end. The first ``warmup`` steps are not recorded. Every hook is
+    removed when the ``with`` block ends, also on error.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+        warmup: int = 1,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        self.model = model
+        self.optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        self.warmup = warmup
+        if device is None:
+            parameter = next(model.parameters(), None)
+            device = parameter.device if parameter is not None else torch.device("cpu")
+        self.device = torch.device(device)
+        self.clock = StageClock(self.device)
+        self.breakdown = StageBreakdown(timing="cuda-events" if self.clock.cuda else "host-clock")
+        self.steps_seen = 0
+        self._handles: list[Any] = []
+        self._cpu = CpuMeter()
+        self._forward_seen = False
+        self._pending: tuple[int, dict[str, float] | None] | None = None
+        self._active = False
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def __enter__(self) -> StageProfiler:
+        if self._active:
+            raise RuntimeError("this StageProfiler is already active")
+        self._active = True
+        self._handles.append(self.model.register_forward_pre_hook(self._on_forward))
+        self._handles.append(self.model.register_forward_hook(self._on_output))
+        for optimizer in self.optimizers:
+            self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.clock.mark("update")))
+            self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clock.mark(OTHER)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._finish_step()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._active = False
+
+    def _on_forward(self, module: nn.Module, args: Any) -> None:
+        if self.clock.in_step and not self._forward_seen:
+            self._forward_seen = True
+            self.clock.mark("forward")
+
+    def _on_output(self, module: nn.Module, args: Any, output: Any) -> None:
+        node = _first_grad_fn(output)
+        if node is not None and self.clock.in_step:
+            # Autograd reaching the model's output: backward has begun for the model's part.
+            node.register_prehook(self._on_backward)
+
+    def _on_backward(self, grad_outputs: Any) -> None:
+        self.clock.mark("backward")
+
+    # -- the loop -------------------------------------------------------------------------------
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``loader`` as the training loop would, cutting steps at each request for a batch."""
+        if not self._active:
+            raise RuntimeError("use batches() inside `with profiler:`")
+        iterator = iter(loader)
+        while True:
+            self._finish_step()
+            if self.steps_seen == self.warmup and not self._cpu.started:
+                self._cpu.start()  # from the first measured step on
+            self.clock.begin_step()
+            self._forward_seen = False
+            try:
+                with self.clock("data_wait"):
+                    batch = next(iterator)
+            except StopIteration:
+                self.clock._start = None  # the request that found no batch is not a step
+                return
+            data_times = pop_data_times(batch) if isinstance(batch, dict) else None
+            self._pending = (batch_size_of(batch), data_times)
+            yield batch
+
+    def to_device(self, batch: Any, device: torch.device | str | None = None) -> Any:
+        """Move a batch (tensor, dict, list or tuple of tensors) to the device, timed as ``copy``."""
+        target = torch.device(device) if device is not None else self.device
+        with self.clock("copy"):
+            if isinstance(batch, torch.Tensor):
+                return batch.to(target, non_blocking=batch.is_pinned())
+            if isinstance(batch, Mapping):
+                return to_device(batch, target)
+            if isinstance(batch, (list, tuple)):
+                return type(batch)(self.to_device(item, target) for item in batch)
+            return batch
+
+    def _finish_step(self) -> None:
+        if not self.clock.in_step or self._pending is None:
+            return
+        synchronize(self.device)
+        timing = self.clock.end_step()
+        samples, data_times = self._pending
+        self._pending = None
+        self.steps_seen += 1
+        if self.steps_seen > self.warmup:
+            self.breakdown.add(timing, samples, data_times)
+            self.breakdown.cpu = self._cpu.read()
+
+    def result(self) -> StageBreakdown:
+        """The breakdown of the measured steps. Raises if no step was measured."""
+        if not self.breakdown.wall_s:
+            raise RuntimeError(
+                f"no measured step: the loop ran {self.steps_seen} step(s), all within warmup={self.warmup}"
+            )
+        return self.breakdown
+
+
+def _first_grad_fn(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.grad_fn
+    if isinstance(output, Mapping):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        for item in output:
+            node = _first_grad_fn(item)
+            if node is not None:
+                return node
+    return None
