@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: install
-	$(BIN)/dnnperf bench $(DEMO_WORKLOAD) --preset small --sweep 4,16,32 --steps 10 --warmup 3 --data disk
+	$(BIN)/dnnperf profile $(DEMO_WORKLOAD) --preset small --sweep 4,16,32 --steps 10 --warmup 3 --data disk
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -4,6 +4,8 @@
 2. The runner's overhead: dnnperf's measured loop against a bare training loop on the same task,
    paired and interleaved (A, B, A, B, ...) so drift in the machine hits both alike.
 3. Memory vs on-disk data for an image workload at `small`: what real reading and decoding cost.
+4. The stage profiler's overhead: the same runner with and without stage profiling, paired and
+   interleaved, on several workloads (target: at most 2% slower).
 """
 
 from __future__ import annotations
@@ -68,6 +70,21 @@ def runner_overhead(name: str, rounds: int, steps: int) -> tuple[Samples, Sample
     return Samples.of(bare), Samples.of(measured)
 
 
+STAGE_OVERHEAD_WORKLOADS = ("resnet18", "transformer", "gpt2", "vgg16")
+
+
+def stage_overhead(name: str, rounds: int, steps: int) -> tuple[Samples, Samples]:
+    """Median step time per round without (A) and with (B) stage profiling, alternating A, B."""
+    plain, profiled = [], []
+    with tempfile.TemporaryDirectory() as runs:
+        store = RunStore(runs)
+        for _ in range(rounds):
+            for stages, into in ((False, plain), (True, profiled)):
+                settings = BenchSettings(name, steps=steps, warmup=2, device="cpu", stages=stages)
+                into.append(bench(settings, store).points[0].step_time.median)
+    return Samples.of(plain), Samples.of(profiled)
+
+
 def data_kinds(name: str, preset: str, batch_size: int, steps: int) -> dict[str, Samples]:
     results = {}
     with tempfile.TemporaryDirectory() as runs, tempfile.TemporaryDirectory() as data:
@@ -93,12 +110,14 @@ def main() -> None:
 
     machine = environment.machine()
     software = environment.software()
-    print("1/3 tiny step times", file=sys.stderr)
+    print("1/4 tiny step times", file=sys.stderr)
     tiny = tiny_step_times(args.steps, warmup=3)
-    print("2/3 runner overhead (paired, interleaved)", file=sys.stderr)
+    print("2/4 runner overhead (paired, interleaved)", file=sys.stderr)
     bare, measured = runner_overhead("basic_cnn", rounds=7, steps=args.steps)
-    print("3/3 memory vs disk data", file=sys.stderr)
+    print("3/4 memory vs disk data", file=sys.stderr)
     kinds = data_kinds("resnet18", "small", 16, args.steps)
+    print("4/4 stage profiler overhead (paired, interleaved)", file=sys.stderr)
+    overheads = {name: stage_overhead(name, rounds=9, steps=args.steps) for name in STAGE_OVERHEAD_WORKLOADS}
 
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     gpus = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
@@ -150,6 +169,24 @@ def main() -> None:
     for kind, samples in kinds.items():
         lines.append(
             f"| {kind} | {samples.median * 1e3:.1f} | {samples.p10 * 1e3:.1f}-{samples.p90 * 1e3:.1f} |"
+        )
+    lines += [
+        "",
+        "## Stage profiler overhead (target: at most 2%)",
+        "",
+        "Tiny presets, data in memory, CPU. Each round runs the same workload without stage profiling",
+        f"and then with it ({args.steps} measured steps after 2 warm-up steps each); the overhead is the",
+        "median over rounds of the paired relative difference of the rounds' median step times.",
+        "",
+        "| workload | plain ms | profiled ms | overhead (median of pairs) | p10-p90 of pairs | within 2% |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, (plain, profiled) in overheads.items():
+        pairs = Samples.of([(b - a) / a for a, b in zip(plain.values, profiled.values, strict=True)])
+        ok = "yes" if pairs.median <= 0.02 else "**no**"
+        lines.append(
+            f"| {name} | {plain.median * 1e3:.2f} | {profiled.median * 1e3:.2f} | "
+            f"{100 * pairs.median:+.2f}% | {100 * pairs.p10:+.2f}% to {100 * pairs.p90:+.2f}% | {ok} |"
         )
     args.output.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.output}", file=sys.stderr)

@@ -8,7 +8,7 @@ from torch import nn
 
 from dnnperf.data.formats import ImageFormat
 from dnnperf.results.store import RunStore, read_record
-from dnnperf.runner import BenchSettings, bench
+from dnnperf.runner import BenchSettings, RunFailed, bench
 from dnnperf.workloads import registry
 from dnnperf.workloads.base import Batch, Task, Workload, no_stages
 
@@ -89,8 +89,10 @@ def test_a_failing_step_saves_a_failed_record(monkeypatch, sleepy, tmp_path):
         raise ValueError("bug in the step")
 
     monkeypatch.setattr(SleepyTask, "step", broken)
-    with pytest.raises(ValueError):
+    with pytest.raises(RunFailed) as failure:
         bench(BenchSettings("sleepy", steps=1, warmup=0), RunStore(tmp_path))
+    assert isinstance(failure.value.__cause__, ValueError)
+    assert failure.value.record.status == "failed"
     [path] = tmp_path.glob("*.json")
     record = read_record(path)
     assert record.status == "failed" and "bug in the step" in record.error
@@ -118,7 +120,7 @@ def test_data_workers_are_stopped_when_a_step_fails(monkeypatch, sleepy, tmp_pat
 
     monkeypatch.setattr(SleepyTask, "step", broken)
     settings = BenchSettings("sleepy", steps=1, warmup=0, data="disk", workers=2, data_dir=tmp_path / "d")
-    with pytest.raises(ValueError):
+    with pytest.raises(RunFailed):
         bench(settings, RunStore(tmp_path / "runs"))
     _, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
     assert alive == []

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import dnnperf
 from dnnperf.errors import DnnperfError, UsageError
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -187,7 +188,7 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> int:
     from dnnperf.results.store import RunStore
-    from dnnperf.runner import BenchSettings, Interrupted, bench
+    from dnnperf.runner import BenchSettings, Interrupted, RunFailed, bench
     from dnnperf.workloads import get_workload
 
     workload = get_workload(args.workload)
@@ -212,6 +213,13 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
     with out.progress(f"{workload.name} ({args.preset})", total=total) as advance:
         try:
             record = bench(settings, store, command=command_line(), on_step=lambda *_: advance())
+        except RunFailed as failure:
+            path = store.path(failure.record.id)
+            measured = sum(len(p.step_s) for p in failure.record.points)
+            out.error(f"error: the run failed: {failure} ({measured} measured steps kept in {path})")
+            if args.json:
+                out.json({"record_path": str(path), "record": failure.record.to_dict()})
+            return EXIT_FAILED
         except Interrupted as interrupt:
             record = interrupt.record
             measured = sum(len(p.step_s) for p in record.points)

@@ -41,6 +41,15 @@ MAX_WORKERS = 64
 DISK_SAMPLES = {"tiny": 64, "small": 256, "full": 512}
 
 
+class RunFailed(RuntimeError):
+    """A run stopped by an error in the workload (its model, data or step); carries the record,
+    already saved as failed with every step measured before the error."""
+
+    def __init__(self, record: RunRecord, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.record = record
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM through the CLI) during a run; carries the partial record, already saved."""
 
@@ -129,6 +138,13 @@ def bench(
     except KeyboardInterrupt as interrupt:
         record.status = "partial"
         raise Interrupted(record) from interrupt
+    except UsageError:
+        record.status = "failed"
+        raise
+    except Exception as error:
+        record.status = "failed"
+        record.error = f"{type(error).__name__}: {error}"
+        raise RunFailed(record, error) from error
     except BaseException as error:
         record.status = "failed"
         record.error = f"{type(error).__name__}: {error}"
@@ -167,8 +183,12 @@ def _measure_point(
         point.status = "complete"
     except KeyboardInterrupt:
         point.status = "partial"
+        if point.stages is not None:
+            point.stages.status = "partial"
         raise
     except Exception as error:
+        if point.stages is not None:
+            point.stages.status = "partial"
         if not is_out_of_memory(error):
             point.status = "failed"
             point.error = f"{type(error).__name__}: {error}"

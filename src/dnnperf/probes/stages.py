@@ -102,6 +102,8 @@ class StageBreakdown:
     #: "cuda-events" or "host-clock".
     timing: str = "host-clock"
     cpu: dict[str, float] = field(default_factory=dict)
+    #: "complete", or "partial" when the loop ended with an error (the steps before it are kept).
+    status: str = "complete"
 
     def add(self, timing: StepTiming, samples: int, data_times: Mapping[str, float] | None) -> None:
         """Append one step. Batches made in the training process split ``data_wait`` into read,
@@ -163,6 +165,7 @@ class StageBreakdown:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "status": self.status,
             "timing": self.timing,
             "data_workers": self.data_workers,
             "wall_s": self.wall_s,
@@ -183,6 +186,7 @@ class StageBreakdown:
             samples_per_step=list(data.get("samples_per_step", [])),
             timing=str(data.get("timing", "host-clock")),
             cpu=dict(data.get("cpu", {})),
+            status=str(data.get("status", "complete")),
         )
 
 
@@ -255,12 +259,19 @@ class StageProfiler:
             self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clock.mark(OTHER)))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._finish_step()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._active = False
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        try:
+            if exc_type is None:
+                self._finish_step()
+            else:  # the loop failed: keep the steps measured before it, marked partial
+                self.breakdown.status = "partial"
+                self.clock._start = None
+                self._pending = None
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            self._active = False
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         if self.clock.in_step and not self._forward_seen:

@@ -110,6 +110,7 @@ def stages_table(batch_size: int, breakdown: StageBreakdown) -> Table:
     title = (
         f"batch {batch_size}: step {milliseconds(step['median'])} ms median over {step['n']} steps, "
         f"{summary['samples_per_s']:.1f} samples/s ({breakdown.timing})"
+        + ("" if breakdown.status == "complete" else f" [{breakdown.status}]")
     )
     table = Table(title=title, title_justify="left")
     table.add_column("stage")

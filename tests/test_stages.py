@@ -1,0 +1,251 @@
+"""The stage profiler against known truths: closure on every workload, injected delays landing in the
+right stage, a user's own loop, and the hooks gone afterwards."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from dnnperf.data.formats import ImageFormat
+from dnnperf.probes.stages import StageBreakdown, StageProfiler
+from dnnperf.results.record import RecordError, RunRecord
+from dnnperf.results.store import RunStore
+from dnnperf.runner import BenchSettings, RunFailed, bench
+from dnnperf.workloads import all_workloads, get_workload, registry
+from dnnperf.workloads.base import Workload
+
+
+def profile(name: str, tmp_path, **settings) -> StageBreakdown:
+    settings = {"steps": 5, "warmup": 2, **settings}
+    record = bench(BenchSettings(name, stages=True, **settings), RunStore(tmp_path / "runs"))
+    return record.points[0].stages
+
+
+@pytest.mark.parametrize("name", [w.name for w in all_workloads()])
+def test_stages_add_up_to_the_step_on_every_workload(name, tmp_path):
+    breakdown = profile(name, tmp_path)
+    summary = breakdown.summary()
+    for index, wall in enumerate(breakdown.wall_s):
+        total = sum(values[index] for values in breakdown.steps.values())
+        assert abs(total - wall) <= 0.01 * wall
+        assert all(values[index] >= 0 for values in breakdown.steps.values())
+    assert summary["max_closure_error"] <= 0.01
+    assert sum(s["share"] for s in summary["stages"].values()) == pytest.approx(1.0)
+    assert summary["stages"]["forward"]["median"] > 0 and summary["stages"]["backward"]["median"] > 0
+    if get_workload(name).domain == "image classification":
+        assert summary["stages"]["other"]["share"] <= 0.05
+
+
+class SlowDecode(ImageFormat):
+    """Images whose decoding takes a known extra time per sample."""
+
+    def preprocess(self, raw):
+        time.sleep(DECODE_DELAY_S)
+        return super().preprocess(raw)
+
+
+DECODE_DELAY_S = 0.025  # x batch 2 = 50 ms of preprocessing per step
+STEP_DELAY_S = 0.030
+FORWARD_DELAY_S = 0.020
+
+
+@pytest.fixture
+def injected(monkeypatch):
+    """Register 'injected': basic_cnn tiny with a delay in one place (decode, update or forward)."""
+    base = get_workload("basic_cnn")
+
+    def register(where: str | None):
+        def make_task(config, device):
+            task = base.make_task(config, device)
+            if where == "update":
+                step = task.optimizer.step
+
+                def slow_step(*args, **kwargs):
+                    time.sleep(STEP_DELAY_S)
+                    return step(*args, **kwargs)
+
+                task.optimizer.step = slow_step
+            if where == "forward":
+                task.model.conv2.register_forward_hook(lambda *_: time.sleep(FORWARD_DELAY_S))
+            return task
+
+        def make_data(config):
+            fmt = SlowDecode if where == "decode" else ImageFormat
+            return fmt(image_size=config.image_size, num_classes=config.num_classes)
+
+        workload = Workload(
+            name="injected",
+            domain="test",
+            summary="basic_cnn with an injected delay",
+            presets=base.presets,
+            default_batch_size={"tiny": 2, "small": 2, "full": 2},
+            make_task=make_task,
+            make_data=make_data,
+        )
+        monkeypatch.setitem(registry._REGISTRY, "injected", workload)
+
+    return register
+
+
+def median(breakdown: StageBreakdown, stage: str) -> float:
+    return breakdown.summary()["stages"][stage]["median"]
+
+
+@pytest.mark.parametrize(
+    ("where", "stage", "delay"), [("update", "update", STEP_DELAY_S), ("forward", "forward", FORWARD_DELAY_S)]
+)
+def test_an_injected_delay_lands_in_its_stage(injected, tmp_path, where, stage, delay):
+    injected(None)
+    baseline = median(profile("injected", tmp_path), stage)
+    injected(where)
+    measured = median(profile("injected", tmp_path), stage)
+    assert measured - baseline == pytest.approx(delay, rel=0.10)
+
+
+def test_an_injected_decode_delay_lands_in_preprocess(injected, tmp_path):
+    injected("decode")
+    inline = profile("injected", tmp_path, data="disk", workers=0, data_dir=tmp_path / "data")
+    # 2 samples x 25 ms, plus the real decoding of two tiny JPEGs (well under a millisecond)
+    assert median(inline, "preprocess") == pytest.approx(2 * DECODE_DELAY_S, rel=0.10)
+    assert not inline.worker
+    workers = profile("injected", tmp_path, data="disk", workers=2, data_dir=tmp_path / "data")
+    worker_preprocess = workers.summary()["worker"]["preprocess"]["median"]
+    assert worker_preprocess == pytest.approx(2 * DECODE_DELAY_S, rel=0.10)
+    assert "preprocess" not in workers.names()  # off the critical path: only the exposed wait counts
+    assert workers.summary()["cpu"]["usable_cores"] >= 1
+
+
+def test_a_failing_dataset_keeps_the_steps_before_it(monkeypatch, tmp_path):
+    calls = {"n": 0}
+    original = ImageFormat.preprocess
+
+    def failing(self, raw):
+        calls["n"] += 1
+        if calls["n"] > 16:
+            raise OSError("disk went away")
+        return original(self, raw)
+
+    monkeypatch.setattr(ImageFormat, "preprocess", failing)
+    settings = BenchSettings(
+        "basic_cnn",
+        steps=50,
+        warmup=0,
+        batch_sizes=(2,),
+        data="disk",
+        workers=0,
+        data_dir=tmp_path / "data",
+        stages=True,
+    )
+    with pytest.raises(RunFailed, match="disk went away") as failure:
+        bench(settings, RunStore(tmp_path / "runs"))
+    point = failure.value.record.points[0]
+    assert point.status == "failed" and point.stages.status == "partial"
+    assert len(point.stages.wall_s) == len(point.step_s) == 8
+
+
+def test_stages_survive_the_record_round_trip(tmp_path):
+    record = bench(BenchSettings("basic_cnn", steps=3, warmup=1, stages=True), RunStore(tmp_path))
+    document = record.to_dict()
+    loaded = RunRecord.from_dict(document)
+    assert loaded.points[0].stages.steps == record.points[0].stages.steps
+    assert loaded.kind == "profile"
+    document["points"][0]["stages"]["steps"]["forward"] = [0.1]  # wrong length
+    with pytest.raises(RecordError, match="one per measured step"):
+        RunRecord.from_dict(document)
+
+
+# --- a user's own loop through the Python API ------------------------------------------------------
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, index):
+        x = torch.full((4,), float(index % 5))
+        return x, x.square().sum(0, keepdim=True)
+
+
+def own_loop(profiler, model, optimizer, loader):
+    for inputs, targets in profiler.batches(loader):
+        inputs, targets = profiler.to_device((inputs, targets))
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def make_own():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3), DataLoader(Squares(), batch_size=8)
+
+
+def test_a_users_own_loop_gets_the_same_breakdown():
+    model, optimizer, loader = make_own()
+    model[2].register_forward_hook(lambda *_: time.sleep(FORWARD_DELAY_S))
+    profiler = StageProfiler(model, optimizer, warmup=1)
+    with profiler:
+        own_loop(profiler, model, optimizer, loader)
+    result = profiler.result()
+    assert len(result.wall_s) == 5 and result.samples_per_step == [8] * 5  # 6 batches, 1 warm-up
+    summary = result.summary()
+    stages = summary["stages"]
+    assert summary["max_closure_error"] <= 0.01
+    assert stages["forward"]["median"] == pytest.approx(FORWARD_DELAY_S, rel=0.10, abs=0.002)
+    assert stages["backward"]["median"] > 0 and stages["update"]["median"] > 0
+    assert stages["copy"]["median"] > 0 and stages["data_wait"]["median"] > 0
+    assert result.status == "complete"
+
+
+def test_profiling_leaves_the_users_objects_as_they_were():
+    model, optimizer, loader = make_own()
+    hooks_before = (dict(model._forward_pre_hooks), dict(model._forward_hooks))
+    profiler = StageProfiler(model, optimizer)
+    with profiler:
+        own_loop(profiler, model, optimizer, loader)
+    assert (dict(model._forward_pre_hooks), dict(model._forward_hooks)) == hooks_before
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+
+
+def test_a_loader_that_raises_midway_leaves_a_partial_result_and_no_hooks():
+    model, optimizer, _ = make_own()
+
+    class Failing(Squares):
+        def __getitem__(self, index):
+            if index >= 32:
+                raise OSError("corrupt sample")
+            return super().__getitem__(index)
+
+    profiler = StageProfiler(model, optimizer, warmup=1)
+    with pytest.raises(OSError, match="corrupt sample"), profiler:
+        own_loop(profiler, model, optimizer, DataLoader(Failing(), batch_size=8))
+    result = profiler.result()
+    assert result.status == "partial" and len(result.wall_s) == 3  # batches 0-3, the first is warm-up
+    assert not model._forward_pre_hooks and not optimizer._optimizer_step_pre_hooks
+
+
+@pytest.mark.parametrize("batches", [0, 1])
+def test_a_loop_that_ends_within_warmup_is_an_error_not_an_empty_report(batches):
+    model, optimizer, _ = make_own()
+    profiler = StageProfiler(model, optimizer, warmup=1)
+    with profiler:
+        own_loop(profiler, model, optimizer, [(torch.zeros(8, 4), torch.zeros(8, 1))] * batches)
+    with pytest.raises(RuntimeError, match="no measured step"):
+        profiler.result()
+
+
+def test_batches_outside_the_with_block_is_refused():
+    model, optimizer, loader = make_own()
+    with pytest.raises(RuntimeError, match="inside"):
+        next(StageProfiler(model, optimizer).batches(loader))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_stage_boundaries_are_events_resolved_after_the_step(tmp_path):
+    breakdown = profile("resnet18", tmp_path, device="cuda")
+    assert breakdown.timing == "cuda-events"
+    assert breakdown.summary()["max_closure_error"] <= 0.01
+    assert breakdown.summary()["stages"]["forward"]["median"] > 0
