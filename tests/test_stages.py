@@ -249,3 +249,26 @@ def test_cuda_stage_boundaries_are_events_resolved_after_the_step(tmp_path):
     assert breakdown.timing == "cuda-events"
     assert breakdown.summary()["max_closure_error"] <= 0.01
     assert breakdown.summary()["stages"]["forward"]["median"] > 0
+
+
+def test_the_documented_lines_profile_a_loop_as_documented():
+    """docs/stages.md shows the exact lines a user adds; run them as written."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "stages.md").read_text()
+    snippet = re.search(r"## Your own loop.*?```python\n(.*?)```", text, re.S).group(1)
+    added = [line for line in snippet.splitlines() if "# added" in line or "# was:" in line]
+    assert len(added) <= 5
+    model, optimizer, loader = make_own()
+    namespace = {
+        "model": model,
+        "optimizer": optimizer,
+        "loader": loader,
+        "device": "cpu",
+        "loss_fn": nn.functional.mse_loss,
+        "print": lambda *a: None,
+    }
+    exec(compile(snippet, "docs/stages.md", "exec"), namespace)
+    result = namespace["profiler"].result()
+    assert len(result.wall_s) == 5 and result.summary()["stages"]["forward"]["median"] > 0

@@ -1,11 +1,13 @@
 """dnnperf: measure, explain, predict and reduce the cost of training deep neural networks.
 
 The Python API: workloads of the suite (:func:`get_workload`), the measuring runner (:func:`bench`)
-and the run records it produces (:class:`RunRecord`, :class:`RunStore`).
+and the run records it produces (:class:`RunRecord`, :class:`RunStore`), and the stage profiler for
+your own training loop (:class:`StageProfiler`).
 """
 
 __version__ = "0.1.0"
 
+from dnnperf.probes.stages import StageBreakdown, StageProfiler
 from dnnperf.results import Point, RunRecord, RunStore, read_record
 from dnnperf.runner import BenchSettings, bench
 from dnnperf.stats import Samples
@@ -17,6 +19,8 @@ __all__ = [
     "RunRecord",
     "RunStore",
     "Samples",
+    "StageBreakdown",
+    "StageProfiler",
     "Task",
     "Workload",
     "__version__",

@@ -25,7 +25,7 @@ from dnnperf import environment
 from dnnperf.data.sources import BatchSource, open_source, pop_data_times
 from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
-from dnnperf.probes.clock import StageClock, WallClock
+from dnnperf.probes.clock import StageClock, StepTiming, WallClock
 from dnnperf.probes.stages import CpuMeter, StageBreakdown
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
@@ -223,15 +223,7 @@ def _train_steps(
         measured = index >= settings.warmup
         if measured and not cpu.started:
             cpu.start()
-        clock.begin_step()
-        with clock("data_wait"):
-            host_batch = next(source)
-        data_times = pop_data_times(host_batch)
-        with clock("copy"):
-            batch = to_device(host_batch, device)
-        loss = task.step(batch, clock)
-        synchronize(device)
-        timing = clock.end_step()
+        timing, data_times, loss = timed_step(task, source, device, clock)
         (point.step_s if measured else point.warmup_s).append(timing.wall_s)
         point.loss.append(_as_float(loss))
         if measured and point.stages is not None:
@@ -240,6 +232,22 @@ def _train_steps(
         if on_step is not None:
             on_step(point.batch_size, index + 1, total)
         saver.maybe_save()
+
+
+def timed_step(
+    task: Task, source: BatchSource, device: torch.device, clock: WallClock
+) -> tuple[StepTiming, dict[str, float] | None, torch.Tensor]:
+    """One training step as the runner measures it: fetch the batch, copy it to the device, step,
+    synchronise. Returns the clock's timing, the data-making times the batch carried, and the loss."""
+    clock.begin_step()
+    with clock("data_wait"):
+        host_batch = next(source)
+    data_times = pop_data_times(host_batch)
+    with clock("copy"):
+        batch = to_device(host_batch, device)
+    loss = task.step(batch, clock)
+    synchronize(device)
+    return clock.end_step(), data_times, loss
 
 
 def _on_device(device: torch.device) -> AbstractContextManager[Any]:
