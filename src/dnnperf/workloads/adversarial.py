@@ -17,7 +17,7 @@ from dnnperf.models.adversarial import (
     gradient_penalty,
     wgan_gp_optimizers,
 )
-from dnnperf.workloads.base import Batch, Stages, Task, Workload, no_stages
+from dnnperf.workloads.base import Batch, Stages, Task, Workload, backward_and_update, no_stages
 from dnnperf.workloads.registry import register
 
 
@@ -36,11 +36,8 @@ class WGANGPTask(Task):
                     fake = generator(self.model.sample_latent(real.shape[0]))
                 wasserstein = critic(real).mean() - critic(fake).mean()
                 critic_loss = -wasserstein + gradient_penalty(critic, real, fake, self.config.gp_weight)
-            with stages("backward"):
-                critic_loss.backward()  # differentiates through the penalty's gradient: double backward
-            with stages("update"):
-                self.critic_optimizer.step()
-                self.critic_optimizer.zero_grad(set_to_none=True)
+            # backward differentiates through the penalty's gradient: double backward
+            backward_and_update(critic_loss, self.critic_optimizer, stages)
 
         with stages("forward"):
             critic.requires_grad_(False)  # the generator step needs no critic weight gradients
@@ -48,11 +45,7 @@ class WGANGPTask(Task):
                 generator_loss = -critic(generator(self.model.sample_latent(real.shape[0]))).mean()
             finally:
                 critic.requires_grad_(True)
-        with stages("backward"):
-            generator_loss.backward()
-        with stages("update"):
-            self.generator_optimizer.step()
-            self.generator_optimizer.zero_grad(set_to_none=True)
+        backward_and_update(generator_loss, self.generator_optimizer, stages)
         return critic_loss.detach()
 
 

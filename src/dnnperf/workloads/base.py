@@ -65,12 +65,17 @@ class SupervisedTask(Task):
     def step(self, batch: Batch, stages: Stages = no_stages) -> torch.Tensor:
         with stages("forward"):
             loss = self.loss_fn(self.model, batch)
-        with stages("backward"):
-            loss.backward()
-        with stages("update"):
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        backward_and_update(loss, self.optimizer, stages)
         return loss.detach()
+
+
+def backward_and_update(loss: torch.Tensor, optimizer: torch.optim.Optimizer, stages: Stages) -> None:
+    """The second half of every training step: gradients, then the optimizer's update."""
+    with stages("backward"):
+        loss.backward()
+    with stages("update"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dnnperf.models.reinforcement import (
     a3c_optimizer,
     rollout,
 )
-from dnnperf.workloads.base import Batch, Stages, Task, Workload, no_stages
+from dnnperf.workloads.base import Batch, Stages, Task, Workload, backward_and_update, no_stages
 from dnnperf.workloads.registry import register
 
 
@@ -46,11 +46,7 @@ class A3CTask(Task):
             played = rollout(games, self.model, self.config.rollout_steps)
         with stages("forward"):
             loss, _ = a3c_loss(self.model, played, self.config)
-        with stages("backward"):
-            loss.backward()
-        with stages("update"):
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        backward_and_update(loss, self.optimizer, stages)
         return loss.detach()
 
 
