@@ -13,7 +13,7 @@ from tests.conftest import run_cli
 
 import dnnperf
 
-SUBCOMMANDS = ("list", "bench", "runs", "show")
+SUBCOMMANDS = ("list", "bench", "profile", "hw", "runs", "show")
 
 
 def assert_one_line_error(result, *needles: str) -> None:
@@ -180,3 +180,19 @@ def test_sigint_keeps_a_valid_partial_record(isolated_dirs):
     assert record.points[0].status == "partial"
     assert len(record.points[0].step_s) >= seen
     assert record.finished is not None
+
+
+def test_hw_quick_calibrates_saves_and_shows(tmp_path):
+    profile_path = tmp_path / "hw.json"
+    result = run_cli("hw", "--quick", "--output", str(profile_path), "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["profile_path"] == str(profile_path) and profile_path.is_file()
+    shown = run_cli("hw", "--show", "--output", str(profile_path))
+    assert shown.returncode == 0 and "peak matmul float32" in shown.stdout
+
+
+def test_hw_show_without_a_profile_is_a_usage_error(tmp_path):
+    assert_one_line_error(
+        run_cli("hw", "--show", "--output", str(tmp_path / "none.json")), "no saved hardware"
+    )

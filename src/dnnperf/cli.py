@@ -129,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.set_defaults(handler=cmd_profile)
 
+    hw = commands.add_parser(
+        "hw", help="calibrate this machine: peak FLOP/s, memory and host-device bandwidth, dispatch overhead"
+    )
+    hw.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (auto)")
+    hw.add_argument("--quick", action="store_true", help="seconds instead of minutes: rough numbers")
+    hw.add_argument("--output", type=Path, help="where to save the profile (default: dnnperf's cache)")
+    hw.add_argument("--show", action="store_true", help="show the saved profile instead of calibrating")
+    _common(hw)
+    hw.set_defaults(handler=cmd_hw)
+
     runs = commands.add_parser("runs", help="list the run records in the runs directory")
     _common(runs, runs=True)
     runs.set_defaults(handler=cmd_runs)
@@ -242,6 +252,30 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
     return 0
 
 
+def cmd_hw(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf import hardware
+    from dnnperf.devices import resolve_device
+
+    device = resolve_device(args.device)
+    if args.show:
+        profile = hardware.load_profile(device, args.output)  # a bad file is a UsageError naming it
+        if profile is None:
+            raise UsageError(f"no saved hardware profile for {device}: run `dnnperf hw` first")
+        path = args.output or hardware.profile_path(device)
+    else:
+        with out.progress_fraction("calibrating") as progress:
+            profile = hardware.calibrate(device, progress=progress, quick=args.quick)
+        path = hardware.save_profile(profile, args.output)
+    if args.json:
+        out.json({"profile_path": str(path), "profile": profile.to_dict()})
+    else:
+        from dnnperf.report.terminal import hardware_table
+
+        out.print(hardware_table(profile))
+        out.print(f"profile: {path}")
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.results.store import RunStore
 
@@ -344,6 +378,21 @@ class Output:
         ) as progress:
             task = progress.add_task(description, total=total)
             yield lambda: progress.advance(task)
+
+    @contextmanager
+    def progress_fraction(self, description: str):
+        """A progress bar driven by (what is being done, fraction done) callbacks."""
+        disabled = self.quiet or self.json_mode or not self.stderr.is_terminal
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=self.stderr,
+            transient=True,
+            disable=disabled,
+        ) as progress:
+            task = progress.add_task(description, total=1.0)
+            yield lambda what, fraction: progress.update(task, description=what, completed=fraction)
 
 
 def command_line() -> list[str]:

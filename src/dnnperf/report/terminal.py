@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from dnnperf.hardware import HardwareProfile
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.record import RunRecord
 
@@ -144,4 +145,30 @@ def stages_table(batch_size: int, breakdown: StageBreakdown) -> Table:
             f"{cpu['workers_cores']:.2f} cores, of {cpu['usable_cores']:.0f} usable. " + caption
         )
     table.caption = caption
+    return table
+
+
+def hardware_table(profile: HardwareProfile) -> Table:
+    """The calibrated machine: compute peaks, memory bandwidth, transfers, dispatch overhead."""
+    summary = profile.summary()
+    title = (
+        f"{profile.device_name} ({profile.device_key}), {profile.threads} threads, "
+        f"calibrated in {profile.duration_s:.0f} s{' (quick)' if profile.quick else ''}"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    for op, peaks in summary["peak_flops"].items():
+        for precision, rate in peaks.items():
+            table.add_row(f"peak {op} {precision}", human_count(rate, "FLOP/s"))
+    table.add_row("memory bandwidth (DRAM, roofline)", human_count(summary["memory_bandwidth"], "B/s"))
+    for kernel, plateaus in summary["bandwidth_plateaus"].items():
+        for level, rate in plateaus.items():
+            table.add_row(f"{kernel} bandwidth, {level}", human_count(rate, "B/s"))
+    if summary["host_transfer"]:
+        for name, rate in summary["host_transfer"].items():
+            table.add_row(f"host transfer {name}", human_count(rate, "B/s"))
+    else:
+        table.add_row("host transfer", profile.host_transfer_reason or "n/a")
+    table.add_row("dispatch overhead per operator", f"{summary['dispatch_overhead_us']:.2f} µs")
     return table

@@ -1,0 +1,449 @@
+"""Hardware calibration: a quick real calibration, the work accounting behind its rates, the profile
+file format, and the roofline helpers (checked analytically on hand-built profiles)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from dnnperf import hardware as hw
+from dnnperf.errors import UsageError
+from dnnperf.stats import Samples
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> tuple[hw.HardwareProfile, list[tuple[str, float]]]:
+    """One quick CPU calibration shared by the tests below, with the progress it reported."""
+    reports: list[tuple[str, float]] = []
+    profile = hw.calibrate(CPU, progress=lambda text, done: reports.append((text, done)), quick=True)
+    return profile, reports
+
+
+@pytest.fixture
+def profile(calibrated: tuple[hw.HardwareProfile, list[tuple[str, float]]]) -> hw.HardwareProfile:
+    return calibrated[0]
+
+
+def all_timings(profile: hw.HardwareProfile) -> list[hw.KernelTiming]:
+    timings = [p for curve in profile.compute for p in curve.points]
+    timings += [p for curve in profile.memory for p in curve.points]
+    timings += list((profile.host_transfer or {}).values())
+    return [*timings, profile.dispatch]
+
+
+def assert_ordered(samples: Samples, what: str) -> None:
+    assert len(samples) > 0, what
+    assert all(math.isfinite(v) and v > 0 for v in samples.values), what
+    assert samples.p10 <= samples.median <= samples.p90, what
+
+
+# -- the quick calibration ---------------------------------------------------------------------------
+
+
+def test_quick_calibration_measures_positive_finite_ordered_values(profile: hw.HardwareProfile) -> None:
+    timings = all_timings(profile)
+    assert len(timings) > 10
+    for timing in timings:
+        assert timing.calls >= 1 and timing.work > 0
+        assert_ordered(timing.time, f"{timing.label} time")
+        assert_ordered(timing.rate, f"{timing.label} rate")
+    for kernel in ("copy", "triad"):
+        for name, plateau in profile.cache_plateaus(kernel).items():
+            assert_ordered(plateau, f"{kernel} {name} plateau")
+    assert_ordered(profile.dispatch_us, "dispatch")
+    for value in (profile.peak_flops(torch.float32), profile.memory_bandwidth, profile.dispatch_overhead_us):
+        assert math.isfinite(value) and value > 0
+
+
+def test_quick_calibration_describes_the_cpu(profile: hw.HardwareProfile) -> None:
+    assert profile.device_type == "cpu" and profile.device_index is None and profile.quick
+    assert profile.threads == torch.get_num_threads()
+    assert profile.environment["machine"]["cpu_model"] == profile.device_name
+    assert {c.op for c in profile.compute} == {"matmul", "conv2d"}
+    assert {c.precision for c in profile.compute} <= {"float32", "bfloat16"}
+    # bfloat16 is tried on CPU and the profile says what came of it.
+    bf16 = profile.curves("matmul", "bfloat16")
+    assert bf16 and bf16[0].points and bf16[0].note
+    assert {m.kernel for m in profile.memory} == {"copy", "triad"}
+    # No host<->device copies on a CPU: recorded as not applicable, with the reason.
+    assert profile.host_transfer is None and "not applicable" in (profile.host_transfer_reason or "")
+    assert profile.host_bandwidth("h2d") is None
+    assert profile.duration_s > 0
+
+
+def test_progress_is_monotonic_and_ends_at_one(
+    calibrated: tuple[hw.HardwareProfile, list[tuple[str, float]]],
+) -> None:
+    _, reports = calibrated
+    fractions = [done for _, done in reports]
+    assert len(reports) > 5 and all(isinstance(text, str) and text for text, _ in reports)
+    assert all(0.0 <= f <= 1.0 for f in fractions)
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_calibrated_matmul_peak_is_plausible(profile: hw.HardwareProfile) -> None:
+    """Independent check: not more than 2x below a naive single timed call, not above the hardware."""
+    n = min(int(p.params["n"]) for p in profile.curves("matmul", "float32")[0].points)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # first-call setup (thread pool, BLAS dispatch) is not the rate
+    start = time.perf_counter()
+    torch.mm(a, b)
+    reference = 2 * n**3 / (time.perf_counter() - start)
+    peak = profile.peak_flops(torch.float32, op="matmul")
+    assert peak >= reference / 2
+    # Upper bound: 3.5 GHz x 64 FP32 FLOP/cycle per core (two AVX-512 FMA units x 16 lanes x 2 FLOPs,
+    # the most any x86 core does; 3.5 GHz is above the all-core AVX-512 clock of server parts like this
+    # one) times every core the process may use.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert peak <= cores * 3.5e9 * 64
+
+
+def test_a_precision_too_slow_to_be_a_peak_is_kept_but_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Demand bfloat16 be 1000x faster than float32: it is tried, timed at one size, and set aside.
+    monkeypatch.setattr(hw, "SANE_FRACTION", 1000.0)
+    profile = hw.calibrate(CPU, quick=True)
+    for op in hw.OPS:
+        (curve,) = profile.curves(op, "bfloat16")
+        assert not curve.usable and len(curve.points) == 1 and "not used" in (curve.note or "")
+        assert_ordered(curve.points[0].rate, curve.points[0].label)
+        with pytest.raises(hw.NotMeasuredError, match="bfloat16"):
+            profile.peak_flops(torch.bfloat16, op=op)
+    assert "bfloat16" not in profile.summary()["peak_flops"]["matmul"]
+    reloaded = hw.HardwareProfile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert reloaded == profile
+
+
+# -- work accounting ------------------------------------------------------------------------------------
+
+
+def test_matmul_flops_match_hand_computed_values_and_the_flop_counter() -> None:
+    assert hw.matmul_flops(2, 3, 4) == 48
+    assert hw.matmul_flops(512, 512, 512) == 2 * 512**3
+    a, b = torch.randn(5, 7), torch.randn(7, 3)
+    with FlopCounterMode(display=False) as counter:
+        torch.mm(a, b)
+    assert counter.get_total_flops() == hw.matmul_flops(5, 7, 3)
+
+
+@pytest.mark.parametrize(
+    ("input_shape", "weight_shape", "kwargs"),
+    [
+        ((1, 3, 5, 5), (2, 3, 3, 3), {}),
+        ((8, 64, 28, 28), (64, 64, 3, 3), {"padding": 1}),
+        ((2, 16, 15, 17), (32, 16, 3, 5), {"stride": 2, "padding": 2}),
+        ((2, 8, 20, 20), (12, 2, 3, 3), {"groups": 4, "dilation": 2, "padding": 1}),
+    ],
+)
+def test_conv2d_flops_match_the_flop_counter(
+    input_shape: tuple[int, ...], weight_shape: tuple[int, ...], kwargs: dict[str, int]
+) -> None:
+    x, w = torch.randn(input_shape), torch.randn(weight_shape)
+    with FlopCounterMode(display=False) as counter:
+        out = F.conv2d(x, w, **kwargs)
+    assert hw.conv2d_flops(input_shape, weight_shape, **kwargs) == counter.get_total_flops()
+    geometry = {k: v for k, v in kwargs.items() if k != "groups"}
+    assert hw.conv2d_output_hw(*input_shape[2:], weight_shape[2:], **geometry) == tuple(out.shape[2:])
+
+
+def test_conv2d_flops_by_hand() -> None:
+    # 2 * N * Cout * Hout * Wout * Cin * kh * kw with a 3x3 output.
+    assert hw.conv2d_flops((1, 3, 5, 5), (2, 3, 3, 3)) == 2 * 1 * 2 * 3 * 3 * 3 * 3 * 3
+    with pytest.raises(ValueError, match="groups"):
+        hw.conv2d_flops((1, 4, 5, 5), (2, 3, 3, 3))
+
+
+def test_bytes_moved_counts_reads_and_writes() -> None:
+    assert hw.bytes_moved("copy", 1000) == 2000  # read src, write dst
+    assert hw.bytes_moved("triad", 1000) == 3000  # read b and c, write a
+    with pytest.raises(ValueError, match="unknown memory kernel"):
+        hw.bytes_moved("scale", 1000)
+
+
+def test_memory_points_use_that_accounting(profile: hw.HardwareProfile) -> None:
+    for curve in profile.memory:
+        assert curve.points
+        for point in curve.points:
+            nbytes = point.params["nbytes"]
+            assert point.work == hw.bytes_moved(curve.kernel, nbytes)
+            assert point.params["footprint"] == hw.TENSORS_TOUCHED[curve.kernel] * nbytes
+        assert [size for size, _ in curve.curve()] == sorted(size for size, _ in curve.curve())
+
+
+# -- the profile file ------------------------------------------------------------------------------------
+
+
+def test_profile_round_trips_through_json(profile: hw.HardwareProfile, tmp_path: Path) -> None:
+    assert hw.load_profile(CPU) is None  # nothing saved yet in this test's cache directory
+    path = hw.save_profile(profile)
+    assert path == hw.profile_path(CPU) and path.parent.name == "hardware"
+    document = json.loads(path.read_text())
+    assert document["schema"] == "dnnperf.hardware" and document["schema_version"] == 1
+    loaded = hw.load_profile(CPU)
+    assert loaded == profile
+    assert loaded is not None and loaded.to_dict() == profile.to_dict()
+    assert loaded.peak_flops(torch.float32) == profile.peak_flops(torch.float32)
+    assert loaded.memory_bandwidth == profile.memory_bandwidth
+    # An explicit path works the same.
+    other = hw.save_profile(profile, tmp_path / "elsewhere.json")
+    assert hw.load_profile(CPU, other) == profile
+
+
+def test_device_key_names_host_and_device() -> None:
+    key = hw.device_key(CPU)
+    assert key.endswith("-cpu") and re.fullmatch(r"[a-z0-9-]+", key)
+
+
+def _mutations() -> dict[str, Any]:
+    def set_in(path: list[Any], value: Any) -> Any:
+        def mutate(document: dict[str, Any]) -> None:
+            target = document
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+
+        return mutate
+
+    return {
+        "wrong schema": set_in(["schema"], "dnnperf.run"),
+        "future version": set_in(["schema_version"], 2),
+        "negative seconds": set_in(["compute", 0, "points", 0, "seconds", 0], -1.0),
+        "string seconds": set_in(["memory", 0, "points", 0, "seconds"], ["fast"]),
+        "empty seconds": set_in(["dispatch", "seconds"], []),
+        "unknown op": set_in(["compute", 0, "op"], "fft"),
+        "zero work": set_in(["compute", 0, "points", 0, "work"], 0),
+        "bad device type": set_in(["device", "type"], "tpu"),
+        "missing dispatch": set_in(["dispatch"], None),
+        "threads not int": set_in(["threads"], "two"),
+        "bad footprint": set_in(["memory", 1, "points", 0, "params", "footprint"], -5),
+        "bad transfer": set_in(["host_transfer"], {"sideways": {}}),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_mutations()))
+def test_invalid_profile_is_rejected_with_a_clear_error(
+    profile: hw.HardwareProfile, tmp_path: Path, name: str
+) -> None:
+    document = profile.to_dict()
+    _mutations()[name](document)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(UsageError, match="is not a dnnperf hardware profile") as caught:
+        hw.load_profile(CPU, path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"schema": "dnnperf.hardware", ', "is not valid JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"seconds": NaN}', "schema"),
+        ("", "is not valid JSON"),
+    ],
+)
+def test_corrupted_profile_file_is_rejected(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "profile.json"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=message):
+        hw.load_profile(CPU, path)
+
+
+def test_nan_sample_is_rejected(profile: hw.HardwareProfile, tmp_path: Path) -> None:
+    document = profile.to_dict()
+    document["compute"][0]["points"][0]["seconds"][0] = float("nan")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(document))  # json writes NaN, which Python's reader accepts
+    with pytest.raises(UsageError, match="not a positive finite number"):
+        hw.load_profile(CPU, path)
+
+
+def test_profile_of_another_device_type_is_refused(profile: hw.HardwareProfile, tmp_path: Path) -> None:
+    path = hw.save_profile(profile, tmp_path / "cpu.json")
+    with pytest.raises(UsageError, match="profiles a cpu device"):
+        hw.load_profile(torch.device("cuda"), path)
+
+
+def test_stale_reasons(profile: hw.HardwareProfile) -> None:
+    assert hw.stale_reasons(profile) == ["a quick calibration (few, short repetitions)"]
+    other = replace(profile, threads=profile.threads + 1, quick=False)
+    assert any("threads" in reason for reason in hw.stale_reasons(other))
+
+
+# -- roofline ------------------------------------------------------------------------------------------
+
+
+def timing(work: float, unit: str = "FLOP", **params: Any) -> hw.KernelTiming:
+    """A timing whose every sample takes one second: its rate is exactly ``work`` per second."""
+    return hw.KernelTiming("synthetic", float(work), unit, 1, (1.0, 1.0, 1.0), params)
+
+
+def memory_curve(kernel: str, rates_by_footprint: dict[int, float]) -> hw.BandwidthCurve:
+    points = [
+        timing(rate, "B", nbytes=footprint // hw.TENSORS_TOUCHED[kernel], footprint=footprint)
+        for footprint, rate in sorted(rates_by_footprint.items())
+    ]
+    return hw.BandwidthCurve(kernel, tuple(points))
+
+
+def synthetic_profile(peak: float, bandwidth: float) -> hw.HardwareProfile:
+    MiB = 1 << 20
+    triad = {
+        3 * 4 * 1024: 9e10,  # L1d: fits in half of 32 KiB
+        3 * 64 * 1024: 7e10,  # L2, held back by per-call overhead
+        3 * 128 * 1024: 8e10,  # L2, the fastest there
+        3 * MiB: 5e10,  # L3
+        3 * 64 * MiB: bandwidth,  # beyond 4x the L3: DRAM
+    }
+    return hw.HardwareProfile(
+        device_key="host-cpu",
+        device_type="cpu",
+        device_index=None,
+        device_name="synthetic",
+        threads=1,
+        quick=False,
+        created="2024-01-01T00:00:00+00:00",
+        duration_s=1.0,
+        environment={},
+        caches=(hw.CacheLevel("L1d", 32 * 1024), hw.CacheLevel("L2", 1 * MiB), hw.CacheLevel("L3", 8 * MiB)),
+        compute=(
+            hw.ComputeCurve("matmul", "float32", (timing(peak / 2), timing(peak))),
+            hw.ComputeCurve("conv2d", "float32", (timing(peak / 3),)),
+            # Tried, too slow, not usable: never a peak.
+            hw.ComputeCurve("matmul", "bfloat16", (timing(peak * 10),), usable=False, note="not used"),
+        ),
+        memory=(memory_curve("triad", triad), memory_curve("copy", {3 * 64 * MiB: bandwidth / 2})),
+        dispatch=timing(1.0, "call"),
+        host_transfer=None,
+    )
+
+
+def test_peak_flops_is_the_best_usable_median() -> None:
+    profile = synthetic_profile(peak=1e11, bandwidth=2e10)
+    assert profile.peak_flops(torch.float32) == pytest.approx(1e11)
+    assert profile.peak_flops("float32", op="conv2d") == pytest.approx(1e11 / 3)
+    with pytest.raises(hw.NotMeasuredError, match="bfloat16"):
+        profile.peak_flops(torch.bfloat16)
+    with pytest.raises(hw.NotMeasuredError, match="tf32"):
+        profile.peak_flops(torch.float32, tf32=True)
+
+
+def test_roofline_helpers_are_analytic() -> None:
+    peak, bandwidth = 1e11, 2e10
+    profile = synthetic_profile(peak, bandwidth)
+    assert profile.memory_bandwidth == pytest.approx(bandwidth)  # triad's DRAM plateau
+    ridge = profile.ridge_point(torch.float32)
+    assert ridge == pytest.approx(peak / bandwidth)
+    for intensity in (0.0, 0.1, ridge / 2, ridge, 2 * ridge, 1e6):
+        assert profile.attainable_flops(intensity, torch.float32) == pytest.approx(
+            min(peak, intensity * bandwidth)
+        )
+    assert profile.attainable_flops(ridge) == pytest.approx(peak)
+    with pytest.raises(ValueError, match="non-negative"):
+        profile.attainable_flops(-1.0)
+
+
+def test_cache_plateaus_group_sizes_by_cache_level() -> None:
+    profile = synthetic_profile(1e11, 2e10)
+    plateaus = {name: s.median for name, s in profile.cache_plateaus("triad").items()}
+    assert plateaus == pytest.approx({"L1d": 9e10, "L2": 8e10, "L3": 5e10, "DRAM": 2e10})
+    points, beyond_caches = profile.dram_points("triad")
+    assert beyond_caches and len(points) == 1
+    summary = profile.summary()
+    assert summary["memory_bandwidth"] == pytest.approx(2e10)
+    assert summary["peak_flops"] == {
+        "matmul": {"float32": pytest.approx(1e11)},
+        "conv2d": pytest.approx({"float32": 1e11 / 3}),
+    }
+
+
+# -- devices -----------------------------------------------------------------------------------------
+
+
+def tf32_flags() -> dict[str, Any]:
+    """Every flag tf32_mode touches, legacy ones as None where torch refuses to read them."""
+    flags: dict[str, Any] = {}
+    for name, read in (
+        ("matmul_precision", torch.get_float32_matmul_precision),
+        ("cublas", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ("cudnn", lambda: torch.backends.cudnn.allow_tf32),
+    ):
+        try:
+            flags[name] = read()
+        except RuntimeError:  # a mix of legacy and new flags
+            flags[name] = None
+    for i, holder in enumerate(hw._fp32_precision_flags()):
+        flags[f"new{i}"] = holder.fp32_precision
+    return flags
+
+
+NEW_API = hasattr(torch.backends.cudnn, "conv") and hasattr(torch.backends.mkldnn, "matmul")
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "default",
+        "legacy-high",
+        "legacy-medium",
+        pytest.param("new-only-tf32", marks=pytest.mark.skipif(not NEW_API, reason="torch < 2.9")),
+    ],
+)
+def test_tf32_mode_sets_and_restores_the_flags(setup: str) -> None:
+    original = tf32_flags()
+    try:
+        if setup.startswith("legacy"):
+            torch.set_float32_matmul_precision(setup.removeprefix("legacy-"))
+        elif setup == "new-only-tf32":
+            torch.backends.cuda.matmul.fp32_precision = "tf32"  # legacy getters now refuse to read
+        before = tf32_flags()
+        for enabled in (True, False):
+            with hw.tf32_mode(enabled):
+                assert torch.backends.cuda.matmul.allow_tf32 is enabled
+                assert torch.backends.cudnn.allow_tf32 is enabled
+            assert tf32_flags() == before
+    finally:
+        torch.set_float32_matmul_precision(original["matmul_precision"] or "highest")
+        torch.backends.cudnn.allow_tf32 = original["cudnn"] if original["cudnn"] is not None else True
+        for i, holder in enumerate(hw._fp32_precision_flags()):
+            holder.fp32_precision = original[f"new{i}"]
+    assert tf32_flags() == original
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_calibrating_a_missing_gpu_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="no CUDA GPU"):
+        hw.calibrate(torch.device("cuda"), quick=True)
+
+
+def test_calibrating_an_unsupported_device_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="use cpu or cuda"):
+        hw.calibrate(torch.device("meta"), quick=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_quick_calibration_on_cuda(tmp_path: Path) -> None:
+    profile = hw.calibrate(torch.device("cuda"), quick=True)
+    assert profile.device_type == "cuda" and profile.device_index is not None
+    assert profile.host_transfer is not None and set(profile.host_transfer) == set(hw.TRANSFERS)
+    for timing_ in all_timings(profile):
+        assert_ordered(timing_.rate, timing_.label)
+    assert {c.precision for c in profile.compute} == set(hw.PRECISIONS)
+    # float16/bfloat16 may be set aside on GPUs without fast paths for them; float32 is always there.
+    assert profile.peak_flops(torch.float32) > 0 and profile.peak_flops(torch.float32, tf32=True) > 0
+    assert profile.memory_bandwidth > 0 and profile.dispatch_overhead_us > 0
+    assert (profile.host_bandwidth("h2d") or 0) > 0 and (profile.host_bandwidth("d2h", pinned=False) or 0) > 0
+    assert hw.load_profile("cuda", hw.save_profile(profile, tmp_path / "gpu.json")) == profile
