@@ -35,7 +35,9 @@ def test_stages_add_up_to_the_step_on_every_workload(name, tmp_path):
     assert sum(s["share"] for s in summary["stages"].values()) == pytest.approx(1.0)
     assert summary["stages"]["forward"]["median"] > 0 and summary["stages"]["backward"]["median"] > 0
     if get_workload(name).domain == "image classification":
-        assert summary["stages"]["other"]["share"] <= 0.05
+        # per step: a one-off preemption of this process in one step must not fail the check
+        other = sorted(o / w for o, w in zip(breakdown.steps["other"], breakdown.wall_s, strict=True))
+        assert other[len(other) // 2] <= 0.05
 
 
 class SlowDecode(ImageFormat):
@@ -272,3 +274,21 @@ def test_the_documented_lines_profile_a_loop_as_documented():
     exec(compile(snippet, "docs/stages.md", "exec"), namespace)
     result = namespace["profiler"].result()
     assert len(result.wall_s) == 5 and result.summary()["stages"]["forward"]["median"] > 0
+
+
+def test_garbage_collection_inside_a_step_is_its_own_stage():
+    import gc
+
+    from dnnperf.probes.clock import GC, StageClock
+
+    clock = StageClock()
+    callbacks = len(gc.callbacks)
+    clock.begin_step()
+    with clock("forward"):
+        junk = [[i] for i in range(200_000)]  # many tracked objects make the collection measurable
+        gc.collect()
+        del junk
+    timing = clock.end_step()
+    assert timing.stages[GC] > 0 and timing.stages["forward"] > 0
+    assert sum(timing.stages.values()) == pytest.approx(timing.wall_s, rel=1e-9)
+    assert len(gc.callbacks) == callbacks  # unhooked at the end of the step

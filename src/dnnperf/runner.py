@@ -219,19 +219,22 @@ def _train_steps(
         )
     cpu = CpuMeter()
     total = settings.warmup + settings.steps
-    for index in range(total):
-        measured = index >= settings.warmup
-        if measured and not cpu.started:
-            cpu.start()
-        timing, data_times, loss = timed_step(task, source, device, clock)
-        (point.step_s if measured else point.warmup_s).append(timing.wall_s)
-        point.loss.append(_as_float(loss))
-        if measured and point.stages is not None:
-            point.stages.add(timing, point.batch_size, data_times)
-            point.stages.cpu = cpu.read()
-        if on_step is not None:
-            on_step(point.batch_size, index + 1, total)
-        saver.maybe_save()
+    try:
+        for index in range(total):
+            measured = index >= settings.warmup
+            if measured and not cpu.started:
+                cpu.start()
+            timing, data_times, loss = timed_step(task, source, device, clock)
+            (point.step_s if measured else point.warmup_s).append(timing.wall_s)
+            point.loss.append(_as_float(loss))
+            if measured and point.stages is not None:
+                point.stages.add(timing, point.batch_size, data_times)
+                point.stages.cpu = cpu.read()
+            if on_step is not None:
+                on_step(point.batch_size, index + 1, total)
+            saver.maybe_save()
+    finally:
+        clock.close()  # the stage clock's garbage-collector callback, also when a step raised
 
 
 def timed_step(

@@ -10,11 +10,12 @@ On CPU a boundary is a host monotonic-clock reading. On CUDA it is an event reco
 stream, resolved after the step's final synchronisation: no synchronisation is added inside a step.
 The GPU timeline between the first and last events can be shorter than the host's wall time (launch
 latency before the first event, the synchronisation call after the last); that remainder is counted
-in ``other``.
+in ``other``. Pauses of Python's garbage collector inside a step are their own stage, ``python_gc``.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 OTHER = "other"
+GC = "python_gc"
 
 
 @dataclass
@@ -51,6 +53,9 @@ class WallClock:
     def mark(self, name: str) -> None:
         """No-op: a wall clock records no stage boundaries."""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def end_step(self) -> StepTiming:
         """Call after the device is synchronised."""
         if self._start is None:
@@ -73,6 +78,7 @@ class StageClock(WallClock):
         self._marks: list[tuple[str, float | torch.cuda.Event]] = []
         self._stack: list[str] = []
         self._pool: list[torch.cuda.Event] = []
+        self._before_gc = OTHER
 
     def _stamp(self) -> float | torch.cuda.Event:
         if not self.cuda:
@@ -85,6 +91,24 @@ class StageClock(WallClock):
         super().begin_step()
         self._stack.clear()
         self._marks = [(OTHER, self._stamp())]
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        """Python's garbage collector pausing the step is its own stage, not an unexplained "other"."""
+        if self._start is None:  # not in a step (e.g. the step raised): unhook
+            self.close()
+            return
+        if phase == "start":
+            self._before_gc = self._marks[-1][0]
+            self.mark(GC)
+        else:
+            self.mark(self._before_gc)
+
+    def close(self) -> None:
+        """Remove the garbage-collector callback (also done when a step ends); safe to call twice."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     def mark(self, name: str) -> None:
         if self._start is not None:
@@ -102,6 +126,7 @@ class StageClock(WallClock):
 
     def end_step(self) -> StepTiming:
         """Close the step; call after the device is synchronised (events are then complete)."""
+        self.close()
         self.mark(OTHER)
         end = self._marks[-1][1]
         if self.cuda:

@@ -25,7 +25,7 @@ from torch import nn
 
 from dnnperf.data.sources import pop_data_times
 from dnnperf.devices import synchronize, to_device
-from dnnperf.probes.clock import OTHER, StageClock, StepTiming
+from dnnperf.probes.clock import GC, OTHER, StageClock, StepTiming
 from dnnperf.stats import Samples
 
 STAGE_ORDER = (
@@ -38,6 +38,7 @@ STAGE_ORDER = (
     "backward",
     "update",
     "exchange",
+    GC,
     OTHER,
 )
 
@@ -268,6 +269,7 @@ class StageProfiler:
                 self.clock._start = None
                 self._pending = None
         finally:
+            self.clock.close()
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
