@@ -5,6 +5,7 @@ import json
 import pytest
 
 from dnnperf.analysis import flops
+from dnnperf.analysis.opcount import TORCH_FAMILIES, count_step
 from dnnperf.cache import cache_dir
 from dnnperf.workloads import get_workload
 
@@ -13,7 +14,7 @@ def conv_flops(c_in: int, c_out: int, k: int, h: int, w: int) -> int:
     return 2 * c_in * c_out * k * k * h * w
 
 
-def test_basic_cnn_matches_the_analytic_forward_plus_backward_count():
+def test_basic_cnn_products_match_the_analytic_forward_plus_backward_count():
     config = get_workload("basic_cnn").config("tiny")
     c1, c2 = config.channels
     s = config.image_size
@@ -24,8 +25,13 @@ def test_basic_cnn_matches_the_analytic_forward_plus_backward_count():
     # Backward: weight gradients for every layer, input gradients for all but the first (the image
     # does not require grad), each costing as much as the forward product.
     expected = 2 * conv1 + 3 * conv2 + 3 * fc1 + 3 * fc2
+    counter = count_step("basic_cnn", "tiny", 2, "cpu")
+    products = sum(counter.total_flops(phase, families=TORCH_FAMILIES) for phase in ("forward", "backward"))
+    assert products == 2 * expected
+    # the per-sample figure adds the element-wise work (ReLU, pooling, loss) on top of the products
     flops.training_flops_per_sample.cache_clear()
-    assert flops.training_flops_per_sample("basic_cnn", "tiny") == expected
+    per_sample = flops.training_flops_per_sample("basic_cnn", "tiny")
+    assert expected < per_sample < 1.1 * expected
 
 
 def test_meta_and_cpu_counts_agree():
@@ -49,23 +55,6 @@ def test_workloads_meta_cannot_run_are_counted_on_the_cpu_and_cached(monkeypatch
 
     monkeypatch.setattr(flops, "count_step_flops", no_counting)
     assert flops.training_flops_per_sample("faster_rcnn", "tiny") == value
-
-
-def test_totals_counter_agrees_with_the_stock_flop_counter():
-    """Notices a change in FlopCounterMode's internals that the totals-only counter relies on."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    assert hasattr(FlopCounterMode(display=False), "mod_tracker")
-    counts = []
-    for counter in (FlopCounterMode(display=False), flops.total_flop_counter()):
-        torch.manual_seed(0)
-        workload = get_workload("resnet18")
-        task = workload.build("tiny", "cpu")
-        with counter:
-            task.step(workload.data("tiny").synthesize(2, 0))
-        counts.append(counter.get_total_flops())
-    assert counts[0] == counts[1] > 0
 
 
 def test_double_backward_steps_are_counted():

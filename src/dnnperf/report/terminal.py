@@ -39,8 +39,8 @@ def suite_table(rows: list[dict[str, Any]], presets: tuple[str, ...]) -> Table:
             cells += [human_count(info["parameters"]), human_count(info["train_flops_per_sample"])]
         table.add_row(*cells)
     table.caption = (
-        "FLOPs: one training step (forward + backward, counted per operator by torch's FlopCounterMode: "
-        "matmul, convolution, attention) divided by the batch size."
+        "FLOPs: forward + backward of one training step, counted per operator as it ran (products, "
+        "RNN kernels, normalisation, element-wise, losses), divided by the batch size."
     )
     return table
 
