@@ -292,3 +292,82 @@ def test_garbage_collection_inside_a_step_is_its_own_stage():
     assert timing.stages[GC] > 0 and timing.stages["forward"] > 0
     assert sum(timing.stages.values()) == pytest.approx(timing.wall_s, rel=1e-9)
     assert len(gc.callbacks) == callbacks  # unhooked at the end of the step
+
+
+def test_collections_starting_inside_a_mark_never_put_marks_out_of_order():
+    import gc
+
+    from dnnperf.probes.clock import StageClock
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # a collection at nearly every allocation, including inside mark()
+    try:
+        clock = StageClock()
+        for _ in range(200):
+            clock.begin_step()
+            for name in ("forward", "backward", "update"):
+                with clock(name):
+                    _ = [object() for _ in range(5)]
+            timing = clock.end_step()
+            assert all(v >= 0 for v in timing.stages.values()), timing.stages
+    finally:
+        gc.set_threshold(*threshold)
+
+
+def test_micro_batches_and_outputs_without_a_gradient_are_attributed():
+    """Two forward/backward passes per step (gradient accumulation) are both forward and both
+    backward; a model whose first output needs no gradient still has its backward found."""
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(4, 1)
+
+        def forward(self, x):
+            time.sleep(FORWARD_DELAY_S / 2)
+            return x.detach().sum(), self.body(x)  # first output: no grad_fn
+
+    torch.manual_seed(0)
+    model = TwoHeads()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    profiler = StageProfiler(model, optimizer, warmup=1)
+    with profiler:
+        for inputs, targets in profiler.batches(DataLoader(Squares(), batch_size=8)):
+            for half in (slice(0, 4), slice(4, 8)):
+                _, prediction = model(inputs[half])
+                nn.functional.mse_loss(prediction, targets[half]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    stages = profiler.result().summary()["stages"]
+    assert stages["forward"]["median"] == pytest.approx(FORWARD_DELAY_S, rel=0.10, abs=0.002)
+    assert stages["backward"]["median"] > 0
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_the_cpu_of_workers_that_exit_during_measurement_is_counted():
+    import subprocess
+    import sys
+
+    from dnnperf.probes.stages import CpuMeter
+
+    meter = CpuMeter()
+    meter.start()
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)  # a child that works, exits and is reaped
+    assert meter.read()["workers_cores"] * meter.read()["wall_s"] >= 0.25
+
+
+def test_a_failing_step_removes_every_hook_including_the_collector_callback():
+    import gc
+
+    model, optimizer, loader = make_own()
+    callbacks = list(gc.callbacks)
+    profiler = StageProfiler(model, optimizer, warmup=0)
+    with pytest.raises(ZeroDivisionError), profiler:
+        for _ in profiler.batches(loader):
+            model(torch.zeros(2, 4)).sum().backward()
+            1 / 0  # noqa: B018
+    assert gc.callbacks == callbacks
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert profiler._node_hooks == []

@@ -109,6 +109,11 @@ def timed_collate(samples: list[Sample]) -> dict[str, torch.Tensor]:
     return batch
 
 
+def reset_data_times(*_: Any) -> None:
+    """Forget times not yet delivered (a batch abandoned by an error, or copied into a new worker)."""
+    _pending_data_times["read"] = _pending_data_times["preprocess"] = 0.0
+
+
 def pop_data_times(batch: dict[str, Any]) -> dict[str, float] | None:
     """Remove and return the data-making times a batch carries (None for batches made in memory)."""
     times = batch.pop(DATA_TIMES_KEY, None)
@@ -183,6 +188,7 @@ class DiskSource(BatchSource):
         pin: bool = False,
     ) -> None:
         dataset = DiskDataset(fmt, directory)
+        reset_data_times()
         self.loader: DataLoader | None = DataLoader(
             dataset,
             batch_size=batch_size,
@@ -191,6 +197,7 @@ class DiskSource(BatchSource):
             num_workers=workers,
             pin_memory=pin,
             collate_fn=timed_collate,
+            worker_init_fn=reset_data_times,
         )
         self.workers = workers
         self.iterator: Iterator[Any] | None = None

@@ -16,6 +16,7 @@ in ``other``. Pauses of Python's garbage collector inside a step are their own s
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -79,30 +80,34 @@ class StageClock(WallClock):
         self._stack: list[str] = []
         self._pool: list[torch.cuda.Event] = []
         self._before_gc = OTHER
+        self._marking = False
+        self._owner: int | None = None  # the thread that runs the step
 
     def _stamp(self) -> float | torch.cuda.Event:
         if not self.cuda:
             return time.perf_counter()
         event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # the profiled device, whatever is current
         return event
 
     def begin_step(self) -> None:
         super().begin_step()
+        self._owner = threading.get_ident()
         self._stack.clear()
         self._marks = [(OTHER, self._stamp())]
         if self._on_gc not in gc.callbacks:
             gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict) -> None:
-        """Python's garbage collector pausing the step is its own stage, not an unexplained "other"."""
-        if self._start is None:  # not in a step (e.g. the step raised): unhook
-            self.close()
+        """Python's garbage collector pausing the step is its own stage, not an unexplained "other".
+        Only collections on the step's own thread count, and none that start inside a mark (between
+        reading the clock and storing the reading), which would put marks out of order."""
+        if self._start is None or self._marking or threading.get_ident() != self._owner:
             return
         if phase == "start":
             self._before_gc = self._marks[-1][0]
             self.mark(GC)
-        else:
+        elif self._marks[-1][0] == GC:
             self.mark(self._before_gc)
 
     def close(self) -> None:
@@ -112,7 +117,16 @@ class StageClock(WallClock):
 
     def mark(self, name: str) -> None:
         if self._start is not None:
-            self._marks.append((name, self._stamp()))
+            self._marking = True
+            try:
+                self._marks.append((name, self._stamp()))
+            finally:
+                self._marking = False
+
+    @property
+    def current(self) -> str:
+        """The stage time belongs to now (``other`` outside a step)."""
+        return self._marks[-1][0] if self._start is not None and self._marks else OTHER
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -126,6 +140,8 @@ class StageClock(WallClock):
 
     def end_step(self) -> StepTiming:
         """Close the step; call after the device is synchronised (events are then complete)."""
+        if self._start is None:
+            raise RuntimeError("end_step() without begin_step()")
         self.close()
         self.mark(OTHER)
         end = self._marks[-1][1]

@@ -14,6 +14,7 @@ hooks on the model and optimizer and removes them when it ends.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -61,9 +62,16 @@ class CpuMeter:
                 continue
         return seconds
 
+    def _reaped(self) -> float:
+        """CPU seconds of child processes that have already exited and been waited for."""
+        times = self.process.cpu_times()
+        return times.children_user + times.children_system
+
     def start(self) -> None:
         times = self.process.cpu_times()
         self._start = (time.perf_counter(), times.user + times.system, self._children())
+        self._reaped_start = self._reaped()
+        self._last_seen = dict(self._start[2])
 
     @property
     def started(self) -> bool:
@@ -76,7 +84,15 @@ class CpuMeter:
         times = self.process.cpu_times()
         wall = time.perf_counter() - wall0
         own = times.user + times.system - own0
-        children = sum(t - children0.get(pid, 0.0) for pid, t in self._children().items())
+        alive = self._children()
+        # Workers alive now: their time since start. Workers that exited since: the time they had when
+        # last seen, plus what the OS reports for reaped children (their full lifetime since start).
+        self._last_seen.update(alive)
+        children = sum(t - children0.get(pid, 0.0) for pid, t in alive.items())
+        gone = [pid for pid in self._last_seen if pid not in alive]
+        reaped = self._reaped() - self._reaped_start
+        before = sum(children0.get(pid, 0.0) for pid in gone)  # their time before start() is not ours
+        children += max(reaped - before, sum(self._last_seen[pid] for pid in gone) - before)
         cores = (
             len(self.process.cpu_affinity()) if hasattr(self.process, "cpu_affinity") else psutil.cpu_count()
         )
@@ -115,10 +131,13 @@ class StageBreakdown:
             read, preprocess = data_times["read"], data_times["preprocess"] + data_times["collate"]
             if self.data_workers == 0:
                 wait = stages.get("data_wait", 0.0)
-                rest = wait - read - preprocess
+                if read + preprocess > wait > 0:  # clocks disagree by a hair: the wait is the bound
+                    read, preprocess = (
+                        read * wait / (read + preprocess),
+                        preprocess * wait / (read + preprocess),
+                    )
                 stages["read"], stages["preprocess"] = read, preprocess
-                stages["data_wait"] = max(rest, 0.0)
-                stages[OTHER] = stages.get(OTHER, 0.0) + min(rest, 0.0)  # keep the total exact
+                stages["data_wait"] = max(wait - read - preprocess, 0.0)
             else:
                 self.worker.setdefault("read", []).append(read)
                 self.worker.setdefault("preprocess", []).append(preprocess)
@@ -212,7 +231,7 @@ class StageProfiler:
         with profiler:
             for batch in profiler.batches(loader):   # was: for batch in loader:
                 ...                                    # the loop body, unchanged
-        print(profiler.result().table())
+        print(profiler.result().summary()["stages"])
 
     A step runs from asking the loader for a batch to asking for the next one. Boundaries come from
     hooks: the model's first forward call in a step starts ``forward``; autograd reaching the model's
@@ -243,8 +262,10 @@ class StageProfiler:
         self.breakdown = StageBreakdown(timing="cuda-events" if self.clock.cuda else "host-clock")
         self.steps_seen = 0
         self._handles: list[Any] = []
+        self._node_hooks: list[Any] = []  # autograd-node hooks of the current step
         self._cpu = CpuMeter()
-        self._forward_seen = False
+        self._depth = 0  # nesting of model calls: only the outermost marks forward
+        self._synchronized = False
         self._pending: tuple[int, dict[str, float] | None] | None = None
         self._active = False
 
@@ -254,7 +275,7 @@ class StageProfiler:
             raise RuntimeError("this StageProfiler is already active")
         self._active = True
         self._handles.append(self.model.register_forward_pre_hook(self._on_forward))
-        self._handles.append(self.model.register_forward_hook(self._on_output))
+        self._handles.append(self.model.register_forward_hook(self._on_output, always_call=True))
         for optimizer in self.optimizers:
             self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.clock.mark("update")))
             self._handles.append(optimizer.register_step_post_hook(lambda *_: self.clock.mark(OTHER)))
@@ -270,37 +291,52 @@ class StageProfiler:
                 self._pending = None
         finally:
             self.clock.close()
+            self._remove_node_hooks()
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
             self._active = False
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
-        if self.clock.in_step and not self._forward_seen:
-            self._forward_seen = True
+        # Every outermost model call starts (or continues) forward: micro-batches, several models'
+        # worth of calls in one step, and closures re-evaluated by the optimizer are all forward.
+        self._depth += 1
+        if self._depth == 1 and self.clock.in_step and self.clock.current != "forward":
             self.clock.mark("forward")
 
     def _on_output(self, module: nn.Module, args: Any, output: Any) -> None:
-        node = _first_grad_fn(output)
-        if node is not None and self.clock.in_step:
-            # Autograd reaching the model's output: backward has begun for the model's part.
-            node.register_prehook(self._on_backward)
+        self._depth = max(self._depth - 1, 0)
+        if self._depth or not self.clock.in_step:
+            return
+        # Autograd reaching any of the model's outputs means backward has begun for the model's part.
+        for node in _grad_fns(output):
+            self._node_hooks.append(node.register_prehook(self._on_backward))
 
     def _on_backward(self, grad_outputs: Any) -> None:
-        self.clock.mark("backward")
+        if self.clock.current != "backward":
+            self.clock.mark("backward")
+
+    def _remove_node_hooks(self) -> None:
+        for handle in self._node_hooks:
+            handle.remove()
+        self._node_hooks.clear()
 
     # -- the loop -------------------------------------------------------------------------------
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Iterate ``loader`` as the training loop would, cutting steps at each request for a batch."""
         if not self._active:
             raise RuntimeError("use batches() inside `with profiler:`")
+        self.breakdown.data_workers = int(getattr(loader, "num_workers", 0) or 0)
+        if not self._synchronized:  # work queued before the loop must not land in its first step
+            synchronize(self.device)
+            self._synchronized = True
         iterator = iter(loader)
         while True:
             self._finish_step()
             if self.steps_seen == self.warmup and not self._cpu.started:
                 self._cpu.start()  # from the first measured step on
             self.clock.begin_step()
-            self._forward_seen = False
+            self._depth = 0
             try:
                 with self.clock("data_wait"):
                     batch = next(iterator)
@@ -320,7 +356,8 @@ class StageProfiler:
             if isinstance(batch, Mapping):
                 return to_device(batch, target)
             if isinstance(batch, (list, tuple)):
-                return type(batch)(self.to_device(item, target) for item in batch)
+                moved = [self.to_device(item, target) for item in batch]
+                return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
             return batch
 
     def _finish_step(self) -> None:
@@ -328,6 +365,7 @@ class StageProfiler:
             return
         synchronize(self.device)
         timing = self.clock.end_step()
+        self._remove_node_hooks()
         samples, data_times = self._pending
         self._pending = None
         self.steps_seen += 1
@@ -338,20 +376,32 @@ class StageProfiler:
     def result(self) -> StageBreakdown:
         """The breakdown of the measured steps. Raises if no step was measured."""
         if not self.breakdown.wall_s:
+            ended = "failed" if self.breakdown.status == "partial" else "ended"
             raise RuntimeError(
-                f"no measured step: the loop ran {self.steps_seen} step(s), all within warmup={self.warmup}"
+                f"no measured step: the loop {ended} after {self.steps_seen} step(s), "
+                f"and the first {self.warmup} are warm-up"
             )
         return self.breakdown
 
 
-def _first_grad_fn(output: Any) -> Any:
-    if isinstance(output, torch.Tensor):
-        return output.grad_fn
-    if isinstance(output, Mapping):
-        output = list(output.values())
-    if isinstance(output, (list, tuple)):
-        for item in output:
-            node = _first_grad_fn(item)
-            if node is not None:
-                return node
-    return None
+def _grad_fns(output: Any) -> list[Any]:
+    """The autograd nodes of every tensor in a model's output (tensors, mappings, sequences,
+    dataclasses), each once."""
+    found: dict[int, Any] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is not None:
+                found.setdefault(id(value.grad_fn), value.grad_fn)
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for item in dataclasses.fields(value):
+                visit(getattr(value, item.name))
+
+    visit(output)
+    return list(found.values())

@@ -135,7 +135,7 @@ def stages_table(batch_size: int, breakdown: StageBreakdown) -> Table:
             "",
             "",
         )
-    cpu = summary["cpu"]
+    cpu = summary["cpu"] if {"process_cores", "workers_cores", "usable_cores"} <= set(summary["cpu"]) else {}
     caption = (
         f"Shares add up to 100%; the worst step closes within {100 * summary['max_closure_error']:.2g}%."
     )

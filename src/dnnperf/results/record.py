@@ -231,8 +231,15 @@ def _stages_from_dict(data: Any, steps: int, where: str) -> StageBreakdown | Non
     where = f"{where}.stages"
     if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
         raise RecordError(f"{where} is not an object with per-stage 'steps'")
+    worker = data.get("worker") or {}
+    if not isinstance(worker, dict) or not isinstance(data.get("cpu") or {}, dict):
+        raise RecordError(f"{where}.worker and .cpu must be objects")
+    if any(not isinstance(v, (int, float)) for v in (data.get("cpu") or {}).values()):
+        raise RecordError(f"{where}.cpu holds a value that is not a number")
+    if _numbers(data.get("wall_s"), f"{where}.wall_s", positive=True) and len(data["wall_s"]) != steps:
+        raise RecordError(f"{where}.wall_s needs {steps} values, one per measured step")
     lists = {"wall_s": data.get("wall_s")} | {f"steps.{k}": v for k, v in data["steps"].items()}
-    lists |= {f"worker.{k}": v for k, v in (data.get("worker") or {}).items()}
+    lists |= {f"worker.{k}": v for k, v in worker.items()}
     for name, values in lists.items():
         checked = _numbers(values, f"{where}.{name}")
         if len(checked) != steps or any(v < 0 for v in checked):

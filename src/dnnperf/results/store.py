@@ -122,5 +122,5 @@ def read_record(path: Path) -> RunRecord:
         raise UsageError(f"{path} is not a dnnperf run record: nested too deeply") from None
     try:
         return RunRecord.from_dict(document)
-    except (RecordError, OverflowError, TypeError, ValueError) as error:
+    except (RecordError, OverflowError, TypeError, ValueError, AttributeError, KeyError) as error:
         raise UsageError(f"{path} is not a dnnperf run record: {error}") from None
