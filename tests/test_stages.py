@@ -112,7 +112,8 @@ def test_an_injected_decode_delay_lands_in_preprocess(injected, tmp_path):
     # 2 samples x 25 ms, plus the real decoding of two tiny JPEGs (well under a millisecond)
     assert median(inline, "preprocess") == pytest.approx(2 * DECODE_DELAY_S, rel=0.10)
     assert not inline.worker
-    workers = profile("injected", tmp_path, data="disk", workers=2, data_dir=tmp_path / "data")
+    # one worker: with two on these two cores, a worker waking from its sleep can wait for a core
+    workers = profile("injected", tmp_path, steps=7, data="disk", workers=1, data_dir=tmp_path / "data")
     worker_preprocess = workers.summary()["worker"]["preprocess"]["median"]
     assert worker_preprocess == pytest.approx(2 * DECODE_DELAY_S, rel=0.10)
     assert "preprocess" not in workers.names()  # off the critical path: only the exposed wait counts
@@ -339,7 +340,9 @@ def test_micro_batches_and_outputs_without_a_gradient_are_attributed():
             optimizer.step()
             optimizer.zero_grad()
     stages = profiler.result().summary()["stages"]
-    assert stages["forward"]["median"] == pytest.approx(FORWARD_DELAY_S, rel=0.10, abs=0.002)
+    # Both halves' delays are forward; so is each backward call's start-up until autograd reaches the
+    # model's output (documented), about a millisecond per call here: allow 2 ms per call.
+    assert FORWARD_DELAY_S <= stages["forward"]["median"] <= FORWARD_DELAY_S * 1.1 + 0.004
     assert stages["backward"]["median"] > 0
     assert not model._forward_hooks and not model._forward_pre_hooks
 
