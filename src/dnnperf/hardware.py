@@ -22,7 +22,6 @@ the device is synchronised around every timed sample. Profiles are saved as JSON
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import platform
@@ -44,7 +43,7 @@ from dnnperf import environment
 from dnnperf.cache import cache_dir
 from dnnperf.devices import is_out_of_memory, synchronize
 from dnnperf.errors import UsageError
-from dnnperf.results.store import write_json_atomic
+from dnnperf.results.store import read_json_file, write_json_atomic
 from dnnperf.stats import Samples
 
 SCHEMA = "dnnperf.hardware"
@@ -638,18 +637,7 @@ def save_profile(profile: HardwareProfile, path: Path | str | None = None) -> Pa
 def read_profile(path: Path | str) -> HardwareProfile:
     """Parse and validate one profile file; any problem is a one-line UsageError naming the file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"cannot read hardware profile {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not a text file") from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
-    except RecursionError:
-        raise UsageError(f"{path} is not a dnnperf hardware profile: nested too deeply") from None
+    document = read_json_file(path, "dnnperf hardware profile")
     try:
         return HardwareProfile.from_dict(document)
     except (HardwareProfileError, OverflowError, TypeError, ValueError, KeyError) as error:

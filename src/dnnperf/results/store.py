@@ -7,6 +7,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dnnperf.errors import UsageError
 from dnnperf.results.record import RecordError, RunRecord
@@ -106,20 +107,27 @@ class RunStore:
         return records, skipped
 
 
-def read_record(path: Path) -> RunRecord:
-    """Parse and validate one record file (plain JSON: nothing is executed)."""
+def read_json_file(path: Path | str, what: str) -> Any:
+    """Parse a JSON file (nothing is executed); any problem reading or parsing it is a one-line
+    UsageError naming the file and ``what`` it should have been."""
+    path = Path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not a text file") from None
     try:
-        document = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise UsageError(f"{path} is not valid JSON ({error.msg} at line {error.lineno})") from None
     except RecursionError:
-        raise UsageError(f"{path} is not a dnnperf run record: nested too deeply") from None
+        raise UsageError(f"{path} is not a {what}: nested too deeply") from None
+
+
+def read_record(path: Path) -> RunRecord:
+    """Parse and validate one record file."""
+    document = read_json_file(path, "dnnperf run record")
     try:
         return RunRecord.from_dict(document)
     except (RecordError, OverflowError, TypeError, ValueError, AttributeError, KeyError) as error:
