@@ -199,7 +199,8 @@ def test_a_users_own_loop_gets_the_same_breakdown():
     summary = result.summary()
     stages = summary["stages"]
     assert summary["max_closure_error"] <= 0.01
-    assert stages["forward"]["median"] == pytest.approx(FORWARD_DELAY_S, rel=0.10, abs=0.002)
+    # the delay, plus the tiny model's own forward and autograd's start-up before it reaches the model
+    assert FORWARD_DELAY_S <= stages["forward"]["median"] <= FORWARD_DELAY_S * 1.1 + 0.003
     assert stages["backward"]["median"] > 0 and stages["update"]["median"] > 0
     assert stages["copy"]["median"] > 0 and stages["data_wait"]["median"] > 0
     assert result.status == "complete"
