@@ -377,3 +377,16 @@ def test_a_failing_step_removes_every_hook_including_the_collector_callback():
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
     assert profiler._node_hooks == []
+
+
+def test_the_training_process_cpu_is_measured_against_a_known_spin():
+    from dnnperf.probes.stages import CpuMeter
+
+    meter = CpuMeter()
+    meter.start()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 s of this process's CPU, by the OS's own count
+        pass
+    reading = meter.read()
+    assert 0.28 <= reading["process_cores"] * reading["wall_s"] <= 0.5
+    assert reading["workers_cores"] * reading["wall_s"] < 0.05
