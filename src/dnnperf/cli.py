@@ -363,34 +363,29 @@ class Output:
         sys.stderr.write(f"dnnperf: {' '.join(message.split())}\n")
         sys.stderr.flush()
 
-    @contextmanager
-    def progress(self, description: str, total: int):
-        """A progress bar on stderr; yields the function that advances it by one."""
-        disabled = self.quiet or self.json_mode or not self.stderr.is_terminal
-        with Progress(
+    def _bar(self, *counters: Any) -> Progress:
+        """A transient progress bar on stderr, silent with --quiet, --json or no terminal."""
+        return Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            *counters,
             TimeElapsedColumn(),
             console=self.stderr,
             transient=True,
-            disable=disabled,
-        ) as progress:
+            disable=self.quiet or self.json_mode or not self.stderr.is_terminal,
+        )
+
+    @contextmanager
+    def progress(self, description: str, total: int):
+        """A progress bar counting steps; yields the function that advances it by one."""
+        with self._bar(MofNCompleteColumn()) as progress:
             task = progress.add_task(description, total=total)
             yield lambda: progress.advance(task)
 
     @contextmanager
     def progress_fraction(self, description: str):
         """A progress bar driven by (what is being done, fraction done) callbacks."""
-        disabled = self.quiet or self.json_mode or not self.stderr.is_terminal
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=self.stderr,
-            transient=True,
-            disable=disabled,
-        ) as progress:
+        with self._bar() as progress:
             task = progress.add_task(description, total=1.0)
             yield lambda what, fraction: progress.update(task, description=what, completed=fraction)
 
