@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,47 @@ def run_cli(
         env=full_env,
         timeout=timeout,
     )
+
+
+class KnownDelay:
+    """A busy wait of a nominal length that logs how long each call really took.
+
+    The log is the truth an injected-delay test compares against: on a loaded machine the wait can
+    be preempted and overrun, so the nominal length is not a truth. It spins rather than sleeps: a
+    vCPU that sleeps 20 ms can come back descheduled or cold, adding milliseconds to the work after
+    it that no log would show. The log is a file so calls made in DataLoader workers count too.
+    """
+
+    def __init__(self, seconds: float, log: Path):
+        self.seconds, self.log = seconds, log
+        log.unlink(missing_ok=True)
+
+    def __call__(self, *_args: object) -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < self.seconds:
+            pass
+        elapsed = time.perf_counter() - start
+        with open(self.log, "a") as out:
+            out.write(f"{elapsed!r}\n")
+
+    def durations(self) -> list[float]:
+        return [float(line) for line in self.log.read_text().split()] if self.log.exists() else []
+
+    def per_step(self, steps: int, calls_per_step: int = 1) -> list[float]:
+        """The delay each of the last ``steps`` steps really had (calls are made in step order)."""
+        durations = self.durations()
+        assert len(durations) >= steps * calls_per_step, "the injected delay ran fewer times than asked"
+        last = durations[len(durations) - steps * calls_per_step :]
+        return [sum(last[i : i + calls_per_step]) for i in range(0, len(last), calls_per_step)]
+
+    def median(self) -> float:
+        durations = self.durations()
+        assert durations, "the injected delay never ran"
+        return statistics.median(durations)
+
+
+@pytest.fixture
+def known_delay(tmp_path: Path):
+    """Make KnownDelay objects logging under this test's temporary directory."""
+    counter = iter(range(1_000_000))
+    return lambda seconds: KnownDelay(seconds, tmp_path / f"delay-{next(counter)}.log")
