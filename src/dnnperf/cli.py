@@ -124,10 +124,35 @@ def build_parser() -> argparse.ArgumentParser:
         "profile", help="train a workload and break each step down by stage (read ... update, other)"
     )
     _training_arguments(profile)
+    profile.add_argument("--stages", action="store_true", help="the stage breakdown (always included)")
     profile.add_argument(
-        "--stages", action="store_true", help="the stage breakdown (the default while it is the only profile)"
+        "--layers",
+        action="store_true",
+        help="per layer, forward and backward: time, FLOPs, efficiency, roofline, library (more steps)",
     )
+    profile.add_argument(
+        "--hw", type=Path, help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)"
+    )
+    profile.add_argument("--top", type=positive_int, default=15, help="layers shown in the table (15)")
     profile.set_defaults(handler=cmd_profile)
+
+    libcompare = commands.add_parser(
+        "libcompare",
+        help="each convolution layer through the default library and through explicit im2col + GEMM",
+    )
+    libcompare.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
+    libcompare.add_argument("--preset", default="tiny", help="tiny, small or full (default: tiny)")
+    libcompare.add_argument(
+        "-b", "--batch-size", type=positive_int, help="batch size (default: the preset's)"
+    )
+    libcompare.add_argument("--repeats", type=positive_int, default=10, help="timed samples per layer (10)")
+    libcompare.add_argument("--warmup", type=non_negative_int, default=2, help="warm-up calls per layer (2)")
+    libcompare.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (auto)")
+    libcompare.add_argument(
+        "--hw", type=Path, help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)"
+    )
+    _common(libcompare)
+    libcompare.set_defaults(handler=cmd_libcompare)
 
     hw = commands.add_parser(
         "hw", help="calibrate this machine: peak FLOP/s, memory and host-device bandwidth, dispatch overhead"
@@ -196,6 +221,25 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     return cmd_bench(args, out, stages=True)
 
 
+def _hardware_for(device_name: str, path: Path | None, out: Output) -> Any:
+    """The hardware profile efficiencies are computed against: ``path``, else the saved one for the
+    device (with a warning when it may not describe this process); None, with a note, when none."""
+    from dnnperf import hardware
+    from dnnperf.devices import resolve_device
+
+    device = resolve_device(device_name)
+    if path is not None and not path.exists():
+        raise UsageError(f"--hw {path}: no such file")
+    profile = hardware.load_profile(device, path)
+    if profile is None:
+        out.warn(f"no hardware profile for {device}: efficiencies and roofline need `dnnperf hw` first")
+        return None
+    reasons = hardware.stale_reasons(profile)
+    if reasons:
+        out.warn(f"hardware profile {path or hardware.profile_path(device)}: {'; '.join(reasons)}")
+    return profile
+
+
 def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> int:
     from dnnperf.results.store import RunStore
     from dnnperf.runner import BenchSettings, Interrupted, RunFailed, bench
@@ -203,6 +247,8 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
 
     workload = get_workload(args.workload)
     workload.config(args.preset)  # validates the preset before anything else happens
+    layers = getattr(args, "layers", False)
+    hardware = _hardware_for(args.device, args.hw, out) if layers else None
     batch_sizes = args.sweep or ((args.batch_size,) if args.batch_size else None)
     settings = BenchSettings(
         workload=workload.name,
@@ -216,10 +262,12 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
         seed=args.seed,
         data_dir=args.data_dir,
         stages=stages,
+        layers=layers,
+        hardware=hardware.to_dict() if hardware is not None else None,
     )
     store = RunStore(args.runs_dir)
     sizes = batch_sizes or (workload.default_batch_size[args.preset],)
-    total = len(sizes) * (args.steps + args.warmup)
+    total = len(sizes) * settings.steps_per_point
     with out.progress(f"{workload.name} ({args.preset})", total=total) as advance:
         try:
             record = bench(settings, store, command=command_line(), on_step=lambda *_: advance())
@@ -242,13 +290,68 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
     if args.json:
         out.json({"record_path": str(path), "record": record.to_dict()})
     else:
-        from dnnperf.report.terminal import points_table, stages_table
-
-        out.print(points_table(record))
-        for point in record.points:
-            if point.stages is not None and point.stages.wall_s:
-                out.print(stages_table(point.batch_size, point.stages))
+        print_record(record, out, top=getattr(args, "top", 15))
         out.print(f"record: {path}")
+    return 0
+
+
+def print_record(record: Any, out: Output, top: int = 15) -> None:
+    """The terminal tables of a run: steps, then per batch size its stages and layers."""
+    from dnnperf.report.terminal import layers_tables, points_table, stages_table
+
+    out.print(points_table(record))
+    for point in record.points:
+        stage_s = None
+        if point.stages is not None and point.stages.wall_s:
+            out.print(stages_table(point.batch_size, point.stages))
+            stage_s = {k: v["median"] for k, v in point.stages.summary()["stages"].items()}
+        if point.layers is not None and point.layers.steps:
+            for table in layers_tables(point.batch_size, point.layers, stage_s, top=top):
+                out.print(table)
+
+
+def cmd_libcompare(args: argparse.Namespace, out: Output) -> int:
+    import torch
+
+    from dnnperf.analysis.libcompare import compare_convolutions, comparison_table
+    from dnnperf.devices import resolve_device, to_device
+    from dnnperf.workloads import get_workload
+
+    workload = get_workload(args.workload)
+    workload.config(args.preset)
+    device = resolve_device(args.device)
+    hardware = _hardware_for(args.device, args.hw, out)
+    batch_size = args.batch_size or workload.default_batch_size[args.preset]
+    torch.manual_seed(0)
+    task = workload.build(args.preset, device)
+    batch = to_device(workload.data(args.preset).synthesize(batch_size, 0), device)
+    peak = hardware.peak_flops() if hardware is not None else None
+    with out.progress_fraction(f"{workload.name}: convolutions both ways") as progress:
+        comparisons = compare_convolutions(
+            task.model,
+            lambda: task.step(batch),
+            device,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            peak_flops=peak,
+            progress=progress,
+        )
+    rows = comparison_table(comparisons)
+    if args.json:
+        out.json(
+            {
+                "workload": workload.name,
+                "preset": args.preset,
+                "batch_size": batch_size,
+                "device": str(device),
+                "peak_flops": peak,
+                "layers": [c.to_dict() for c in comparisons],
+            }
+        )
+    else:
+        from dnnperf.report.terminal import libcompare_table
+
+        out.print(libcompare_table(workload.name, batch_size, rows, peak))
     return 0
 
 
@@ -322,12 +425,7 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         out.json(record.to_dict())
     else:
-        from dnnperf.report.terminal import points_table, stages_table
-
-        out.print(points_table(record))
-        for point in record.points:
-            if point.stages is not None and point.stages.wall_s:
-                out.print(stages_table(point.batch_size, point.stages))
+        print_record(record, out)
     return 0
 
 

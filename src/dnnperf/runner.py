@@ -22,10 +22,12 @@ from typing import Any
 import torch
 
 from dnnperf import environment
+from dnnperf.analysis.opcount import OpCounter, OpRecord
 from dnnperf.data.sources import BatchSource, open_source, pop_data_times
 from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
 from dnnperf.probes.clock import StageClock, StepTiming, WallClock
+from dnnperf.probes.layers import CountingStages, build_profile
 from dnnperf.probes.stages import CpuMeter, StageBreakdown
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
@@ -74,6 +76,16 @@ class BenchSettings:
     data_dir: Path | None = None
     #: Profile where each step's time goes (the stage breakdown), not only its wall time.
     stages: bool = False
+    #: Then time every layer's operators in as many more steps (one counted step first); implies stages,
+    #: whose forward and backward times the layer times are checked against.
+    layers: bool = False
+    #: The calibrated hardware profile (``HardwareProfile.to_dict()``) that layer efficiencies use.
+    hardware: dict[str, Any] | None = None
+
+    @property
+    def steps_per_point(self) -> int:
+        """Steps run at each batch size: warm-up, measured, and with layers the instrumented ones."""
+        return self.warmup + self.steps + (self.steps + 2 if self.layers else 0)
 
     def validate(self) -> None:
         if self.steps <= 0:
@@ -114,11 +126,15 @@ def bench(
     batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
     record = RunRecord(
         id=new_run_id(workload.name, settings.preset),
-        kind="profile" if settings.stages else "bench",
+        kind="profile" if settings.stages or settings.layers else "bench",
         command=list(command),
         workload=_describe_workload(workload, settings.preset),
         settings={
-            **{k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
+            **{
+                k: str(v) if isinstance(v, Path) else v
+                for k, v in dataclasses.asdict(settings).items()
+                if k != "hardware"  # kept with the layers it describes
+            },
             "batch_sizes": list(batch_sizes),
             "device": str(device),
             "requested_device": settings.device,
@@ -212,8 +228,9 @@ def _train_steps(
     on_step: StepCallback | None,
 ) -> None:
     """The timed loop. Its own function so that the last batch and loss are freed when it returns."""
-    clock = StageClock(device) if settings.stages else WallClock(device)
-    if settings.stages:
+    profile_stages = settings.stages or settings.layers
+    clock = StageClock(device) if profile_stages else WallClock(device)
+    if profile_stages:
         point.stages = StageBreakdown(
             timing="cuda-events" if device.type == "cuda" else "host-clock", data_workers=source.workers
         )
@@ -231,10 +248,49 @@ def _train_steps(
                 point.stages.add(timing, point.batch_size, data_times)
                 point.stages.cpu = cpu.read()
             if on_step is not None:
-                on_step(point.batch_size, index + 1, total)
+                on_step(point.batch_size, index + 1, settings.steps_per_point)
             saver.maybe_save()
     finally:
         clock.close()  # the stage clock's garbage-collector callback, also when a step raised
+    if settings.layers:
+        _layer_steps(task, source, device, settings, point, saver, on_step)
+
+
+def _layer_steps(
+    task: Task,
+    source: BatchSource,
+    device: torch.device,
+    settings: BenchSettings,
+    point: Point,
+    saver: _Saver,
+    on_step: StepCallback | None,
+) -> None:
+    """One counted step, one instrumented warm-up step, then ``settings.steps`` steps with every
+    operator timed. The counter's hooks and dispatch mode are gone when this returns, also on error."""
+    counter = OpCounter(task.model, count=True, timed=True, device=device)
+    stages = CountingStages(WallClock(device), counter)
+    timing = "cuda-events" if device.type == "cuda" else "host-clock"
+    done = settings.warmup + settings.steps
+    tables: list[list[OpRecord]] = []
+    step_s: list[float] = []
+    with counter:
+        for index in range(settings.steps + 2):
+            step_timing, _, _ = timed_step(task, source, device, stages)
+            if index == 0:
+                module_calls, counted = dict(counter.module_calls), counter.take_step()
+                counter.count = False  # from now on only time
+            elif index == 1:
+                counter.take_step()  # an instrumented warm-up step: the counter's own paths
+            else:
+                tables.append(counter.take_step())
+                step_s.append(step_timing.wall_s)
+                point.layers = build_profile(
+                    task.model, counted, module_calls, tables, step_s, timing, counter.formula_errors
+                )
+                point.layers.hardware = settings.hardware
+            if on_step is not None:
+                on_step(point.batch_size, done + index + 1, settings.steps_per_point)
+            saver.maybe_save()
 
 
 def timed_step(

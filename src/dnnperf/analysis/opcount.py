@@ -92,10 +92,13 @@ the gathered rows and the indices, not the whole table.
 from __future__ import annotations
 
 import math
+import re
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
@@ -123,6 +126,9 @@ __all__ = [
 ]
 
 PHASES = ("forward", "backward", "update")
+# Stages of the runner's step that are their own phase: the optimizer, and the batch's copy and data
+# making (which are no layer's work). Every other stage mark (forward, environment) is "forward".
+_OWN_PHASE_STAGES = ("backward", "update", "copy", "data_wait", "read", "preprocess")
 ROOT_MODULE = "(root)"
 NO_MODULE = "(none)"
 UNATTRIBUTED = "(unattributed)"
@@ -150,6 +156,12 @@ class OpRecord:
     bytes_read: int
     bytes_written: int
     calls: int
+    #: Seconds the calls took (summed), when the counter timed them; None otherwise.
+    seconds: float | None = None
+    #: The library that ran the calls (see :func:`library_of`); None when not counted.
+    library: str | None = None
+    #: dtype of the first floating-point tensor argument ("float32"...); None when there was none.
+    dtype: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -851,6 +863,140 @@ def _traffic(info: _OpInfo, call: _Call) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Libraries
+# ---------------------------------------------------------------------------------------------------------
+
+# torch's convolution backend selection (private; see library_of) -> the library it names.
+_CONV_BACKENDS = {
+    "Mkldnn": "oneDNN",
+    "MkldnnTranspose": "oneDNN",
+    "MkldnnEmpty": "oneDNN",
+    "Cudnn": "cuDNN",
+    "CudnnTranspose": "cuDNN",
+    "Miopen": "MIOpen",
+    "MiopenDepthwise": "MIOpen",
+    "MiopenTranspose": "MIOpen",
+    "CudaDepthwise2d": "native",
+    "CudaDepthwise3d": "native",
+    "Mps": "MPS",
+    "MpsTranspose": "MPS",
+    "Empty": "native",
+}
+_select_conv_backend: Callable[..., Any] | None = getattr(torch._C, "_select_conv_backend", None)
+
+
+@cache
+def cpu_blas() -> str:
+    """The BLAS torch was built with (its build settings' BLAS_INFO: "mkl", "openblas"...)."""
+    found = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    if found is None:
+        return "BLAS"
+    return {"mkl": "MKL", "openblas": "OpenBLAS", "accelerate": "Accelerate"}.get(found[1], found[1])
+
+
+def _conv_library(base: str, call: _Call, device_type: str) -> str:
+    """The library torch's own backend selection picks for this convolution (forward or backward)."""
+    if _select_conv_backend is None:
+        return "unknown"
+    try:
+        if base == "convolution_backward":
+            a = call.args
+            backend = _select_conv_backend(a[1], a[2], None, *a[4:10], a[3])
+        else:
+            backend = _select_conv_backend(*call.args[:9], None)
+    except Exception:  # a private API: any change lands here, and a test notices
+        return "unknown"
+    name = getattr(backend, "name", str(backend).rsplit(".", 1)[-1])
+    if name.startswith("Slow"):  # THNN-style: im2col (unfold) + a matrix product in BLAS/cuBLAS
+        return f"native im2col + {'cuBLAS' if device_type == 'cuda' else cpu_blas()}"
+    return _CONV_BACKENDS.get(name, name)
+
+
+def library_of(name: str, family: str, call: _Call) -> str:
+    """Which library ran one operator call: oneDNN, MKL/OpenBLAS (CPU BLAS), cuDNN, cuBLAS, a fused
+    attention kernel, or ``native`` (ATen's own kernels).
+
+    Decided the way torch decides at dispatch: convolutions by torch's backend selection (a private
+    API, ``torch._C._select_conv_backend``; "unknown" if it changes), everything else by operator name
+    and device. CPU float32 matrix products run in the BLAS torch was built with; half precision ones
+    in oneDNN."""
+    base = _base_name(name.rsplit(".", 1)[-1])
+    tensor = _first(call.args)
+    device_type = tensor.device.type if tensor is not None else "cpu"
+    if "mkldnn" in base:
+        return "oneDNN"
+    if "cudnn" in base:
+        return "cuDNN"
+    if family == "convolution" and base in ("convolution", "convolution_backward"):
+        return _conv_library(base, call, device_type)
+    if family == "attention":
+        if "flash" in base:
+            return "FlashAttention" if device_type == "cuda" else "native flash attention"
+        if "efficient" in base:
+            return "mem-efficient attention"
+        return "native"
+    if family == "matmul":
+        if device_type == "cuda":
+            return "cuBLAS"
+        if tensor is not None and tensor.dtype in (torch.bfloat16, torch.float16):
+            return "oneDNN" if torch.backends.mkldnn.is_available() else cpu_blas()
+        return cpu_blas()
+    return "native"
+
+
+def _dtype_of(call: _Call) -> str | None:
+    for value in (*call.args, *call.kwargs.values()):
+        for tensor in _tensors(value):
+            if tensor.is_floating_point():
+                return str(tensor.dtype).removeprefix("torch.")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _HostTimer:
+    """Operator times on the host clock: exact on the CPU, where operators run synchronously."""
+
+    def start(self) -> int:
+        return time.perf_counter_ns()
+
+    def stop(self, token: int) -> float:
+        return (time.perf_counter_ns() - token) * 1e-9
+
+
+class _EventTimer:
+    """Operator times from CUDA events on the current stream, resolved after the step has synchronised:
+    no synchronisation is added between operators. Events come from a pool reused across steps."""
+
+    def __init__(self) -> None:
+        self._pool: list[Any] = []
+        self._used = 0
+
+    def _event(self) -> Any:
+        if self._used == len(self._pool):
+            self._pool.append(torch.cuda.Event(enable_timing=True))
+        event = self._pool[self._used]
+        self._used += 1
+        return event
+
+    def start(self) -> Any:
+        event = self._event()
+        event.record()
+        return event
+
+    def stop(self, token: Any) -> tuple[Any, Any]:
+        end = self._event()
+        end.record()
+        return token, end
+
+    def reset(self) -> None:
+        self._used = 0
+
+
 @dataclass
 class _Totals:
     family: str
@@ -859,6 +1005,10 @@ class _Totals:
     bytes_read: int = 0
     bytes_written: int = 0
     calls: int = 0
+    seconds: float = 0.0
+    events: list[tuple[Any, Any]] = field(default_factory=list)
+    library: str | None = None
+    dtype: str | None = None
 
 
 class _CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
@@ -880,8 +1030,15 @@ class _CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
                 result = func.decompose(*args, **kwargs)
             if result is not NotImplemented:
                 return result
+        timer = counter._timer
+        if timer is None:
+            out = func(*args, **kwargs)
+            counter._record(info, _Call(args, kwargs, out, info.index))
+            return out
+        token = timer.start()
         out = func(*args, **kwargs)
-        counter._record(info, _Call(args, kwargs, out, info.index))
+        elapsed = timer.stop(token)
+        counter._record(info, _Call(args, kwargs, out, info.index), elapsed)
         return out
 
 
@@ -903,11 +1060,23 @@ class OpCounter:
     dispatch mode are removed on exit, also when the counted code raises. The autograd nodes created
     inside are kept (not their saved tensors, which backward frees) until exit, to attribute backward.
     Counting costs some tens of microseconds of Python per operator call.
+
+    ``count=False`` skips the FLOP formulas, bytes and libraries (a timing-only counter, a few
+    microseconds per call); ``timed=True`` times every operator call (host clock on the CPU, CUDA
+    events on a GPU: pass ``device``). :meth:`take_step` hands back one step's table and starts the next,
+    so one counter can stay installed over many steps.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(
+        self, model: nn.Module, *, count: bool = True, timed: bool = False, device: Any = None
+    ) -> None:
         _check_available()
         self.model = model
+        self.count = count
+        self._device_type = torch.device(device).type if device is not None else "cpu"
+        self._timer: _HostTimer | _EventTimer | None = None
+        if timed:
+            self._timer = _EventTimer() if self._device_type == "cuda" else _HostTimer()
         #: Forward calls per module name (a module called twice counts 2).
         self.module_calls: Counter[str] = Counter()
         #: Operator name -> the error of a formula that failed (the calls count as uncovered).
@@ -982,6 +1151,8 @@ class OpCounter:
 
     def _exit_module(self, module: nn.Module, args: Any, output: Any) -> None:
         name = self._names.get(id(module), type(module).__name__)
+        if torch.is_grad_enabled():
+            self._claim_graph(output, name)
         # The last entry is this module's unless a forward raised past its own hook.
         for i in range(len(self._stack) - 1, -1, -1):
             if self._stack[i] == name:
@@ -991,6 +1162,20 @@ class OpCounter:
     def _claim(self, node: Any, module: str) -> None:
         if node is not None and id(node) not in self._nodes:
             self._nodes[id(node)] = (node, module)
+
+    def _claim_graph(self, output: Any, module: str) -> None:
+        """Claim for ``module`` every autograd node its forward made that no operator result did:
+        walking back from the outputs to nodes already known. These are the nodes of autograd
+        Functions (custom operators, ``torch.autograd.Function``), whose inner operators run with
+        grad mode off and so leave no pending result."""
+        self._resolve_pending()
+        stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            if id(node) in self._nodes or getattr(node, "variable", None) is not None:
+                continue  # known, or a leaf's AccumulateGrad (booked by its parameter's owner)
+            self._nodes[id(node)] = (node, module)
+            stack.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
 
     def _resolve_pending(self) -> None:
         """Book the autograd nodes autograd attached to the last operators' results since they ran.
@@ -1032,17 +1217,30 @@ class OpCounter:
     def _phase(self) -> str:
         if _graph_task_id is not None and _graph_task_id() != -1:
             return "backward"
-        if self._stage in ("backward", "update"):
+        if self._stage in _OWN_PHASE_STAGES:
             return self._stage
         return "forward"
 
-    def _record(self, info: _OpInfo, call: _Call) -> None:
+    def _record(self, info: _OpInfo, call: _Call, elapsed: Any = None) -> None:
         phase = self._phase()
         # Backward operators belong to the module that made their autograd node; the rest to the
         # innermost module whose forward is running.
         module = (
             self._node_module() if phase == "backward" else (self._stack[-1] if self._stack else NO_MODULE)
         )
+        totals = self._totals.get((module, phase, info.name))
+        if totals is None:
+            totals = self._totals[(module, phase, info.name)] = _Totals(info.family)
+        totals.calls += 1
+        if isinstance(elapsed, float):
+            totals.seconds += elapsed
+        elif elapsed is not None:
+            totals.events.append(elapsed)
+        if self.count:
+            self._count(info, call, totals)
+        self._remember_results(call, module, info)
+
+    def _count(self, info: _OpInfo, call: _Call, totals: _Totals) -> None:
         flops: int | None = None
         if info.formula is not None:
             try:
@@ -1050,16 +1248,18 @@ class OpCounter:
             except Exception as error:  # a formula must never break the step it counts
                 self.formula_errors.setdefault(info.name, f"{type(error).__name__}: {error}")
         bytes_read, bytes_written = _traffic(info, call)
-        totals = self._totals.get((module, phase, info.name))
-        if totals is None:
-            totals = self._totals[(module, phase, info.name)] = _Totals(info.family)
-        totals.calls += 1
         totals.bytes_read += bytes_read
         totals.bytes_written += bytes_written
         if flops is None:
             totals.covered = False
         else:
             totals.flops += flops
+        if totals.library is None and self._device_type != "meta":
+            totals.library = library_of(info.name, info.family, call)
+        if totals.dtype is None:
+            totals.dtype = _dtype_of(call)
+
+    def _remember_results(self, call: _Call, module: str, info: _OpInfo) -> None:
         # Results that may get an autograd node: remember under which module they were made.
         if torch.is_grad_enabled() and any(
             t.requires_grad for value in (*call.args, *call.kwargs.values()) for t in _tensors(value)
@@ -1069,20 +1269,39 @@ class OpCounter:
     # -- results -------------------------------------------------------------------------------------
 
     def table(self) -> list[OpRecord]:
-        """Every (module, phase, operator) seen, in the order first seen; flops None if uncovered."""
+        """Every (module, phase, operator) seen, in the order first seen; flops None if uncovered (or
+        not counted), seconds None if not timed. On CUDA, call after the device has synchronised."""
+        timed = self._timer is not None
         return [
             OpRecord(
                 name=name,
                 module=module,
                 phase=phase,
                 family=totals.family,
-                flops=totals.flops if totals.covered else None,
+                flops=totals.flops if totals.covered and self.count else None,
                 bytes_read=totals.bytes_read,
                 bytes_written=totals.bytes_written,
                 calls=totals.calls,
+                seconds=totals.seconds + sum(a.elapsed_time(b) for a, b in totals.events) * 1e-3
+                if timed
+                else None,
+                library=totals.library,
+                dtype=totals.dtype,
             )
             for (module, phase, name), totals in self._totals.items()
         ]
+
+    def take_step(self) -> list[OpRecord]:
+        """The table of everything since the last call, then a clean slate for the next step (the
+        autograd nodes of the step are released; hooks and the mode stay installed)."""
+        table = self.table()
+        self._totals.clear()
+        self.module_calls.clear()
+        self._nodes.clear()
+        self._pending.clear()
+        if isinstance(self._timer, _EventTimer):
+            self._timer.reset()
+        return table
 
     def by_module(self) -> dict[str, dict[str, dict[str, float]]]:
         """module -> phase -> {flops, bytes_read, bytes_written, calls} (uncovered operators add 0 FLOPs)."""

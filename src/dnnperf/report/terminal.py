@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from dnnperf.hardware import HardwareProfile
+from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.record import RunRecord
 
@@ -171,4 +172,151 @@ def hardware_table(profile: HardwareProfile) -> Table:
     else:
         table.add_row("host transfer", profile.host_transfer_reason or "n/a")
     table.add_row("dispatch overhead per operator", f"{summary['dispatch_overhead_us']:.2f} µs")
+    return table
+
+
+def _percent(value: Any) -> str:
+    return "n/a" if value is None or value != value else f"{100 * value:.1f}%"
+
+
+def _rate(value: Any, unit: str) -> str:
+    return "n/a" if value is None or value != value else human_count(float(value), unit)
+
+
+def layers_tables(
+    batch_size: int, profile: LayerProfile, stage_s: dict[str, float] | None = None, top: int = 15
+) -> list[Table]:
+    """The per-layer analysis of one batch size: the slowest layers, layer types, libraries, coverage."""
+    from dnnperf.analysis import layers
+
+    hardware = profile.hardware_profile()
+    layer_rows = layers.layer_table(profile, hardware)
+    peak = "no hardware profile: run `dnnperf hw` for efficiency and roofline"
+    if hardware is not None:
+        peak = (
+            f"efficiency against {hardware.device_name}'s calibrated peak "
+            f"{human_count(hardware.peak_flops(), 'FLOP/s')} (float32), roofline ridge at "
+            f"{hardware.ridge_point():.1f} FLOP/B"
+        )
+    title = (
+        f"batch {batch_size}: the {min(top, len(layer_rows))} slowest of {len(layer_rows)} layer phases "
+        f"({profile.timing}, median of {profile.steps} steps)"
+    )
+    table = Table(title=title, title_justify="left", caption=peak)
+    for name, justify in (
+        ("layer", "left"),
+        ("type", "left"),
+        ("phase", "left"),
+        ("ms", "right"),
+        ("share", "right"),
+        ("FLOPs", "right"),
+        ("FLOP/s", "right"),
+        ("efficiency", "right"),
+        ("FLOP/B", "right"),
+        ("bound", "left"),
+        ("library", "left"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in layer_rows.head(top).to_dict("records"):
+        table.add_row(
+            row["module"],
+            row["type"],
+            row["phase"],
+            milliseconds(row["time_s"]),
+            _percent(row["share"]),
+            _rate(row["flops"], ""),
+            _rate(row["achieved_flops"], ""),
+            _percent(row["efficiency"]),
+            "n/a" if row["intensity"] != row["intensity"] else f"{row['intensity']:.1f}",
+            row["bound"] or "",
+            row["library"],
+        )
+
+    categories = layers.category_table(profile, hardware)
+    by_type = Table(title=f"batch {batch_size}: by layer type", title_justify="left")
+    for name in ("layer type", "phase", "ms", "share", "FLOP/s", "efficiency", "library"):
+        by_type.add_column(name, justify="left" if name in ("layer type", "phase", "library") else "right")
+    for row in categories.to_dict("records"):
+        by_type.add_row(
+            row["category"],
+            row["phase"],
+            milliseconds(row["time_s"]),
+            _percent(row["share"]),
+            _rate(row["achieved_flops"], ""),
+            _percent(row["efficiency"]),
+            row["library"],
+        )
+    notes = []
+    cover = layers.coverage(profile)
+    uncovered = ", ".join(
+        f"{r['op']} {_percent(r['share'])}" for r in cover["uncovered"].head(5).to_dict("records")
+    )
+    notes.append(
+        f"FLOP formulas cover {_percent(cover['covered_share'])} of operator time"
+        + (f" (without one: {uncovered})" if uncovered else "")
+    )
+    libraries = layers.library_table(profile)
+    if not libraries.empty:
+        per_library = libraries.groupby("library", sort=False)["share"].sum()
+        notes.append("libraries: " + ", ".join(f"{name} {_percent(v)}" for name, v in per_library.items()))
+    if stage_s:
+        rows = layers.closure(profile, stage_s).to_dict("records")
+        notes.append(
+            "layers vs stages: "
+            + "; ".join(
+                f"{r['phase']} {milliseconds(r['layers_s'])} of {milliseconds(r['stage_s'])} ms "
+                f"(remainder {_percent(r['remainder_share'])})"
+                for r in rows
+            )
+        )
+    by_type.caption = "\n".join(notes)
+    return [table, by_type]
+
+
+def libcompare_table(workload: str, batch_size: int, rows: list[dict[str, Any]], peak: float | None) -> Table:
+    """Each convolution layer through the default library and through explicit im2col + GEMM."""
+    table = Table(
+        title=f"{workload}, batch {batch_size}: convolutions, default library vs im2col + GEMM",
+        title_justify="left",
+        caption=(
+            f"efficiency against the calibrated peak {human_count(peak, 'FLOP/s')}"
+            if peak
+            else "no hardware profile: run `dnnperf hw` for efficiencies"
+        )
+        + "; ratio = im2col time / default time",
+    )
+    table.add_column("layer")
+    table.add_column("input")
+    table.add_column("kernel")
+    for name in ("FLOPs fwd", "default fwd ms", "eff", "im2col fwd ms", "eff", "ratio fwd"):
+        table.add_column(name, justify="right")
+    for name in ("default bwd ms", "eff", "im2col bwd ms", "eff", "ratio bwd"):
+        table.add_column(name, justify="right")
+
+    def ms(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    def ratio(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.2f}x"
+
+    for row in rows:
+        if row["skipped"]:
+            table.add_row(row["layer"], row["input_shape"], row["kernel"], f"skipped: {row['skipped']}")
+            continue
+        table.add_row(
+            row["layer"],
+            row["input_shape"],
+            row["kernel"],
+            human_count(row["flops_forward"]),
+            ms(row["default_fwd_ms"]),
+            _percent(row["default_fwd_efficiency"]),
+            ms(row["im2col_fwd_ms"]),
+            _percent(row["im2col_fwd_efficiency"]),
+            ratio(row["ratio_fwd"]),
+            ms(row["default_bwd_ms"]),
+            _percent(row["default_bwd_efficiency"]),
+            ms(row["im2col_bwd_ms"]),
+            _percent(row["im2col_bwd_efficiency"]),
+            ratio(row["ratio_bwd"]),
+        )
     return table

@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.stats import Samples
 
@@ -51,6 +52,8 @@ class Point:
     error: str | None = None
     #: The stage breakdown of the measured steps, when stages were profiled.
     stages: StageBreakdown | None = None
+    #: Per-operator, per-layer times of further instrumented steps, when layers were profiled.
+    layers: LayerProfile | None = None
 
     @property
     def step_time(self) -> Samples:
@@ -100,6 +103,7 @@ class RunRecord:
                     "loss": point.loss,
                     "summary": point.summary(),
                     **({"stages": point.stages.to_dict()} if point.stages is not None else {}),
+                    **({"layers": point.layers.to_dict()} if point.layers is not None else {}),
                 }
             )
         document = {
@@ -217,6 +221,7 @@ def _point_from_dict(data: Any, index: int) -> Point:
     return Point(
         batch_size=batch_size,
         stages=_stages_from_dict(data.get("stages"), len(step_s), where),
+        layers=_layers_from_dict(data.get("layers"), where),
         status=data["status"],
         warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s", positive=True),
         step_s=step_s,
@@ -245,6 +250,39 @@ def _stages_from_dict(data: Any, steps: int, where: str) -> StageBreakdown | Non
         if len(checked) != steps or any(v < 0 for v in checked):
             raise RecordError(f"{where}.{name} needs {steps} non-negative values, one per measured step")
     return StageBreakdown.from_dict(data)
+
+
+def _layers_from_dict(data: Any, where: str) -> LayerProfile | None:
+    if data is None:
+        return None
+    where = f"{where}.layers"
+    if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
+        raise RecordError(f"{where} is not an object with a list of 'ops'")
+    if not isinstance(data.get("modules"), dict) or not isinstance(data.get("steps"), int):
+        raise RecordError(f"{where} needs 'modules' (an object) and 'steps' (an integer)")
+    steps = data["steps"]
+    for index, op in enumerate(data["ops"]):
+        here = f"{where}.ops[{index}]"
+        if not isinstance(op, dict) or not all(isinstance(op.get(k), str) for k in ("module", "phase", "op")):
+            raise RecordError(f"{here} needs string 'module', 'phase' and 'op'")
+        seconds = _numbers(op.get("seconds"), f"{here}.seconds")
+        if len(seconds) != steps or any(v < 0 for v in seconds):
+            raise RecordError(f"{here}.seconds needs {steps} non-negative values, one per timed step")
+        for key in ("calls", "bytes_read", "bytes_written"):
+            if not isinstance(op.get(key), (int, float)) or op[key] < 0:
+                raise RecordError(f"{here}.{key} must be a non-negative number")
+        if op.get("flops") is not None and (not isinstance(op["flops"], (int, float)) or op["flops"] < 0):
+            raise RecordError(f"{here}.flops must be null or a non-negative number")
+    for name, info in data["modules"].items():
+        if not isinstance(info, dict) or not {"type", "category", "calls"} <= info.keys():
+            raise RecordError(f"{where}.modules[{name!r}] needs 'type', 'category' and 'calls'")
+    _numbers(data.get("step_s", []), f"{where}.step_s", positive=True)
+    try:
+        profile = LayerProfile.from_dict(data)
+        profile.hardware_profile()  # validates the embedded hardware profile
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(f"{where}: {error}") from None
+    return profile
 
 
 def json_safe(value: Any) -> Any:

@@ -1,0 +1,383 @@
+"""Per-layer operator times of real training steps, with the FLOPs, bytes and library of each.
+
+One step is *counted* (:class:`~dnnperf.analysis.opcount.OpCounter` with formulas, bytes and library
+attribution: some tens of microseconds of Python per operator, so its time is not used); the steps
+after it are *timed* by the same counter with counting off (a few microseconds per operator, outside
+the timed region). Each operator call is timed on its own: host clock on the CPU, where operators run
+synchronously; CUDA events on the current stream on a GPU, resolved after the step synchronised.
+
+The result, :class:`LayerProfile`, is one row per (module, phase, operator) with that row's time in
+every timed step; the tables people read (per layer, per layer type, coverage, libraries) are
+functions over it in :mod:`dnnperf.analysis.layers`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from dnnperf.analysis.opcount import NO_MODULE, ROOT_MODULE, UNATTRIBUTED, OpCounter, OpRecord
+from dnnperf.devices import synchronize
+
+# Module classes -> layer type (seed 001 compares convolution and fully-connected layers).
+_CATEGORIES: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
+    (
+        (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
+        "convolution",
+    ),
+    ((nn.Linear, nn.Bilinear), "linear"),
+    ((nn.RNNBase, nn.RNNCellBase), "recurrent"),
+    ((nn.MultiheadAttention,), "attention"),
+    (
+        (
+            nn.modules.batchnorm._NormBase,
+            nn.LayerNorm,
+            nn.GroupNorm,
+            nn.LocalResponseNorm,
+            *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),
+        ),
+        "normalization",
+    ),
+    (
+        (
+            nn.modules.pooling._MaxPoolNd,
+            nn.modules.pooling._AvgPoolNd,
+            nn.modules.pooling._AdaptiveAvgPoolNd,
+            nn.modules.pooling._AdaptiveMaxPoolNd,
+        ),
+        "pooling",
+    ),
+    ((nn.Embedding, nn.EmbeddingBag), "embedding"),
+    (
+        (
+            nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+            nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softmax,
+            nn.LogSoftmax, nn.Softplus, nn.GLU, nn.Threshold,
+        ),
+        "activation",
+    ),
+)  # fmt: skip
+#: Layer types in display order.
+CATEGORIES = (
+    "convolution",
+    "linear",
+    "recurrent",
+    "attention",
+    "normalization",
+    "pooling",
+    "activation",
+    "embedding",
+    "other",
+)
+
+
+def layer_category(module: nn.Module) -> str:
+    """The layer type of a module; modules of the user's own classes by their name (``...Attention``,
+    ``...Norm``, ``...Embedding``), else "other"."""
+    for classes, category in _CATEGORIES:
+        if isinstance(module, classes):
+            return category
+    name = type(module).__name__.lower()
+    for word, category in (("attention", "attention"), ("norm", "normalization"), ("embed", "embedding")):
+        if word in name:
+            return category
+    return "other"
+
+
+@dataclass
+class OpTiming:
+    """One (module, phase, operator) of the step: what one step of it costs, and its time per step."""
+
+    module: str
+    phase: str
+    op: str
+    family: str
+    calls: int
+    #: FLOPs per step; None when the operator has no formula (or was not seen in the counted step).
+    flops: float | None
+    bytes_read: float
+    bytes_written: float
+    library: str | None
+    dtype: str | None
+    #: Seconds per timed step (0 in a step where it did not run).
+    seconds: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "phase": self.phase,
+            "op": self.op,
+            "family": self.family,
+            "calls": self.calls,
+            "flops": self.flops,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "library": self.library,
+            "dtype": self.dtype,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OpTiming:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass
+class ModuleInfo:
+    """A module of the model as the layer tables name it."""
+
+    type: str
+    category: str
+    #: Forward calls per step (a module called twice counts 2; 0 when it never ran).
+    calls: int = 0
+
+
+@dataclass
+class LayerProfile:
+    """Per-operator, per-module times of ``steps`` timed steps and the counts of one counted step."""
+
+    steps: int
+    timing: str  # "host-clock" or "cuda-events"
+    ops: list[OpTiming] = field(default_factory=list)
+    modules: dict[str, ModuleInfo] = field(default_factory=dict)
+    #: Wall time of each timed (instrumented) step: beside the uninstrumented steps, the overhead.
+    step_s: list[float] = field(default_factory=list)
+    #: Operator -> formula error, for formulas that failed (their calls count as uncovered).
+    formula_errors: dict[str, str] = field(default_factory=dict)
+    status: str = "complete"
+    #: The calibrated hardware profile efficiencies are computed against (``dnnperf hw``), as saved.
+    hardware: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "steps": self.steps,
+            "timing": self.timing,
+            "step_s": self.step_s,
+            "modules": {name: vars(info) for name, info in self.modules.items()},
+            "formula_errors": self.formula_errors,
+            "hardware": self.hardware,
+            "ops": [op.to_dict() for op in self.ops],
+        }
+
+    def hardware_profile(self) -> Any:
+        """The embedded :class:`~dnnperf.hardware.HardwareProfile`, or None."""
+        from dnnperf.hardware import HardwareProfile
+
+        return HardwareProfile.from_dict(self.hardware) if self.hardware is not None else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LayerProfile:
+        return cls(
+            steps=int(data["steps"]),
+            timing=str(data["timing"]),
+            ops=[OpTiming.from_dict(op) for op in data["ops"]],
+            modules={name: ModuleInfo(**info) for name, info in data["modules"].items()},
+            step_s=list(data.get("step_s", [])),
+            formula_errors=dict(data.get("formula_errors", {})),
+            status=str(data.get("status", "complete")),
+            hardware=data.get("hardware"),
+        )
+
+
+def describe_modules(model: nn.Module) -> dict[str, ModuleInfo]:
+    """Every module by qualified name (the model itself as ``(root)``), plus the pseudo-modules the
+    counter books work under that no module did."""
+    modules: dict[str, ModuleInfo] = {}
+    for name, module in model.named_modules():
+        modules.setdefault(name or ROOT_MODULE, ModuleInfo(type(module).__name__, layer_category(module)))
+    modules[NO_MODULE] = ModuleInfo("(outside the model)", "other")
+    modules[UNATTRIBUTED] = ModuleInfo("(unattributed backward)", "other")
+    return modules
+
+
+def build_profile(
+    model: nn.Module,
+    counted: list[OpRecord],
+    module_calls: Mapping[str, int],
+    timed: list[list[OpRecord]],
+    step_s: list[float],
+    timing: str,
+    formula_errors: Mapping[str, str],
+) -> LayerProfile:
+    """Join one counted step's table with the timed steps' tables, key by key.
+
+    FLOPs and bytes per call come from the counted step and are scaled to the calls of the timed
+    steps (the median step's, for operators whose calls vary with the data)."""
+    by_key = {(r.module, r.phase, r.name): r for r in counted}
+    keys: dict[tuple[str, str, str], None] = dict.fromkeys(by_key)
+    for table in timed:
+        keys.update(dict.fromkeys((r.module, r.phase, r.name) for r in table))
+    steps = [{(r.module, r.phase, r.name): r for r in table} for table in timed]
+    ops = []
+    for key in keys:
+        seen = [step.get(key) for step in steps]
+        calls = sorted(r.calls if r is not None else 0 for r in seen)
+        median_calls = calls[len(calls) // 2] if calls else by_key[key].calls
+        reference = by_key.get(key) or next(r for r in seen if r is not None)
+        counted_record = by_key.get(key)
+        scale = (
+            median_calls / counted_record.calls if counted_record is not None and counted_record.calls else 0
+        )
+        flops = (
+            counted_record.flops * scale
+            if counted_record is not None and counted_record.flops is not None
+            else None
+        )
+        ops.append(
+            OpTiming(
+                module=key[0],
+                phase=key[1],
+                op=key[2],
+                family=reference.family,
+                calls=median_calls,
+                flops=flops,
+                bytes_read=counted_record.bytes_read * scale if counted_record is not None else 0.0,
+                bytes_written=counted_record.bytes_written * scale if counted_record is not None else 0.0,
+                library=counted_record.library if counted_record is not None else None,
+                dtype=reference.dtype if counted_record is None else counted_record.dtype,
+                seconds=[r.seconds or 0.0 if r is not None else 0.0 for r in seen],
+            )
+        )
+    modules = describe_modules(model)
+    for name, calls in module_calls.items():
+        if name in modules:
+            modules[name].calls = calls
+    return LayerProfile(
+        steps=len(timed),
+        timing=timing,
+        ops=ops,
+        modules=modules,
+        step_s=step_s,
+        formula_errors=dict(formula_errors),
+    )
+
+
+class CountingStages:
+    """The ``stages`` protocol for both a step clock and an operator counter: every stage block is
+    entered in both (the clock times the step, the counter learns the phase)."""
+
+    def __init__(self, clock: Any, counter: OpCounter) -> None:
+        self.clock, self.counter = clock, counter
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        with ExitStack() as stack:
+            stack.enter_context(self.clock(name))
+            stack.enter_context(self.counter(name))
+            yield
+
+    def __getattr__(self, name: str) -> Any:  # begin_step, end_step, mark, close: the clock's
+        return getattr(self.clock, name)
+
+
+class LayerProfiler:
+    """Per-layer times, FLOPs, efficiency and library of a user's own training loop::
+
+        profiler = dnnperf.LayerProfiler(model, optimizer)
+        with profiler:
+            for inputs, targets in loader:
+                ...forward, backward, optimizer.step()...
+                profiler.step()
+        tables = dnnperf.analysis.layers.layer_table(profiler.result(), dnnperf.load_profile("cpu"))
+
+    The first ``warmup`` steps are counted (FLOPs, bytes, libraries) but not timed; every step after
+    is timed. Hooks on the model and the optimizer are removed on exit, also on error.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        warmup: int = 1,
+        device: Any = None,
+    ) -> None:
+        if warmup < 1:
+            raise ValueError("warmup must be at least 1: the first step is the counted one")
+        self.model, self.optimizer, self.warmup = model, optimizer, warmup
+        first = next(model.parameters(), None)
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (first.device if first is not None else torch.device("cpu"))
+        )
+        self._counter = OpCounter(model, count=True, timed=True, device=self.device)
+        self._stack: ExitStack | None = None
+        self._counted: list[OpRecord] | None = None
+        self._module_calls: dict[str, int] = {}
+        self._timed: list[list[OpRecord]] = []
+        self._step_s: list[float] = []
+        self._steps_seen = 0
+        self._last: float | None = None
+
+    def __enter__(self) -> LayerProfiler:
+        stack = ExitStack()
+        try:
+            stack.enter_context(self._counter)
+            if self.optimizer is not None:
+                stage: ExitStack | None = None
+
+                def enter_update(*_: Any) -> None:
+                    nonlocal stage
+                    stage = ExitStack()
+                    stage.enter_context(self._counter("update"))
+
+                def leave_update(*_: Any) -> None:
+                    if stage is not None:
+                        stage.close()
+
+                stack.callback(self.optimizer.register_step_pre_hook(enter_update).remove)
+                stack.callback(self.optimizer.register_step_post_hook(leave_update).remove)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        synchronize(self.device)
+        self._last = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def step(self) -> None:
+        """Mark the end of one training step."""
+        if self._stack is None:
+            raise RuntimeError("LayerProfiler.step() called outside `with profiler:`")
+        synchronize(self.device)
+        now = time.perf_counter()
+        elapsed = now - (self._last or now)
+        self._steps_seen += 1
+        calls = dict(self._counter.module_calls)
+        table = self._counter.take_step()
+        if self._steps_seen == 1:
+            self._counted, self._module_calls = table, calls
+            self._counter.count = False
+        elif self._steps_seen > self.warmup:
+            self._timed.append(table)
+            self._step_s.append(elapsed)
+        self._last = time.perf_counter()
+
+    def result(self) -> LayerProfile:
+        """The profile of the timed steps so far."""
+        if self._counted is None or not self._timed:
+            raise RuntimeError(
+                f"no timed step: LayerProfiler needs {self.warmup} warm-up step(s) and at least one more, "
+                f"each ended with profiler.step() (saw {self._steps_seen})"
+            )
+        return build_profile(
+            self.model,
+            self._counted,
+            self._module_calls,
+            self._timed,
+            self._step_s,
+            "cuda-events" if self.device.type == "cuda" else "host-clock",
+            self._counter.formula_errors,
+        )
