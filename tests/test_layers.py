@@ -256,3 +256,16 @@ def test_cli_profile_layers_and_libcompare(tmp_path):
     assert compared.returncode == 0, compared.stderr
     rows = json.loads(compared.stdout)["layers"]
     assert [r["name"] for r in rows] == ["conv1", "conv2"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_layers_on_cuda_are_timed_with_events_and_attributed(tmp_path):
+    record = bench(
+        BenchSettings("resnet18", steps=2, warmup=1, layers=True, device="cuda"), RunStore(tmp_path)
+    )
+    profile = record.points[0].layers
+    assert profile.timing == "cuda-events"
+    table = layers.layer_table(profile).set_index(["module", "phase"])
+    assert table.loc[("stem.conv1", "forward"), "time_s"] > 0
+    assert table.loc[("stem.conv1", "forward"), "library"] in ("cuDNN", "native")
+    assert table.loc[("fc", "forward"), "library"] == "cuBLAS"

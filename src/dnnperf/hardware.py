@@ -184,9 +184,11 @@ class ComputeCurve:
 
     @property
     def peak(self) -> float:
-        """FLOP/s; NaN when nothing was measured."""
+        """FLOP/s: the best size's p90 rate, what the kernel sustains in its faster tenth of samples;
+        NaN when nothing was measured. Not the median: on a machine whose speed drifts, a layer running
+        at the peak would then read above 100% whenever the calibration caught a slower moment."""
         best = self.best
-        return best.rate.median if best is not None else float("nan")
+        return best.rate.p90 if best is not None else float("nan")
 
 
 @dataclass(frozen=True)
@@ -293,8 +295,9 @@ class HardwareProfile:
 
     @property
     def memory_bandwidth(self) -> float:
-        """The roofline's memory bandwidth in bytes/s: the triad's DRAM plateau (median)."""
-        return self.dram_bandwidth(ROOFLINE_KERNEL).median
+        """The roofline's memory bandwidth in bytes/s: the triad's DRAM plateau (its p90, a ceiling
+        the machine sustains, as the compute peak is)."""
+        return self.dram_bandwidth(ROOFLINE_KERNEL).p90
 
     def cache_plateaus(self, kernel: str = ROOFLINE_KERNEL) -> dict[str, Samples]:
         """Bytes/s per memory level. A cache level's value is the fastest size (by median) whose

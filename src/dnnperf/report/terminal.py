@@ -202,6 +202,13 @@ def layers_tables(
         f"batch {batch_size}: the {min(top, len(layer_rows))} slowest of {len(layer_rows)} layer phases "
         f"({profile.timing}, median of {profile.steps} steps)"
     )
+    above = layer_rows[layer_rows["efficiency"] > 1.0] if "efficiency" in layer_rows else layer_rows.iloc[:0]
+    if not above.empty:  # shown, not clipped: the profile underestimates this machine
+        worst = above.loc[above["efficiency"].idxmax()]
+        peak += (
+            f"\n{len(above)} layer phase(s) ran above the calibrated peak (highest: {worst['module']} "
+            f"{worst['phase']}, {_percent(worst['efficiency'])}): recalibrate with `dnnperf hw`"
+        )
     table = Table(title=title, title_justify="left", caption=peak)
     for name, justify in (
         ("layer", "left"),
