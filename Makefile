@@ -18,10 +18,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 # The most complete profile dnnperf makes of its default workload: the machine calibrated once (reused
-# afterwards), then stages and layers at three batch sizes on an on-disk dataset.
+# afterwards), then stages, layers and memory at three batch sizes on an on-disk dataset.
 demo: install
 	$(BIN)/dnnperf hw --show -q >/dev/null 2>&1 || $(BIN)/dnnperf hw
-	$(BIN)/dnnperf profile $(DEMO_WORKLOAD) --preset small --sweep 4,16,32 --steps 10 --warmup 3 --data disk --layers
+	$(BIN)/dnnperf profile $(DEMO_WORKLOAD) --preset small --sweep 4,16,32 --steps 10 --warmup 3 --data disk --layers --memory
 
 test: install
 	$(BIN)/python -m pytest -q
@@ -29,6 +29,7 @@ test: install
 bench: install
 	$(BIN)/python benchmarks/run_benchmarks.py
 	$(BIN)/python benchmarks/layer_benchmarks.py
+	$(BIN)/python benchmarks/memory_benchmarks.py
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

@@ -22,10 +22,9 @@ import torch
 
 from dnnperf import environment, hardware
 from dnnperf.analysis import layers
-from dnnperf.analysis.opcount import OpCounter
 from dnnperf.data.sources import MemorySource
-from dnnperf.probes.clock import StageClock, WallClock
-from dnnperf.probes.layers import CountingStages
+from dnnperf.probes.clock import StageClock
+from dnnperf.probes.layers import LayerTimer, with_outside_the_model
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench, timed_step
 from dnnperf.stats import Samples
@@ -43,46 +42,44 @@ def calibrate_twice() -> tuple[hardware.HardwareProfile, hardware.HardwareProfil
 
 
 def layer_overhead(name: str, pairs: int) -> dict:
-    """Plain (StageClock) steps and operator-timed steps of one task, adjacent in ABBA order."""
+    """Plain (stage clock) steps and layer-timed steps of one task, adjacent in ABBA order."""
     device = torch.device("cpu")
     workload = get_workload(name)
     torch.manual_seed(0)
     task = workload.build("small", device)
     source = MemorySource(workload.data("small"), workload.default_batch_size["small"])
-    plain_clock = StageClock(device)
-    counter = OpCounter(task.model, count=False, timed=True, device=device)
-    timed_clock = CountingStages(WallClock(device), counter)
+    plain_clock, timed_clock = StageClock(device), StageClock(device)
+    timer = LayerTimer(task.model, device)
     plain: list = []
     timed: list[float] = []
-    op_sums: dict[str, list[float]] = {"forward": [], "backward": [], "update": []}
+    layer_sums: dict[str, list[float]] = {"forward": [], "backward": []}
     try:
-        with counter:
-            for _ in range(3):  # warm-up, both ways
-                timed_step(task, source, device, timed_clock)
-                counter.take_step()
-        for _ in range(3):
+        for _ in range(3):  # warm-up, both ways
             timed_step(task, source, device, plain_clock)
+            with timer:
+                timed_step(task, source, device, timed_clock)
         for index in range(pairs):
             order = ("plain", "timed") if index % 2 == 0 else ("timed", "plain")
             for kind in order:
                 if kind == "plain":
                     plain.append(timed_step(task, source, device, plain_clock)[0])
                     continue
-                with counter:
+                with timer:  # hooks installed and removed outside the timed step
                     timing = timed_step(task, source, device, timed_clock)[0]
-                    table = counter.take_step()
+                    table = with_outside_the_model(timer.take_step(), timing.stages)
                 timed.append(timing.wall_s)
-                for phase, sums in op_sums.items():
-                    sums.append(sum(r.seconds or 0.0 for r in table if r.phase == phase))
+                for phase, sums in layer_sums.items():
+                    sums.append(sum(t.get(phase, 0.0) for t in table.values()))
     finally:
         plain_clock.close()
+        timed_clock.close()
     relative = [(t - p.wall_s) / p.wall_s for p, t in zip(plain, timed, strict=True)]
     return {
         "plain": Samples.of([p.wall_s for p in plain]),
         "timed": Samples.of(timed),
         "overhead": Samples.of(relative),
-        "stages": {k: statistics.median(p.stages.get(k, 0.0) for p in plain) for k in op_sums},
-        "ops": {k: statistics.median(v) for k, v in op_sums.items()},
+        "stages": {k: statistics.median(p.stages.get(k, 0.0) for p in plain) for k in layer_sums},
+        "layers": {k: statistics.median(v) for k, v in layer_sums.items()},
     }
 
 
@@ -168,22 +165,23 @@ def main() -> None:
         f"## Layer profiler overhead (target: at most {100 * OVERHEAD_TARGET:.0f}%) and closure",
         "",
         "`small` presets, data in memory. One task alternates, step by step in ABBA order, between a plain",
-        f"step (stage clock only) and a step with every operator timed ({args.pairs} pairs after warm-up).",
-        "Overhead: the median of the pairs' relative step-time differences. Closure: per phase, the",
-        "median sum of the timed steps' operator times against the plain steps' median stage time; the",
-        "remainder is time in no operator (Python between operators, autograd's bookkeeping).",
+        f"step (stage clock only) and a layer-timed step (module and autograd-node hooks; {args.pairs} pairs",
+        "after warm-up). Overhead: the median of the pairs' relative step-time differences. Closure: per",
+        "phase, the median sum of the layers' times, `(none)` included (the same step's stage time no layer",
+        "took: the loss, autograd's engine between nodes), against the plain steps' median stage time; in",
+        "brackets the difference, which is what instrumenting changed.",
         "",
-        "| workload | plain ms | timed ms | overhead (p10 to p90) | within target | forward ops / stage ms | "
-        "backward ops / stage ms | update ops / stage ms |",
-        "|---|---:|---:|---:|---|---:|---:|---:|",
+        "| workload | plain ms | layer-timed ms | overhead (p10 to p90) | within target | "
+        "forward layers / stage ms | backward layers / stage ms |",
+        "|---|---:|---:|---:|---|---:|---:|",
     ]
     for name, result in overheads.items():
         o = result["overhead"]
         ok = "yes" if o.median <= OVERHEAD_TARGET else "**no**"
         closure = [
-            f"{result['ops'][k] * 1e3:.1f} / {result['stages'][k] * 1e3:.1f} "
-            f"({100 * (result['stages'][k] - result['ops'][k]) / result['stages'][k]:+.1f}%)"
-            for k in ("forward", "backward", "update")
+            f"{result['layers'][k] * 1e3:.1f} / {result['stages'][k] * 1e3:.1f} "
+            f"({100 * (result['stages'][k] - result['layers'][k]) / result['stages'][k]:+.1f}%)"
+            for k in ("forward", "backward")
         ]
         lines.append(
             f"| {name} | {result['plain'].median * 1e3:.1f} | {result['timed'].median * 1e3:.1f} | "

@@ -53,11 +53,12 @@ class Spin(nn.Module):
         return spin(x, "forward")
 
 
-def profile_loop(model: nn.Module, steps: int = 6, warmup: int = 1) -> LayerProfile:
+def profile_loop(model: nn.Module, steps: int = 7) -> LayerProfile:
+    """The documented loop: two operator-timed steps, then layer-timed ones."""
     torch.manual_seed(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 4))
-    profiler = LayerProfiler(model, optimizer, warmup=warmup)
+    profiler = LayerProfiler(model, optimizer)
     with profiler:
         for inputs, targets in DataLoader(data, batch_size=8):
             loss = nn.functional.mse_loss(model(inputs), targets)
@@ -86,15 +87,15 @@ def test_injected_layer_delays_land_in_their_layer_and_phase(known_delay):
     row = cover["uncovered"].set_index("op").loc["dnnperf_test.spin"]
     assert row["share"] == pytest.approx(row["time_s"] / cover["time_s"])
     assert row["share"] > 0.5 and cover["covered_share"] == pytest.approx(1 - row["share"])
-    # Operators never take more than the step they ran in.
-    ops = layers.op_frame(profile)
-    per_step = [sum(s[i] for s in ops["seconds"]) for i in range(profile.steps)]
-    assert all(o <= w for o, w in zip(per_step, profile.step_s, strict=True))
+    # Layers never take more than the step they ran in.
+    per_step = sum(layers.layer_times(profile).values())
+    assert len(per_step) == profile.steps == 5
+    assert all(t <= w for t, w in zip(per_step, profile.step_s, strict=True))
 
 
 def test_flops_per_layer_are_the_counted_ones_and_categories_aggregate():
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    profile = profile_loop(model, steps=3)
+    profile = profile_loop(model, steps=4)
     table = layers.layer_table(profile).set_index(["module", "phase"])
     # Linear forward: 2*N*in*out (the bias rides in addmm); backward: grad input (not for the first
     # layer, whose input needs none) + grad weight, 2*N*in*out each, + grad bias, a sum over N*out.
@@ -122,9 +123,16 @@ def test_in_place_shared_and_twice_called_modules_are_attributed():
             x = self.relu(self.b(x))  # the shared Linear and the ReLU, each called twice
             return self.head(x)
 
-    profile = profile_loop(Net(), steps=3)
+    profile = profile_loop(Net(), steps=4)
     ops = layers.op_frame(profile)
     assert profile.modules["a"].calls == 2 and "b" not in set(ops["module"])  # first name, both calls
+    # Layer times too: the in-place ReLU's forward and its autograd nodes (rebased onto the Linear's
+    # output) are the ReLU's; the shared Linear's are under its first name.
+    times = layers.layer_times(profile)
+    for module in ("a", "relu", "head"):
+        for phase in ("forward", "backward"):
+            assert (times[(module, phase)] > 0).all(), (module, phase)
+    assert not any(module == "b" for module, _ in times)
     relu_ops = ops[(ops["module"] == "relu") & (ops["family"] == "elementwise")]
     assert set(relu_ops["phase"]) == {"forward", "backward"}
     assert relu_ops.loc[relu_ops["phase"] == "forward", "calls"].sum() == 2
@@ -141,7 +149,7 @@ def test_hooks_are_gone_after_the_profiler_also_on_error():
         raise ValueError("boom")
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
-    with pytest.raises(RuntimeError, match="no timed step"):
+    with pytest.raises(RuntimeError, match="no layer-timed step"):
         LayerProfiler(model, optimizer).result()
 
 
@@ -238,7 +246,7 @@ def test_the_layers_section_round_trips_and_is_validated(tmp_path):
     again = RunRecord.from_dict(document)
     assert again.points[0].layers.to_dict() == record.points[0].layers.to_dict()
     assert len(record.points[0].layers.step_s) == 2 and record.points[0].stages is not None
-    document["points"][0]["layers"]["ops"][0]["seconds"] = [-1.0, 0.0]
+    document["points"][0]["layers"]["ops"][0]["seconds"] = [-1.0, 0.0]  # two operator-timed steps
     with pytest.raises(RecordError, match="non-negative"):
         RunRecord.from_dict(document)
 

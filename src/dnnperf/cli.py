@@ -134,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--hw", type=Path, help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)"
     )
     profile.add_argument("--top", type=positive_int, default=15, help="layers shown in the table (15)")
+    profile.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak memory by data structure, timeline, per layer, and its fit against batch size",
+    )
+    profile.add_argument(
+        "--memory-limit",
+        help="predict the largest batch within this size (e.g. 8GiB) and run it to check (--sweep)",
+    )
     profile.set_defaults(handler=cmd_profile)
 
     libcompare = commands.add_parser(
@@ -248,6 +257,14 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
     workload = get_workload(args.workload)
     workload.config(args.preset)  # validates the preset before anything else happens
     layers = getattr(args, "layers", False)
+    memory = getattr(args, "memory", False) or getattr(args, "memory_limit", None) is not None
+    limit = None
+    if getattr(args, "memory_limit", None) is not None:
+        from dnnperf.analysis.memory import parse_bytes
+
+        limit = parse_bytes(args.memory_limit)
+        if not args.sweep or len(args.sweep) < 2:
+            raise UsageError("--memory-limit needs --sweep with at least two batch sizes to fit")
     hardware = _hardware_for(args.device, args.hw, out) if layers else None
     batch_sizes = args.sweep or ((args.batch_size,) if args.batch_size else None)
     settings = BenchSettings(
@@ -264,6 +281,7 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
         stages=stages,
         layers=layers,
         hardware=hardware.to_dict() if hardware is not None else None,
+        memory=memory,
     )
     store = RunStore(args.runs_dir)
     sizes = batch_sizes or (workload.default_batch_size[args.preset],)
@@ -287,17 +305,92 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
                 out.json({"record_path": str(store.path(record.id)), "record": record.to_dict()})
             return EXIT_INTERRUPTED
     path = store.path(record.id)
+    scaling = (
+        _memory_scaling(record, settings, limit, store, out) if memory and len(record.points) > 1 else None
+    )
     if args.json:
-        out.json({"record_path": str(path), "record": record.to_dict()})
+        out.json({"record_path": str(path), "record": record.to_dict(), "memory_scaling": scaling})
     else:
         print_record(record, out, top=getattr(args, "top", 15))
+        if scaling is not None:
+            import pandas as pd
+
+            from dnnperf.report.terminal import memory_scaling_table
+
+            out.print(
+                memory_scaling_table(
+                    pd.DataFrame(scaling["fit"]),
+                    scaling["limit"],
+                    scaling["predicted"],
+                    scaling["checked_peak"],
+                )
+            )
         out.print(f"record: {path}")
     return 0
 
 
+def _device_capacity(device_name: str) -> int:
+    import psutil
+    import torch
+
+    from dnnperf.devices import resolve_device
+
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(psutil.virtual_memory().total)
+
+
+def _memory_scaling(record: Any, settings: Any, limit: int | None, store: Any, out: Output) -> dict | None:
+    """Fit memory against batch size over the sweep; with a limit, predict the largest batch that fits
+    it and run that batch size to check (its record is saved beside the sweep's)."""
+    import dataclasses
+
+    from dnnperf.analysis.memory import predict_max_batch, scaling_fit
+    from dnnperf.runner import bench
+
+    points = [(p.batch_size, p.memory) for p in record.points if p.memory is not None]
+    if len(points) < 2:
+        return None
+    fit = scaling_fit(points)
+    result: dict[str, Any] = {
+        "fit": fit.to_dict("records"),
+        "limit": limit,
+        "predicted": None,
+        "checked_peak": None,
+    }
+    if limit is None:  # the device's capacity: predicted, not run (pass --memory-limit to check a limit)
+        result["limit"] = _device_capacity(settings.device)
+        result["predicted"] = predict_max_batch(points, result["limit"])
+        return result
+    # Extrapolating far beyond the sweep, a straight line can be off by a little: each check that
+    # lands above the limit joins the fit and the prediction is made again (at most three runs).
+    result["checks"] = []
+    for _ in range(3):
+        predicted = predict_max_batch(points, limit)
+        result["predicted"] = predicted
+        if predicted is None or any(b == predicted for b, _ in points[len(record.points) :]):
+            break
+        check = dataclasses.replace(settings, batch_sizes=(predicted,), layers=False)
+        with out.progress(f"checking batch {predicted}", total=check.steps_per_point) as advance:
+            checked = bench(check, store, command=command_line(), on_step=lambda *_: advance())
+        memory = checked.points[0].memory
+        if memory is None:
+            break
+        peak = memory.measured_peak or memory.tracked_peak
+        result["checked_peak"] = peak
+        result["checks"].append(
+            {"batch_size": predicted, "peak": peak, "record": str(store.path(checked.id))}
+        )
+        if peak <= limit:
+            break
+        points.append((predicted, memory))
+    return result
+
+
 def print_record(record: Any, out: Output, top: int = 15) -> None:
     """The terminal tables of a run: steps, then per batch size its stages and layers."""
-    from dnnperf.report.terminal import layers_tables, points_table, stages_table
+    from dnnperf.report.terminal import layers_tables, memory_tables, points_table, stages_table
 
     out.print(points_table(record))
     for point in record.points:
@@ -307,6 +400,9 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
             stage_s = {k: v["median"] for k, v in point.stages.summary()["stages"].items()}
         if point.layers is not None and point.layers.steps:
             for table in layers_tables(point.batch_size, point.layers, stage_s, top=top):
+                out.print(table)
+        if point.memory is not None:
+            for table in memory_tables(point.batch_size, point.memory):
                 out.print(table)
 
 

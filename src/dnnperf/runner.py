@@ -27,7 +27,8 @@ from dnnperf.data.sources import BatchSource, open_source, pop_data_times
 from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
 from dnnperf.probes.clock import StageClock, StepTiming, WallClock
-from dnnperf.probes.layers import CountingStages, build_profile
+from dnnperf.probes.layers import CountingStages, LayerTimer, build_profile, with_outside_the_model
+from dnnperf.probes.memory import MemoryTracker
 from dnnperf.probes.stages import CpuMeter, StageBreakdown
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
@@ -76,16 +77,18 @@ class BenchSettings:
     data_dir: Path | None = None
     #: Profile where each step's time goes (the stage breakdown), not only its wall time.
     stages: bool = False
-    #: Then time every layer's operators in as many more steps (one counted step first); implies stages,
-    #: whose forward and backward times the layer times are checked against.
+    #: Then time every layer in as many more steps (after two operator-timed steps, the first counted);
+    #: implies stages, whose forward and backward times the layer times are checked against.
     layers: bool = False
     #: The calibrated hardware profile (``HardwareProfile.to_dict()``) that layer efficiencies use.
     hardware: dict[str, Any] | None = None
+    #: Then track one more step's memory by data structure (see probes/memory.py).
+    memory: bool = False
 
     @property
     def steps_per_point(self) -> int:
         """Steps run at each batch size: warm-up, measured, and with layers the instrumented ones."""
-        return self.warmup + self.steps + (self.steps + 2 if self.layers else 0)
+        return self.warmup + self.steps + (self.steps + 3 if self.layers else 0) + (1 if self.memory else 0)
 
     def validate(self) -> None:
         if self.steps <= 0:
@@ -126,7 +129,7 @@ def bench(
     batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
     record = RunRecord(
         id=new_run_id(workload.name, settings.preset),
-        kind="profile" if settings.stages or settings.layers else "bench",
+        kind="profile" if settings.stages or settings.layers or settings.memory else "bench",
         command=list(command),
         workload=_describe_workload(workload, settings.preset),
         settings={
@@ -254,6 +257,32 @@ def _train_steps(
         clock.close()  # the stage clock's garbage-collector callback, also when a step raised
     if settings.layers:
         _layer_steps(task, source, device, settings, point, saver, on_step)
+    if settings.memory:
+        _memory_steps(task, source, device, settings, point, saver, on_step)
+
+
+def _memory_steps(
+    task: Task,
+    source: BatchSource,
+    device: torch.device,
+    settings: BenchSettings,
+    point: Point,
+    saver: _Saver,
+    on_step: StepCallback | None,
+) -> None:
+    """One more step with its memory tracked (hooks, dispatch mode and profiler gone after)."""
+    host_batch = next(source)
+    pop_data_times(host_batch)
+    batch = to_device(host_batch, device)
+    synchronize(device)
+    tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device)
+    with tracker:
+        task.step(batch, tracker)
+        synchronize(device)
+    point.memory = tracker.result()
+    if on_step is not None:
+        on_step(point.batch_size, settings.steps_per_point, settings.steps_per_point)
+    saver.maybe_save()
 
 
 def _layer_steps(
@@ -265,32 +294,54 @@ def _layer_steps(
     saver: _Saver,
     on_step: StepCallback | None,
 ) -> None:
-    """One counted step, one instrumented warm-up step, then ``settings.steps`` steps with every
-    operator timed. The counter's hooks and dispatch mode are gone when this returns, also on error."""
-    counter = OpCounter(task.model, count=True, timed=True, device=device)
-    stages = CountingStages(WallClock(device), counter)
+    """Two operator-timed steps (the first also counted: FLOPs, bytes, libraries), one layer-timed
+    warm-up step, then ``settings.steps`` layer-timed steps. Every hook and the dispatch mode are
+    gone when this returns, also on error."""
     timing = "cuda-events" if device.type == "cuda" else "host-clock"
     done = settings.warmup + settings.steps
-    tables: list[list[OpRecord]] = []
-    step_s: list[float] = []
+    total = settings.steps_per_point
+
+    def progress(index: int) -> None:
+        if on_step is not None:
+            on_step(point.batch_size, done + index + 1, total)
+        saver.maybe_save()
+
+    counter = OpCounter(task.model, count=True, timed=True, device=device)
+    op_tables: list[list[OpRecord]] = []
     with counter:
-        for index in range(settings.steps + 2):
-            step_timing, _, _ = timed_step(task, source, device, stages)
-            if index == 0:
-                module_calls, counted = dict(counter.module_calls), counter.take_step()
-                counter.count = False  # from now on only time
-            elif index == 1:
-                counter.take_step()  # an instrumented warm-up step: the counter's own paths
-            else:
-                tables.append(counter.take_step())
-                step_s.append(step_timing.wall_s)
-                point.layers = build_profile(
-                    task.model, counted, module_calls, tables, step_s, timing, counter.formula_errors
-                )
-                point.layers.hardware = settings.hardware
-            if on_step is not None:
-                on_step(point.batch_size, done + index + 1, settings.steps_per_point)
-            saver.maybe_save()
+        timed_step(task, source, device, CountingStages(WallClock(device), counter))
+        module_calls, counted = dict(counter.module_calls), counter.take_step()
+        op_tables.append(counted)
+        progress(0)
+        counter.count = False
+        timed_step(task, source, device, CountingStages(WallClock(device), counter))
+        op_tables.append(counter.take_step())
+        progress(1)
+    layer_tables: list[dict[str, dict[str, float]]] = []
+    step_s: list[float] = []
+    clock = StageClock(device)
+    try:
+        with LayerTimer(task.model, device) as timer:
+            for index in range(settings.steps + 1):
+                step_timing, _, _ = timed_step(task, source, device, clock)
+                table = with_outside_the_model(timer.take_step(), step_timing.stages)
+                if index > 0:  # the first warms up the hooks' own paths
+                    layer_tables.append(table)
+                    step_s.append(step_timing.wall_s)
+                    point.layers = build_profile(
+                        task.model,
+                        counted,
+                        module_calls,
+                        op_tables,
+                        step_s,
+                        timing,
+                        counter.formula_errors,
+                        layer_tables,
+                    )
+                    point.layers.hardware = settings.hardware
+                progress(2 + index)
+    finally:
+        clock.close()
 
 
 def timed_step(

@@ -124,6 +124,44 @@ def _aggregate(ops: pd.DataFrame, keys: Sequence[str], steps: int) -> list[dict]
     return rows
 
 
+def layer_times(
+    profile: LayerProfile, phases: Sequence[str] = LAYER_PHASES
+) -> dict[tuple[str, str], np.ndarray]:
+    """(module, phase) -> its own seconds in each layer-timed step (hooks; see LayerTimer)."""
+    return {
+        (module, phase): np.asarray(values, dtype=float)
+        for module, by_phase in profile.layer_seconds.items()
+        for phase, values in by_phase.items()
+        if phase in phases
+    }
+
+
+def _with_layer_times(frame: pd.DataFrame, profile: LayerProfile, phases: Sequence[str]) -> pd.DataFrame:
+    """Replace operator-summed times by the layer-timed steps' times (which include the Python of a
+    layer's forward and its autograd nodes' overhead); layers with no operators get a row too. The
+    operator-summed time stays as ``op_time_s``."""
+    if not profile.steps:
+        return frame.assign(op_time_s=frame.get("time_s"))
+    times = layer_times(profile, phases)
+    frame = frame.rename(columns={"time_s": "op_time_s"}) if not frame.empty else frame
+    known = (
+        set(zip(frame.get("module", []), frame.get("phase", []), strict=True)) if not frame.empty else set()
+    )
+    extra = [
+        {"module": m, "phase": p, "calls": 0, "flops": 0.0, "bytes": 0.0, "library": "native", "dtype": None,
+         "uncovered_s": 0.0, "op_time_s": 0.0}
+        for (m, p) in times
+        if (m, p) not in known
+    ]  # fmt: skip
+    frame = pd.concat([frame, pd.DataFrame(extra)], ignore_index=True) if extra else frame
+    zeros = np.zeros(profile.steps)
+    per_step = [times.get((m, p), zeros) for m, p in zip(frame["module"], frame["phase"], strict=True)]
+    frame["time_s"] = [float(np.median(v)) for v in per_step]
+    frame["time_p10_s"] = [float(np.percentile(v, 10)) for v in per_step]
+    frame["time_p90_s"] = [float(np.percentile(v, 90)) for v in per_step]
+    return frame
+
+
 def layer_table(
     profile: LayerProfile, hardware: HardwareProfile | None = None, phases: Sequence[str] = LAYER_PHASES
 ) -> pd.DataFrame:
@@ -131,8 +169,8 @@ def layer_table(
     FLOPs, bytes, intensity, achieved FLOP/s, efficiency, roofline bound, library. Sorted by time."""
     ops = op_frame(profile)
     ops = ops[ops["phase"].isin(phases)]
-    rows = _aggregate(ops, ["module", "phase"], profile.steps)
-    frame = pd.DataFrame(rows)
+    rows = _aggregate(ops, ["module", "phase"], profile.op_steps)
+    frame = _with_layer_times(pd.DataFrame(rows), profile, phases)
     if frame.empty:
         return frame
     frame.insert(
@@ -154,9 +192,20 @@ def category_table(
     """One row per (layer type, phase): the convolution vs fully-connected comparison of seed 001."""
     ops = op_frame(profile)
     ops = ops[ops["phase"].isin(phases)]
-    frame = pd.DataFrame(_aggregate(ops, ["category", "phase"], profile.steps))
+    frame = pd.DataFrame(_aggregate(ops, ["category", "phase"], profile.op_steps))
     if frame.empty:
         return frame
+    if profile.steps:  # times from the layer-timed steps, summed per step over the category's layers
+        totals: dict[tuple[str, str], np.ndarray] = {}
+        for (module, phase), values in layer_times(profile, phases).items():
+            category = profile.modules[module].category if module in profile.modules else "other"
+            totals[(category, phase)] = totals.get((category, phase), np.zeros(profile.steps)) + values
+        zeros = np.zeros(profile.steps)
+        per_step = [totals.get(key, zeros) for key in zip(frame["category"], frame["phase"], strict=True)]
+        frame["op_time_s"] = frame["time_s"]
+        frame["time_s"] = [float(np.median(v)) for v in per_step]
+        frame["time_p10_s"] = [float(np.percentile(v, 10)) for v in per_step]
+        frame["time_p90_s"] = [float(np.percentile(v, 90)) for v in per_step]
     total = frame["time_s"].sum()
     frame["share"] = frame["time_s"] / total if total > 0 else np.nan
     order = {c: i for i, c in enumerate(CATEGORIES)}
@@ -170,7 +219,7 @@ def library_table(profile: LayerProfile, phases: Sequence[str] = LAYER_PHASES) -
     """Time per library and phase, with FLOPs and share of the phases' operator time."""
     ops = op_frame(profile)
     ops = ops[ops["phase"].isin(phases)]
-    frame = pd.DataFrame(_aggregate(ops, ["library", "phase"], profile.steps))
+    frame = pd.DataFrame(_aggregate(ops, ["library", "phase"], profile.op_steps))
     if frame.empty:
         return frame
     frame["share"] = frame["time_s"] / frame["time_s"].sum()
@@ -201,14 +250,19 @@ def coverage(profile: LayerProfile, phases: Sequence[str] = (*LAYER_PHASES, "upd
 
 def closure(profile: LayerProfile, stage_s: Mapping[str, float]) -> pd.DataFrame:
     """Per phase: the stage's measured median time (from uninstrumented steps), the sum of its layers'
-    operator times (median over timed steps), and the remainder no operator accounts for: Python
-    between operators, module calls, the autograd engine."""
+    times (median over the layer-timed steps; for the update, its operators'), and the remainder no
+    layer accounts for: the loss and other work outside the model, autograd's engine between nodes."""
     ops = op_frame(profile)
+    times = layer_times(profile, (*LAYER_PHASES, "update"))
     rows = []
     for phase in (*LAYER_PHASES, "update"):
         if phase not in stage_s:
             continue
-        layers = float(np.median(_per_step(ops.loc[ops["phase"] == phase, "seconds"], profile.steps)))
+        if profile.steps and phase in LAYER_PHASES:
+            per_step = sum((v for (_, p), v in times.items() if p == phase), np.zeros(profile.steps))
+        else:  # the update is no layer's: its operators
+            per_step = _per_step(ops.loc[ops["phase"] == phase, "seconds"], profile.op_steps)
+        layers = float(np.median(per_step))
         stage = float(stage_s[phase])
         rows.append(
             {

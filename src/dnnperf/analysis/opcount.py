@@ -1068,11 +1068,19 @@ class OpCounter:
     """
 
     def __init__(
-        self, model: nn.Module, *, count: bool = True, timed: bool = False, device: Any = None
+        self,
+        model: nn.Module,
+        *,
+        count: bool = True,
+        timed: bool = False,
+        device: Any = None,
+        observer: Callable[[str, str, _Call, _OpInfo], None] | None = None,
     ) -> None:
         _check_available()
         self.model = model
         self.count = count
+        #: Called after every operator with (module, phase, the call with its result, operator info).
+        self.observer = observer
         self._device_type = torch.device(device).type if device is not None else "cpu"
         self._timer: _HostTimer | _EventTimer | None = None
         if timed:
@@ -1238,6 +1246,8 @@ class OpCounter:
             totals.events.append(elapsed)
         if self.count:
             self._count(info, call, totals)
+        if self.observer is not None:
+            self.observer(module, phase, call, info)
         self._remember_results(call, module, info)
 
     def _count(self, info: _OpInfo, call: _Call, totals: _Totals) -> None:

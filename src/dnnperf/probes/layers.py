@@ -140,14 +140,19 @@ class ModuleInfo:
 
 @dataclass
 class LayerProfile:
-    """Per-operator, per-module times of ``steps`` timed steps and the counts of one counted step."""
+    """Per-module times of ``steps`` layer-timed steps; per-operator times of ``op_steps`` operator-timed
+    steps with the FLOPs, bytes and libraries of one counted step."""
 
     steps: int
     timing: str  # "host-clock" or "cuda-events"
     ops: list[OpTiming] = field(default_factory=list)
     modules: dict[str, ModuleInfo] = field(default_factory=dict)
-    #: Wall time of each timed (instrumented) step: beside the uninstrumented steps, the overhead.
+    #: Wall time of each layer-timed step: beside the uninstrumented steps, the overhead.
     step_s: list[float] = field(default_factory=list)
+    #: module -> phase ("forward", "backward") -> seconds in each layer-timed step (see LayerTimer).
+    layer_seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    #: Steps whose every operator was timed (the length of each ``ops[].seconds``).
+    op_steps: int = 0
     #: Operator -> formula error, for formulas that failed (their calls count as uncovered).
     formula_errors: dict[str, str] = field(default_factory=dict)
     status: str = "complete"
@@ -160,6 +165,8 @@ class LayerProfile:
             "steps": self.steps,
             "timing": self.timing,
             "step_s": self.step_s,
+            "op_steps": self.op_steps,
+            "layer_seconds": self.layer_seconds,
             "modules": {name: vars(info) for name, info in self.modules.items()},
             "formula_errors": self.formula_errors,
             "hardware": self.hardware,
@@ -180,6 +187,11 @@ class LayerProfile:
             ops=[OpTiming.from_dict(op) for op in data["ops"]],
             modules={name: ModuleInfo(**info) for name, info in data["modules"].items()},
             step_s=list(data.get("step_s", [])),
+            op_steps=int(data.get("op_steps", 0)),
+            layer_seconds={
+                m: {phase: list(v) for phase, v in phases.items()}
+                for m, phases in data.get("layer_seconds", {}).items()
+            },
             formula_errors=dict(data.get("formula_errors", {})),
             status=str(data.get("status", "complete")),
             hardware=data.get("hardware"),
@@ -205,6 +217,7 @@ def build_profile(
     step_s: list[float],
     timing: str,
     formula_errors: Mapping[str, str],
+    layer_seconds: list[dict[str, dict[str, float]]] | None = None,
 ) -> LayerProfile:
     """Join one counted step's table with the timed steps' tables, key by key.
 
@@ -249,14 +262,193 @@ def build_profile(
     for name, calls in module_calls.items():
         if name in modules:
             modules[name].calls = calls
+    per_layer: dict[str, dict[str, list[float]]] = {}
+    for index, step in enumerate(layer_seconds or []):
+        for module, phases in step.items():
+            for phase, seconds in phases.items():
+                values = per_layer.setdefault(module, {}).setdefault(phase, [0.0] * len(layer_seconds or []))
+                values[index] = seconds
     return LayerProfile(
-        steps=len(timed),
+        steps=len(layer_seconds or []),
         timing=timing,
         ops=ops,
         modules=modules,
         step_s=step_s,
         formula_errors=dict(formula_errors),
+        layer_seconds=per_layer,
+        op_steps=len(timed),
     )
+
+
+class LayerTimer:
+    """Each layer's own time per step, forward and backward, from hooks only (no dispatch mode).
+
+    Forward: a pre- and a post-hook on every module; a module's own time is its call's time minus its
+    children's calls. Backward: when a module's forward returns, the autograd nodes it created are
+    found by walking back from its outputs to nodes already known (its children's, the previous
+    layers', the model's inputs); each gets a pre- and a post-hook timing the node. Autograd's own
+    work between nodes, and nodes no module made (the loss), are no layer's. On CUDA the hooks record
+    events on the current stream, resolved after the step has synchronised.
+
+    Costs a few microseconds per module call and per autograd node: far less than timing every
+    operator through a dispatch mode.
+    """
+
+    def __init__(self, model: nn.Module, device: Any = None) -> None:
+        self.model = model
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._cuda = self.device.type == "cuda"
+        self._names = {id(m): name or ROOT_MODULE for name, m in model.named_modules()}
+        self._owners: dict[int, str] = {}
+        for name, module in model.named_modules():
+            for parameter in module.parameters(recurse=False):
+                self._owners.setdefault(id(parameter), name or ROOT_MODULE)
+        # A parameter's AccumulateGrad node outlives the step (autograd reuses it): its hooks are
+        # removed after every step, not left to pile up.
+        self._node_handles: list[Any] = []
+        self._handles: list[Any] = []
+        self._stack: list[list[Any]] = []  # [name, start, children's inclusive time]
+        self._claimed: dict[int, Any] = {}  # node id -> node (kept alive for the step)
+        self._boundary: set[int] = set()
+        self._node_start: dict[int, Any] = {}
+        self._forward: dict[str, Any] = {}
+        self._backward: dict[str, Any] = {}
+        self._events: list[Any] = []
+
+    def _now(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def __enter__(self) -> LayerTimer:
+        try:
+            for module in self.model.modules():
+                self._handles.append(module.register_forward_pre_hook(self._pre))
+                self._handles.append(module.register_forward_hook(self._post, always_call=True))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._reset()
+
+    def _reset(self) -> None:
+        for handle in self._node_handles:
+            handle.remove()
+        self._node_handles.clear()
+        self._stack.clear()
+        self._claimed.clear()
+        self._boundary.clear()
+        self._node_start.clear()
+        self._forward, self._backward = {}, {}
+
+    # -- forward --------------------------------------------------------------------------------------
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        if not self._stack:  # the outermost call: its inputs' nodes are not any layer's
+            self._boundary.update(id(t.grad_fn) for t in _tensor_leaves(args) if t.grad_fn is not None)
+        self._stack.append([self._names.get(id(module), type(module).__name__), self._now(), []])
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        end = self._now()
+        name = self._names.get(id(module), type(module).__name__)
+        for i in range(len(self._stack) - 1, -1, -1):  # normally the last entry
+            if self._stack[i][0] == name:
+                _, start, children = self._stack[i]
+                del self._stack[i:]
+                break
+        else:
+            return
+        # own time = this call minus its children's calls (as (start, end) pairs, resolved later)
+        self._forward.setdefault(name, []).append((start, end, children))
+        if self._stack:
+            self._stack[-1][2].append((start, end))
+        if torch.is_grad_enabled():
+            self._claim(output, name)
+
+    def _claim(self, output: Any, name: str) -> None:
+        stack = [t.grad_fn for t in _tensor_leaves(output) if t.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            key = id(node)
+            if key in self._claimed or key in self._boundary:
+                continue
+            self._claimed[key] = node
+            variable = getattr(node, "variable", None)
+            if variable is not None:  # gradient accumulation into a parameter: its module's work
+                owner = self._owners.get(id(variable))
+                if owner is not None:
+                    self._node_handles.append(node.register_prehook(self._node_pre(key)))
+                    self._node_handles.append(node.register_hook(self._node_post(key, owner)))
+                continue
+            node.register_prehook(self._node_pre(key))
+            node.register_hook(self._node_post(key, name))
+            stack.extend(n for n, _ in node.next_functions if n is not None)
+
+    # -- backward -------------------------------------------------------------------------------------
+
+    def _node_pre(self, key: int) -> Any:
+        def hook(grad_outputs: Any) -> None:
+            self._node_start[key] = self._now()
+
+        return hook
+
+    def _node_post(self, key: int, name: str) -> Any:
+        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
+            start = self._node_start.pop(key, None)
+            if start is not None:
+                self._backward.setdefault(name, []).append((start, self._now()))
+
+        return hook
+
+    # -- results --------------------------------------------------------------------------------------
+
+    def _elapsed(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) * 1e-3 if self._cuda else end - start
+
+    def take_step(self) -> dict[str, dict[str, float]]:
+        """module -> {"forward": own seconds, "backward": seconds} of the step since the last call
+        (on CUDA, call after the device synchronised); then a clean slate."""
+        result: dict[str, dict[str, float]] = {}
+        for name, calls in self._forward.items():
+            own = 0.0
+            for start, end, children in calls:
+                own += self._elapsed(start, end) - sum(self._elapsed(a, b) for a, b in children)
+            result.setdefault(name, {})["forward"] = max(own, 0.0)
+        for name, spans in self._backward.items():
+            result.setdefault(name, {})["backward"] = sum(self._elapsed(a, b) for a, b in spans)
+        self._reset()
+        return result
+
+
+def with_outside_the_model(
+    table: dict[str, dict[str, float]], stage_s: Mapping[str, float]
+) -> dict[str, dict[str, float]]:
+    """Add ``(none)``: the forward and backward stage time of the same step that no layer took (the
+    loss, work outside the model, autograd's engine between nodes), so the rows add up to the stages."""
+    outside = {}
+    for phase in ("forward", "backward"):
+        if phase in stage_s:
+            inside = sum(t.get(phase, 0.0) for name, t in table.items() if name != NO_MODULE)
+            outside[phase] = max(0.0, stage_s[phase] - inside)
+    return {**table, NO_MODULE: outside} if outside else table
+
+
+def _tensor_leaves(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensor_leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensor_leaves(item)
 
 
 class CountingStages:
@@ -285,33 +477,36 @@ class LayerProfiler:
             for inputs, targets in loader:
                 ...forward, backward, optimizer.step()...
                 profiler.step()
-        tables = dnnperf.analysis.layers.layer_table(profiler.result(), dnnperf.load_profile("cpu"))
+        table = dnnperf.analysis.layers.layer_table(profiler.result(), dnnperf.load_profile("cpu"))
 
-    The first ``warmup`` steps are counted (FLOPs, bytes, libraries) but not timed; every step after
-    is timed. Hooks on the model and the optimizer are removed on exit, also on error.
+    The first ``op_steps`` steps time every operator (the first also counts FLOPs, bytes, libraries);
+    every step after is layer-timed with hooks only. Hooks on the model and the optimizer are removed
+    on exit, also on error.
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        warmup: int = 1,
+        op_steps: int = 2,
         device: Any = None,
     ) -> None:
-        if warmup < 1:
-            raise ValueError("warmup must be at least 1: the first step is the counted one")
-        self.model, self.optimizer, self.warmup = model, optimizer, warmup
+        if op_steps < 1:
+            raise ValueError("op_steps must be at least 1: the first step is the counted one")
+        self.model, self.optimizer, self.op_steps = model, optimizer, op_steps
         first = next(model.parameters(), None)
-        self.device = (
-            torch.device(device)
-            if device is not None
-            else (first.device if first is not None else torch.device("cpu"))
-        )
+        if device is not None:
+            self.device = torch.device(device)
+        else:
+            self.device = first.device if first is not None else torch.device("cpu")
         self._counter = OpCounter(model, count=True, timed=True, device=self.device)
+        self._timer = LayerTimer(model, self.device)
         self._stack: ExitStack | None = None
+        self._inner: ExitStack | None = None
         self._counted: list[OpRecord] | None = None
         self._module_calls: dict[str, int] = {}
-        self._timed: list[list[OpRecord]] = []
+        self._op_tables: list[list[OpRecord]] = []
+        self._layer_tables: list[dict[str, dict[str, float]]] = []
         self._step_s: list[float] = []
         self._steps_seen = 0
         self._last: float | None = None
@@ -319,7 +514,6 @@ class LayerProfiler:
     def __enter__(self) -> LayerProfiler:
         stack = ExitStack()
         try:
-            stack.enter_context(self._counter)
             if self.optimizer is not None:
                 stage: ExitStack | None = None
 
@@ -334,6 +528,9 @@ class LayerProfiler:
 
                 stack.callback(self.optimizer.register_step_pre_hook(enter_update).remove)
                 stack.callback(self.optimizer.register_step_post_hook(leave_update).remove)
+            self._inner = ExitStack()
+            stack.callback(self._close_inner)
+            self._inner.enter_context(self._counter)
         except BaseException:
             stack.close()
             raise
@@ -341,6 +538,11 @@ class LayerProfiler:
         synchronize(self.device)
         self._last = time.perf_counter()
         return self
+
+    def _close_inner(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
@@ -355,29 +557,36 @@ class LayerProfiler:
         now = time.perf_counter()
         elapsed = now - (self._last or now)
         self._steps_seen += 1
-        calls = dict(self._counter.module_calls)
-        table = self._counter.take_step()
-        if self._steps_seen == 1:
-            self._counted, self._module_calls = table, calls
-            self._counter.count = False
-        elif self._steps_seen > self.warmup:
-            self._timed.append(table)
+        if self._steps_seen <= self.op_steps:
+            calls = dict(self._counter.module_calls)
+            table = self._counter.take_step()
+            if self._steps_seen == 1:
+                self._counted, self._module_calls = table, calls
+                self._counter.count = False
+            self._op_tables.append(table)
+            if self._steps_seen == self.op_steps:  # from now on, hooks only
+                self._close_inner()
+                self._inner = ExitStack()
+                self._inner.enter_context(self._timer)
+        else:
+            self._layer_tables.append(self._timer.take_step())
             self._step_s.append(elapsed)
         self._last = time.perf_counter()
 
     def result(self) -> LayerProfile:
-        """The profile of the timed steps so far."""
-        if self._counted is None or not self._timed:
+        """The profile of the steps so far."""
+        if self._counted is None or not self._layer_tables:
             raise RuntimeError(
-                f"no timed step: LayerProfiler needs {self.warmup} warm-up step(s) and at least one more, "
-                f"each ended with profiler.step() (saw {self._steps_seen})"
+                f"no layer-timed step: LayerProfiler needs {self.op_steps} operator-timed step(s) and at "
+                f"least one more, each ended with profiler.step() (saw {self._steps_seen})"
             )
         return build_profile(
             self.model,
             self._counted,
             self._module_calls,
-            self._timed,
+            self._op_tables,
             self._step_s,
             "cuda-events" if self.device.type == "cuda" else "host-clock",
             self._counter.formula_errors,
+            self._layer_tables,
         )

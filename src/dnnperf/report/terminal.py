@@ -8,6 +8,7 @@ from rich.table import Table
 
 from dnnperf.hardware import HardwareProfile
 from dnnperf.probes.layers import LayerProfile
+from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.record import RunRecord
 
@@ -326,4 +327,75 @@ def libcompare_table(workload: str, batch_size: int, rows: list[dict[str, Any]],
             _percent(row["im2col_bwd_efficiency"]),
             ratio(row["ratio_bwd"]),
         )
+    return table
+
+
+def memory_tables(batch_size: int, memory: StepMemory, top: int = 8) -> list[Table]:
+    """The step's peak by data structure, where it fell, the busiest layers and the subsystem."""
+    from dnnperf.probes.memory import CATEGORIES, EXTRA
+
+    total = memory.measured_peak or memory.tracked_peak
+    title = (
+        f"batch {batch_size}: peak memory {human_count(total, 'B')} at {memory.peak_at_s * 1e3:.1f} ms "
+        f"({memory.peak_phase}, {memory.peak_module})"
+    )
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("data structure", "left"), ("bytes", "right"), ("share", "right"), ("", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for name in (*CATEGORIES, *EXTRA):
+        value = memory.peak.get(name, 0)
+        share = value / total if total else 0.0
+        table.add_row(name, human_count(value, "B"), _percent(share), "#" * max(0, round(40 * share)))
+    sub = memory.subsystem
+    notes = [
+        f"measured peak {human_count(memory.measured_peak, 'B')} ({memory.measured_by}); "
+        f"tracked {human_count(memory.tracked_peak, 'B')}"
+    ]
+    if sub.get("peak_rss_growth_bytes") is not None:
+        notes.append(
+            f"process: resident {human_count(sub.get('rss_bytes'), 'B')}, peak resident grew "
+            f"{human_count(sub['peak_rss_growth_bytes'], 'B')} during the step; page faults "
+            f"{sub.get('minor_faults')} minor, {sub.get('major_faults')} major"
+        )
+    if "device_utilisation" in sub:
+        notes.append(f"device memory used: {_percent(sub['device_utilisation'])} of capacity")
+    counters = sub.get("cache_counters")
+    if isinstance(counters, str):
+        notes.append(f"hardware cache counters: {counters}")
+    table.caption = "\n".join(notes)
+    layers = Table(title=f"batch {batch_size}: layers by bytes saved for backward", title_justify="left")
+    for name in ("layer", "parameters", "gradients", "outputs", "saved for backward"):
+        layers.add_column(name, justify="left" if name == "layer" else "right")
+    busiest = sorted(memory.layers.items(), key=lambda item: -item[1]["saved"])[:top]
+    for name, entry in busiest:
+        layers.add_row(
+            name,
+            human_count(entry["parameters"], "B"),
+            human_count(entry["gradients"], "B"),
+            human_count(entry["outputs"], "B"),
+            human_count(entry["saved"], "B"),
+        )
+    return [table, layers]
+
+
+def memory_scaling_table(fit: Any, limit: int | None, predicted: int | None, checked: Any = None) -> Table:
+    """Each category as fixed + per-sample bytes over the sweep, and the largest batch that fits."""
+    table = Table(title="memory against batch size: bytes = fixed + per sample x batch", title_justify="left")
+    for name in ("data structure", "fixed", "per sample", "fit error"):
+        table.add_column(name, justify="left" if name == "data structure" else "right")
+    for row in fit.to_dict("records"):
+        table.add_row(
+            row["category"],
+            human_count(row["fixed"], "B"),
+            human_count(row["per_sample"], "B"),
+            _percent(row["max_rel_error"]),
+        )
+    if limit is not None:
+        caption = f"largest batch within {human_count(limit, 'B')}: {predicted if predicted else 'none'}"
+        if checked is not None:
+            verdict = "within" if checked <= limit else "ABOVE"
+            caption += f"; ran it: peak {human_count(checked, 'B')} ({verdict} the limit)"
+        else:
+            caption += " (predicted, not run: pass --memory-limit to check a limit by running it)"
+        table.caption = caption
     return table

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from dnnperf.probes.layers import LayerProfile
+from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.stats import Samples
 
@@ -54,6 +55,8 @@ class Point:
     stages: StageBreakdown | None = None
     #: Per-operator, per-layer times of further instrumented steps, when layers were profiled.
     layers: LayerProfile | None = None
+    #: One more step's memory by data structure, when memory was profiled.
+    memory: StepMemory | None = None
 
     @property
     def step_time(self) -> Samples:
@@ -104,6 +107,7 @@ class RunRecord:
                     "summary": point.summary(),
                     **({"stages": point.stages.to_dict()} if point.stages is not None else {}),
                     **({"layers": point.layers.to_dict()} if point.layers is not None else {}),
+                    **({"memory": point.memory.to_dict()} if point.memory is not None else {}),
                 }
             )
         document = {
@@ -222,6 +226,7 @@ def _point_from_dict(data: Any, index: int) -> Point:
         batch_size=batch_size,
         stages=_stages_from_dict(data.get("stages"), len(step_s), where),
         layers=_layers_from_dict(data.get("layers"), where),
+        memory=_memory_from_dict(data.get("memory"), where),
         status=data["status"],
         warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s", positive=True),
         step_s=step_s,
@@ -261,13 +266,26 @@ def _layers_from_dict(data: Any, where: str) -> LayerProfile | None:
     if not isinstance(data.get("modules"), dict) or not isinstance(data.get("steps"), int):
         raise RecordError(f"{where} needs 'modules' (an object) and 'steps' (an integer)")
     steps = data["steps"]
+    op_steps = data.get("op_steps", steps)
+    if not isinstance(op_steps, int) or isinstance(op_steps, bool) or op_steps < 0:
+        raise RecordError(f"{where}.op_steps must be a non-negative integer")
+    layer_seconds = data.get("layer_seconds", {})
+    if not isinstance(layer_seconds, dict):
+        raise RecordError(f"{where}.layer_seconds is not an object")
+    for module, phases in layer_seconds.items():
+        for phase, values in phases.items() if isinstance(phases, dict) else [(None, None)]:
+            checked = _numbers(values, f"{where}.layer_seconds[{module!r}][{phase!r}]")
+            if len(checked) != steps or any(v < 0 for v in checked):
+                raise RecordError(f"{where}.layer_seconds[{module!r}] needs {steps} non-negative values")
     for index, op in enumerate(data["ops"]):
         here = f"{where}.ops[{index}]"
         if not isinstance(op, dict) or not all(isinstance(op.get(k), str) for k in ("module", "phase", "op")):
             raise RecordError(f"{here} needs string 'module', 'phase' and 'op'")
         seconds = _numbers(op.get("seconds"), f"{here}.seconds")
-        if len(seconds) != steps or any(v < 0 for v in seconds):
-            raise RecordError(f"{here}.seconds needs {steps} non-negative values, one per timed step")
+        if len(seconds) != op_steps or any(v < 0 for v in seconds):
+            raise RecordError(
+                f"{here}.seconds needs {op_steps} non-negative values, one per operator-timed step"
+            )
         for key in ("calls", "bytes_read", "bytes_written"):
             if not isinstance(op.get(key), (int, float)) or op[key] < 0:
                 raise RecordError(f"{here}.{key} must be a non-negative number")
@@ -283,6 +301,23 @@ def _layers_from_dict(data: Any, where: str) -> LayerProfile | None:
     except (KeyError, TypeError, ValueError) as error:
         raise RecordError(f"{where}: {error}") from None
     return profile
+
+
+def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
+    if data is None:
+        return None
+    where = f"{where}.memory"
+    if not isinstance(data, dict) or not isinstance(data.get("peak"), dict):
+        raise RecordError(f"{where} is not an object with a 'peak' by category")
+    for name, value in data["peak"].items():
+        if not isinstance(value, int) or isinstance(value, bool) or (value < 0 and name != "unattributed"):
+            raise RecordError(f"{where}.peak.{name} must be a byte count, got {value!r}")
+    if not isinstance(data.get("timeline"), list) or not isinstance(data.get("layers"), dict):
+        raise RecordError(f"{where} needs a 'timeline' list and a 'layers' object")
+    try:
+        return StepMemory.from_dict(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(f"{where}: {error}") from None
 
 
 def json_safe(value: Any) -> Any:

@@ -48,6 +48,10 @@ class Task(ABC):
     def step(self, batch: Batch, stages: Stages = no_stages) -> torch.Tensor:
         """Run one complete training step on a batch already on the device; return the detached loss."""
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer the task steps (WGAN-GP has two)."""
+        return [value for value in vars(self).values() if isinstance(value, torch.optim.Optimizer)]
+
 
 class SupervisedTask(Task):
     """The common case: loss = loss_fn(model, batch); backward; optimizer step."""

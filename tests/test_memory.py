@@ -1,0 +1,216 @@
+"""The memory profiler against analytic truths: parameters, gradients, optimizer states, input and
+saved activations of small models; the allocator's independent peak over the suite; the largest
+batch under a limit; vgg19's feature maps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import run_cli
+from dnnperf.analysis.memory import parse_bytes, predict_max_batch, scaling_fit
+from dnnperf.errors import UsageError
+from dnnperf.probes.memory import MemoryTracker, StepMemory
+from dnnperf.results.record import RecordError, RunRecord
+from dnnperf.results.store import RunStore
+from dnnperf.runner import BenchSettings, bench
+from dnnperf.workloads import all_workloads
+
+FLOAT = 4
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def nbytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def tracked_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict) -> StepMemory:
+    def step() -> None:
+        loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the first step creates the optimizer's state
+    tracker = MemoryTracker(model, [optimizer], batch)
+    with tracker:
+        with tracker("forward"):
+            loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        with tracker("backward"):
+            loss.backward()
+        with tracker("update"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return tracker.result()
+
+
+@pytest.mark.parametrize(
+    ("make_optimizer", "state_per_parameter"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1), 0),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 1),  # the momentum buffer
+        (lambda p: torch.optim.Adam(p, lr=1e-3), 2),  # exp_avg and exp_avg_sq
+    ],
+)
+def test_categories_equal_their_analytic_sizes(make_optimizer, state_per_parameter):
+    model = mlp()
+    optimizer = make_optimizer(model.parameters())
+    batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    memory = tracked_step(model, optimizer, batch)
+    params = nbytes(model)
+    assert params == (16 * 32 + 32 + 32 * 4 + 4) * FLOAT
+    assert memory.category_max["parameters"] == params
+    assert memory.category_max["gradients"] == params  # every parameter's gradient, at the update
+    assert memory.category_max["optimizer_state"] == state_per_parameter * params
+    assert memory.category_max["input"] == (8 * 16 + 8 * 4) * FLOAT
+    # Saved for backward and not a parameter or the input: the ReLU's output (the second Linear saves
+    # the same storage; counted once) and the model's output, which the MSE loss saves.
+    assert memory.category_max["activations"] == 8 * 32 * FLOAT + 8 * 4 * FLOAT
+    assert (
+        memory.layers["1"]["saved"] == 8 * 32 * FLOAT
+        and memory.layers["0"]["parameters"] == (16 * 32 + 32) * FLOAT
+    )
+    assert memory.layers["2"]["outputs"] == 8 * 4 * FLOAT
+    # The allocator saw the same peak, independently.
+    assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
+
+
+def test_the_timeline_has_stages_and_the_peak_is_placed():
+    model = mlp()
+    memory = tracked_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    )
+    times = [t for t, _ in memory.timeline]
+    assert times == sorted(times) and times[-1] <= memory.wall_s
+    assert [name for _, name in memory.stages if name != "other"] == ["forward", "backward", "update"]
+    assert memory.peak_phase in ("forward", "backward", "update")
+    assert 0 <= memory.peak_at_s <= memory.wall_s
+    at_peak = max(memory.timeline, key=lambda item: sum(item[1].values()))[1]
+    assert sum(at_peak.values()) == memory.tracked_peak
+
+
+def test_hooks_perf_and_files_are_gone_also_on_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    tracker = MemoryTracker(model, [optimizer], batch)
+    with pytest.raises(ValueError, match="boom"), tracker:
+        model(batch["x"]).sum().backward()
+        raise ValueError("boom")
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    model(batch["x"]).sum().backward()  # would fail if a stale pack hook referenced the dead tracker
+    assert tracker._counters._process is None and tracker._allocator._profiler is None
+    with MemoryTracker(model, [optimizer], batch):
+        model(batch["x"]).sum().backward()
+    assert not list(tmp_path.iterdir())  # the profiler's trace was removed
+
+
+def test_the_private_storage_api_still_behaves():
+    """Fails when torch changes the weak storage references the tracker relies on."""
+    x = torch.randn(10)
+    weak = torch.UntypedStorage._weak_ref(x.untyped_storage())
+    assert not torch.UntypedStorage._expired(weak)
+    del x
+    assert torch.UntypedStorage._expired(weak)
+    torch.UntypedStorage._free_weak_ref(weak)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [w.name for w in all_workloads()])
+def test_the_unattributed_residual_is_small_on_every_workload(name, tmp_path):
+    record = bench(BenchSettings(name, steps=1, warmup=1, memory=True), RunStore(tmp_path))
+    memory = record.points[0].memory
+    assert memory.measured_by.startswith("torch CPU allocator")
+    assert memory.measured_peak == sum(memory.peak.values())  # every allocated byte in a category
+    assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
+    assert memory.category_max["parameters"] > 0 and memory.tracked_peak > 0
+    assert isinstance(memory.subsystem["cache_counters"], (dict, str))
+
+
+def test_the_largest_batch_under_a_limit_fits_and_the_next_does_not(tmp_path):
+    sweep = (2, 4, 8, 16)
+    record = bench(
+        BenchSettings("basic_cnn", batch_sizes=sweep, steps=1, warmup=1, memory=True), RunStore(tmp_path)
+    )
+    points = [(p.batch_size, p.memory) for p in record.points]
+    fit = scaling_fit(points).set_index("category")
+    assert fit.loc["peak", "max_rel_error"] < 0.05  # linear in batch size
+    peaks = {b: m.measured_peak for b, m in points}
+    limit = (peaks[8] + peaks[16]) // 2  # an artificial limit between two sweep points
+    predicted = predict_max_batch(points, limit)
+    assert 8 <= predicted < 16
+    check = bench(
+        BenchSettings("basic_cnn", batch_sizes=(predicted,), steps=1, warmup=1, memory=True),
+        RunStore(tmp_path),
+    )
+    assert check.points[0].memory.measured_peak <= limit < peaks[16]
+
+
+@pytest.mark.slow
+def test_vgg19_feature_maps_are_the_largest_category_and_grow_linearly(tmp_path):
+    record = bench(
+        BenchSettings("vgg19", preset="small", batch_sizes=(8, 16, 32), steps=1, warmup=1, memory=True),
+        RunStore(tmp_path),
+    )
+    points = [(p.batch_size, p.memory) for p in record.points]
+    fit = scaling_fit(points).set_index("category")
+    assert fit.loc["activations", "max_rel_error"] < 0.05 and fit.loc["activations", "per_sample"] > 0
+    biggest = points[-1][1].category_max
+    assert max(biggest, key=biggest.get) == "activations"
+
+
+def test_memory_records_round_trip_and_are_validated(tmp_path):
+    record = bench(BenchSettings("basic_cnn", steps=1, warmup=0, memory=True), RunStore(tmp_path))
+    document = json.loads(json.dumps(record.to_dict()))
+    again = RunRecord.from_dict(document)
+    assert again.points[0].memory.to_dict() == record.points[0].memory.to_dict()
+    document["points"][0]["memory"]["peak"]["activations"] = -5
+    with pytest.raises(RecordError, match="byte count"):
+        RunRecord.from_dict(document)
+
+
+def test_sizes_and_cli_errors():
+    assert (
+        parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("512MB") == 512 * 10**6 and parse_bytes("100") == 100
+    )
+    for bad in ("lots", "-1GB", "0", "5 parsecs"):
+        with pytest.raises(UsageError):
+            parse_bytes(bad)
+    result = run_cli("profile", "basic_cnn", "--memory-limit", "1GiB")
+    assert (
+        result.returncode == 2 and "--sweep" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    )
+    result = run_cli("profile", "basic_cnn", "--memory-limit", "a lot", "--sweep", "2,4")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_memory_profile_with_a_limit(tmp_path):
+    result = run_cli(
+        "profile",
+        "basic_cnn",
+        "--memory",
+        "--sweep",
+        "2,4,8",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--memory-limit",
+        "4MB",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    scaling = document["memory_scaling"]
+    assert scaling["predicted"] > 8 and scaling["checked_peak"] <= parse_bytes("4MB")
+    assert {row["category"] for row in scaling["fit"]} >= {"activations", "peak"}
+    text = run_cli("profile", "basic_cnn", "--memory", "--steps", "1", "--warmup", "0")
+    assert text.returncode == 0 and "activations" in text.stdout and "saved for backward" in text.stdout
