@@ -277,3 +277,25 @@ def test_layers_on_cuda_are_timed_with_events_and_attributed(tmp_path):
     assert table.loc[("stem.conv1", "forward"), "time_s"] > 0
     assert table.loc[("stem.conv1", "forward"), "library"] in ("cuDNN", "native")
     assert table.loc[("fc", "forward"), "library"] == "cuBLAS"
+
+
+def test_glue_between_layers_is_the_parents_not_the_next_layers(known_delay):
+    """The parent's own operators before a child runs (here a spin between two Linears) have
+    autograd nodes the child's backward walk must not take: they are the parent's."""
+    _delays["forward"] = known_delay(FORWARD_DELAY_S)
+    _delays["backward"] = known_delay(BACKWARD_DELAY_S)
+
+    class Parent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(16, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.second(spin(self.first(x), "forward"))
+
+    profile = profile_loop(Parent())
+    times = layers.layer_times(profile)
+    truth = statistics.median(_delays["backward"].per_step(profile.steps))
+    assert times[("(root)", "backward")].min() >= truth
+    assert times[("second", "backward")].max() < 0.5 * truth
+    assert times[("(root)", "forward")].min() >= statistics.median(_delays["forward"].per_step(profile.steps))

@@ -62,7 +62,11 @@ def _per_step(seconds: Iterable[list[float]], steps: int) -> np.ndarray:
 def _roofline(frame: pd.DataFrame, hardware: HardwareProfile | None) -> pd.DataFrame:
     """Add intensity, achieved FLOP/s, and (with hardware) peak, efficiency, attainable and bound."""
     frame["intensity"] = frame["flops"] / frame["bytes"].where(frame["bytes"] > 0)
-    frame["achieved_flops"] = frame["flops"] / frame["time_s"].where(frame["time_s"] > 0)
+    # FLOP/s from the same operators the FLOPs were counted on: their own time in the operator-timed
+    # steps. A layer's hook time also holds its Python and autograd bookkeeping, and a container's
+    # nodes are attributed by a different walk than its operators: dividing one by the other mixes.
+    seconds = frame["op_time_s"] if "op_time_s" in frame else frame["time_s"]
+    frame["achieved_flops"] = frame["flops"] / seconds.where(seconds > 0)
     peaks, ridges = [], []
     for dtype in frame["dtype"]:
         try:

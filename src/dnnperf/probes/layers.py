@@ -351,16 +351,19 @@ class LayerTimer:
     # -- forward --------------------------------------------------------------------------------------
 
     def _pre(self, module: nn.Module, args: Any) -> None:
-        if not self._stack:  # the outermost call: its inputs' nodes are not any layer's
-            self._boundary.update(id(t.grad_fn) for t in _tensor_leaves(args) if t.grad_fn is not None)
-        self._stack.append([self._names.get(id(module), type(module).__name__), self._now(), []])
+        # The nodes behind this call's inputs existed before it: its walk stops there (the outermost
+        # call's inputs' nodes are no layer's at all).
+        inputs = {id(t.grad_fn) for t in _tensor_leaves(args) if t.grad_fn is not None}
+        if not self._stack:
+            self._boundary.update(inputs)
+        self._stack.append([self._names.get(id(module), type(module).__name__), self._now(), [], inputs])
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         end = self._now()
         name = self._names.get(id(module), type(module).__name__)
         for i in range(len(self._stack) - 1, -1, -1):  # normally the last entry
             if self._stack[i][0] == name:
-                _, start, children = self._stack[i]
+                _, start, children, inputs = self._stack[i]
                 del self._stack[i:]
                 break
         else:
@@ -370,14 +373,14 @@ class LayerTimer:
         if self._stack:
             self._stack[-1][2].append((start, end))
         if torch.is_grad_enabled():
-            self._claim(output, name)
+            self._claim(output, name, inputs)
 
-    def _claim(self, output: Any, name: str) -> None:
+    def _claim(self, output: Any, name: str, inputs: set[int]) -> None:
         stack = [t.grad_fn for t in _tensor_leaves(output) if t.grad_fn is not None]
         while stack:
             node = stack.pop()
             key = id(node)
-            if key in self._claimed or key in self._boundary:
+            if key in self._claimed or key in self._boundary or key in inputs:
                 continue
             self._claimed[key] = node
             variable = getattr(node, "variable", None)

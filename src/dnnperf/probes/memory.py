@@ -31,6 +31,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections import deque
@@ -273,6 +274,21 @@ class AllocatorEvent:
     total: int  # bytes allocated after this event
 
 
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 around the profiler's start and stop, where kineto prints a line each
+    ("profiler_start", "profiler_stop") that no setting turns off. Only around those calls."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class AllocatorEvents:
     """torch's CPU allocator over a block, as the profiler's memory events report it: every allocation
     and release with its address and the running total, buffers kernels allocate and free inside
@@ -286,14 +302,16 @@ class AllocatorEvents:
         from torch.profiler import ProfilerActivity, profile
 
         self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profiler.__enter__()
+        with _quiet_native_stderr():
+            self._profiler.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         profiler, self._profiler = self._profiler, None
         if profiler is None:
             return
-        profiler.__exit__(*exc)
+        with _quiet_native_stderr():
+            profiler.__exit__(*exc)
         if exc and exc[0] is not None:
             return
         with tempfile.TemporaryDirectory(prefix="dnnperf-memory-") as scratch:
