@@ -376,11 +376,18 @@ class LayerTimer:
             self._claim(output, name, inputs)
 
     def _claim(self, output: Any, name: str, inputs: set[int]) -> None:
+        # Walk the graph this call made, from its outputs back to its inputs' nodes, through its
+        # children's nodes (already theirs) to the nodes of its own code between them.
         stack = [t.grad_fn for t in _tensor_leaves(output) if t.grad_fn is not None]
+        visited: set[int] = set()
         while stack:
             node = stack.pop()
             key = id(node)
-            if key in self._claimed or key in self._boundary or key in inputs:
+            if key in visited or key in self._boundary or key in inputs:
+                continue
+            visited.add(key)
+            if key in self._claimed:
+                stack.extend(n for n, _ in node.next_functions if n is not None)
                 continue
             self._claimed[key] = node
             variable = getattr(node, "variable", None)
