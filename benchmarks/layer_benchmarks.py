@@ -24,7 +24,7 @@ from dnnperf import environment, hardware
 from dnnperf.analysis import layers
 from dnnperf.data.sources import MemorySource
 from dnnperf.probes.clock import StageClock
-from dnnperf.probes.layers import LayerTimer, with_outside_the_model
+from dnnperf.probes.layers import PROFILER, LayerTimer, with_outside_the_model
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench, timed_step
 from dnnperf.stats import Samples
@@ -69,7 +69,7 @@ def layer_overhead(name: str, pairs: int) -> dict:
                     table = with_outside_the_model(timer.take_step(), timing.stages)
                 timed.append(timing.wall_s)
                 for phase, sums in layer_sums.items():
-                    sums.append(sum(t.get(phase, 0.0) for t in table.values()))
+                    sums.append(sum(t.get(phase, 0.0) for name, t in table.items() if name != PROFILER))
     finally:
         plain_clock.close()
         timed_clock.close()

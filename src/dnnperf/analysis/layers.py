@@ -16,7 +16,7 @@ import pandas as pd
 
 from dnnperf.analysis.opcount import FREE_FAMILIES
 from dnnperf.hardware import HardwareProfile, NotMeasuredError
-from dnnperf.probes.layers import CATEGORIES, LayerProfile
+from dnnperf.probes.layers import CATEGORIES, PROFILER, LayerProfile
 
 LAYER_PHASES = ("forward", "backward")
 #: Families whose operators do a layer's heavy arithmetic: the library that ran them is the layer's.
@@ -255,7 +255,8 @@ def coverage(profile: LayerProfile, phases: Sequence[str] = (*LAYER_PHASES, "upd
 def closure(profile: LayerProfile, stage_s: Mapping[str, float]) -> pd.DataFrame:
     """Per phase: the stage's measured median time (from uninstrumented steps), the sum of its layers'
     times (median over the layer-timed steps; for the update, its operators'), and the remainder no
-    layer accounts for: the loss and other work outside the model, autograd's engine between nodes."""
+    layer accounts for: the loss and other work outside the model, autograd's engine between nodes.
+    The layer timer's own work (``(profiler)``) is left out: a plain step has none."""
     ops = op_frame(profile)
     times = layer_times(profile, (*LAYER_PHASES, "update"))
     rows = []
@@ -263,7 +264,9 @@ def closure(profile: LayerProfile, stage_s: Mapping[str, float]) -> pd.DataFrame
         if phase not in stage_s:
             continue
         if profile.steps and phase in LAYER_PHASES:
-            per_step = sum((v for (_, p), v in times.items() if p == phase), np.zeros(profile.steps))
+            per_step = sum(
+                (v for (m, p), v in times.items() if p == phase and m != PROFILER), np.zeros(profile.steps)
+            )
         else:  # the update is no layer's: its operators
             per_step = _per_step(ops.loc[ops["phase"] == phase, "seconds"], profile.op_steps)
         layers = float(np.median(per_step))

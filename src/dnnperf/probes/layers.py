@@ -198,6 +198,10 @@ class LayerProfile:
         )
 
 
+#: The layer timer's own forward work (finding each call's autograd nodes), timed apart: not a layer.
+PROFILER = "(profiler)"
+
+
 def describe_modules(model: nn.Module) -> dict[str, ModuleInfo]:
     """Every module by qualified name (the model itself as ``(root)``), plus the pseudo-modules the
     counter books work under that no module did."""
@@ -206,6 +210,7 @@ def describe_modules(model: nn.Module) -> dict[str, ModuleInfo]:
         modules.setdefault(name or ROOT_MODULE, ModuleInfo(type(module).__name__, layer_category(module)))
     modules[NO_MODULE] = ModuleInfo("(outside the model)", "other")
     modules[UNATTRIBUTED] = ModuleInfo("(unattributed backward)", "other")
+    modules[PROFILER] = ModuleInfo("(dnnperf's layer hooks)", "other")
     return modules
 
 
@@ -314,6 +319,7 @@ class LayerTimer:
         self._forward: dict[str, Any] = {}
         self._backward: dict[str, Any] = {}
         self._events: list[Any] = []
+        self._overhead = 0.0
 
     def _now(self) -> Any:
         if self._cuda:
@@ -347,6 +353,7 @@ class LayerTimer:
         self._boundary.clear()
         self._node_start.clear()
         self._forward, self._backward = {}, {}
+        self._overhead = 0.0
 
     # -- forward --------------------------------------------------------------------------------------
 
@@ -372,8 +379,18 @@ class LayerTimer:
         self._forward.setdefault(name, []).append((start, end, children))
         if self._stack:
             self._stack[-1][2].append((start, end))
-        if torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            return
+        if self._cuda:  # host work: it delays launches, not the GPU's timeline the events measure
             self._claim(output, name, inputs)
+            return
+        # The walk is this profiler's own work, not the parent's: timed apart and taken out of it.
+        walk_start = time.perf_counter()
+        self._claim(output, name, inputs)
+        walk_end = time.perf_counter()
+        self._overhead += walk_end - walk_start
+        if self._stack:
+            self._stack[-1][2].append((walk_start, walk_end))
 
     def _claim(self, output: Any, name: str, inputs: set[int]) -> None:
         # Walk the graph this call made, from its outputs back to its inputs' nodes, through its
@@ -433,6 +450,8 @@ class LayerTimer:
             result.setdefault(name, {})["forward"] = max(own, 0.0)
         for name, spans in self._backward.items():
             result.setdefault(name, {})["backward"] = sum(self._elapsed(a, b) for a, b in spans)
+        if self._overhead:
+            result[PROFILER] = {"forward": self._overhead}
         self._reset()
         return result
 
