@@ -137,6 +137,9 @@ def main() -> None:
         f"{machine['cores_usable']} usable cores, {machine['memory_bytes'] / 2**30:.0f} GiB, {gpus}; "
         f"torch {software['torch']} ({software['torch_threads']} threads), Python {software['python']}.",
         "",
+        "The layer profiler and calibration: [benchmarks-layers.md](benchmarks-layers.md); the memory",
+        "profiler: [benchmarks-memory.md](benchmarks-memory.md).",
+        "",
         f"## Tiny presets: step time (target under {TINY_TARGET_S} s)",
         "",
         f"Median and p10-p90 over {args.steps} measured steps after 3 warm-up steps, default batch size, "

@@ -49,14 +49,17 @@ class KnownDelay:
     it that no log would show. The log is a file so calls made in DataLoader workers count too.
     """
 
-    def __init__(self, seconds: float, log: Path):
-        self.seconds, self.log = seconds, log
+    def __init__(self, seconds: float, log: Path, spin: bool = True):
+        self.seconds, self.log, self.spin = seconds, log, spin
         log.unlink(missing_ok=True)
 
     def __call__(self, *_args: object) -> None:
         start = time.perf_counter()
-        while time.perf_counter() - start < self.seconds:
-            pass
+        if self.spin:
+            while time.perf_counter() - start < self.seconds:
+                pass
+        else:  # for a DataLoader worker: a spinning worker would compete with training for a core
+            time.sleep(self.seconds)
         elapsed = time.perf_counter() - start
         with open(self.log, "a") as out:
             out.write(f"{elapsed!r}\n")
@@ -81,4 +84,4 @@ class KnownDelay:
 def known_delay(tmp_path: Path):
     """Make KnownDelay objects logging under this test's temporary directory."""
     counter = iter(range(1_000_000))
-    return lambda seconds: KnownDelay(seconds, tmp_path / f"delay-{next(counter)}.log")
+    return lambda seconds, spin=True: KnownDelay(seconds, tmp_path / f"delay-{next(counter)}.log", spin)

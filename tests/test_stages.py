@@ -126,7 +126,7 @@ def test_an_injected_decode_delay_lands_in_preprocess(injected, known_delay, tmp
         return median(inline, "preprocess"), workers.summary()["worker"]["preprocess"]["median"]
 
     baseline_inline, baseline_worker = preprocess_times(None)  # the real decoding of two tiny JPEGs
-    delay = known_delay(DECODE_DELAY_S)
+    delay = known_delay(DECODE_DELAY_S, spin=False)
     inline, worker = preprocess_times("decode", delay)  # plus 2 samples x 25 ms
     assert len(delay.durations()) >= 2 * 2 * 9  # 2 samples x 9 steps, inline and in the worker
     assert inline - baseline_inline == pytest.approx(2 * delay.median(), rel=0.10)
