@@ -299,3 +299,10 @@ def test_glue_between_layers_is_the_parents_not_the_next_layers(known_delay):
     assert times[("(root)", "backward")].min() >= truth
     assert times[("second", "backward")].max() < 0.5 * truth
     assert times[("(root)", "forward")].min() >= statistics.median(_delays["forward"].per_step(profile.steps))
+
+
+def test_table_cells_from_missing_values_render():
+    """A DataFrame's missing values (NaN, None) reach rich as text, not floats (a demo run crashed)."""
+    from dnnperf.report.terminal import _text
+
+    assert _text(float("nan")) == "" and _text(None) == "" and _text("oneDNN") == "oneDNN"

@@ -62,7 +62,15 @@ def scaling_fit(points: Sequence[tuple[int, StepMemory]]) -> pd.DataFrame:
         per_sample, fixed = np.polyfit(x, y, 1)
         fitted = fixed + per_sample * x
         error = float(np.max(np.abs(fitted - y) / np.maximum(y, 1.0)))
-        rows.append({"category": column, "fixed": fixed, "per_sample": per_sample, "max_rel_error": error})
+        # Whole bytes: a least-squares fit of an exact constant leaves residues like 1e-10 B.
+        rows.append(
+            {
+                "category": column,
+                "fixed": round(fixed),
+                "per_sample": round(per_sample, 1),
+                "max_rel_error": error,
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -176,6 +176,13 @@ def hardware_table(profile: HardwareProfile) -> Table:
     return table
 
 
+def _text(value: Any) -> str:
+    """A table cell from a DataFrame value: missing (None, NaN) as empty, anything else as text."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return str(value)
+
+
 def _percent(value: Any) -> str:
     return "n/a" if value is None or value != value else f"{100 * value:.1f}%"
 
@@ -227,17 +234,19 @@ def layers_tables(
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in layer_rows.head(top).to_dict("records"):
         table.add_row(
-            row["module"],
-            row["type"],
-            row["phase"],
+            _text(row["module"]),
+            _text(row["type"]),
+            _text(row["phase"]),
             milliseconds(row["time_s"]),
             _percent(row["share"]),
             _rate(row["flops"], ""),
             _rate(row["achieved_flops"], ""),
             _percent(row["efficiency"]),
-            "n/a" if row["intensity"] != row["intensity"] else f"{row['intensity']:.1f}",
-            row["bound"] or "",
-            row["library"],
+            "n/a"
+            if not isinstance(row["intensity"], float) or row["intensity"] != row["intensity"]
+            else f"{row['intensity']:.1f}",
+            _text(row["bound"]),
+            _text(row["library"]),
         )
 
     categories = layers.category_table(profile, hardware)
@@ -246,13 +255,13 @@ def layers_tables(
         by_type.add_column(name, justify="left" if name in ("layer type", "phase", "library") else "right")
     for row in categories.to_dict("records"):
         by_type.add_row(
-            row["category"],
-            row["phase"],
+            _text(row["category"]),
+            _text(row["phase"]),
             milliseconds(row["time_s"]),
             _percent(row["share"]),
             _rate(row["achieved_flops"], ""),
             _percent(row["efficiency"]),
-            row["library"],
+            _text(row["library"]),
         )
     notes = []
     cover = layers.coverage(profile)
