@@ -201,18 +201,32 @@ def test_layer_categories():
     assert layer_category(nn.Sequential()) == "other"
 
 
+def _full_size_peaks() -> tuple[hardware.ComputeCurve, ...]:
+    plan = hardware._PLANS[("cpu", False)]
+    tracker = hardware._Tracker(None, 1.0)
+    return tuple(
+        hardware._measure_compute(op, "float32", torch.device("cpu"), plan, tracker, None)
+        for op in hardware.OPS
+    )
+
+
 @pytest.fixture(scope="module")
 def calibrated() -> hardware.HardwareProfile:
     """This process's machine: a quick profile with the full-size float32 compute peaks (the quick
     sizes are too small to be a peak), measured with this process's thread count."""
-    profile = hardware.calibrate("cpu", quick=True)
-    plan = hardware._PLANS[("cpu", False)]
-    tracker = hardware._Tracker(None, 1.0)
-    curves = tuple(
-        hardware._measure_compute(op, "float32", torch.device("cpu"), plan, tracker, None)
-        for op in hardware.OPS
-    )
-    return dataclasses.replace(profile, compute=curves)
+    return dataclasses.replace(hardware.calibrate("cpu", quick=True), compute=_full_size_peaks())
+
+
+def max_efficiency(profile, hw: hardware.HardwareProfile) -> float:
+    """The highest layer efficiency against ``hw``. A calibration made while the (shared) machine was
+    busier understates the peak: above 100%, the peaks are measured again now and the higher of each
+    pair is the peak, so a layer only fails against the best rate the machine has shown."""
+    best = layers.layer_table(profile, hw)["efficiency"].dropna().max()
+    if best <= 1.0:
+        return best
+    again = {(c.op, c.precision): c for c in _full_size_peaks()}
+    curves = tuple(max(c, again.get((c.op, c.precision), c), key=lambda x: x.peak) for c in hw.compute)
+    return layers.layer_table(profile, dataclasses.replace(hw, compute=curves))["efficiency"].dropna().max()
 
 
 def layered(name: str, preset: str, tmp_path, hw) -> RunRecord:
@@ -226,7 +240,7 @@ def test_no_layer_beats_the_calibrated_peak_and_formulas_cover_the_time(name, tm
     point = layered(name, "tiny", tmp_path, calibrated).points[0]
     profile = point.layers
     table = layers.layer_table(profile, profile.hardware_profile())
-    assert table["efficiency"].dropna().max() <= 1.0
+    assert max_efficiency(profile, profile.hardware_profile()) <= 1.0
     assert layers.coverage(profile)["covered_share"] >= 0.95
     assert (table["time_s"] >= 0).all() and table["flops"].notna().any()
 
@@ -235,8 +249,7 @@ def test_no_layer_beats_the_calibrated_peak_and_formulas_cover_the_time(name, tm
 @pytest.mark.parametrize("name", ["resnet18", "vgg16", "transformer"])
 def test_no_layer_beats_the_calibrated_peak_at_small(name, tmp_path, calibrated):
     profile = layered(name, "small", tmp_path, calibrated).points[0].layers
-    table = layers.layer_table(profile, calibrated)
-    assert table["efficiency"].dropna().max() <= 1.0
+    assert max_efficiency(profile, calibrated) <= 1.0
     assert layers.coverage(profile)["covered_share"] >= 0.95
 
 

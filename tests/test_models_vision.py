@@ -189,13 +189,15 @@ def test_tiny_loss_falls_on_fixed_batch(name: str) -> None:
     x = torch.randn(8, config.in_channels, config.image_size, config.image_size)
     y = torch.randint(0, config.num_classes, (8,))
     losses = []
-    for _ in range(8):
+    for _ in range(12):
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert losses[-1] < losses[0]
+    # Batch norm on 8 samples makes single steps jumpy (and the path depends on the CPU's kernels):
+    # judge the trend, the last four steps against the first.
+    assert sum(losses[-4:]) / 4 < losses[0]
 
 
 @pytest.mark.parametrize(
