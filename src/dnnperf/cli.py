@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-limit",
         help="predict the largest batch within this size (e.g. 8GiB) and run it to check (--sweep)",
     )
+    from dnnperf.distributed.command import add_arguments as distributed_arguments
+
+    distributed_arguments(profile, positive_int)
     profile.set_defaults(handler=cmd_profile)
 
     libcompare = commands.add_parser(
@@ -256,6 +259,10 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
 
     workload = get_workload(args.workload)
     workload.config(args.preset)  # validates the preset before anything else happens
+    from dnnperf.distributed import command as distributed
+
+    if distributed.wanted(args):
+        distributed.settings_from(args)  # refuse bad distributed options before anything else
     layers = getattr(args, "layers", False)
     memory = getattr(args, "memory", False) or getattr(args, "memory_limit", None) is not None
     limit = None
@@ -284,6 +291,8 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
         memory=memory,
     )
     store = RunStore(args.runs_dir)
+    if distributed.wanted(args):  # several ranks: launched here, or this process is one of them
+        return distributed.run(args, out, settings, store)
     sizes = batch_sizes or (workload.default_batch_size[args.preset],)
     total = len(sizes) * settings.steps_per_point
     with out.progress(f"{workload.name} ({args.preset})", total=total) as advance:
@@ -403,6 +412,11 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
                 out.print(table)
         if point.memory is not None:
             for table in memory_tables(point.batch_size, point.memory):
+                out.print(table)
+        if point.ranks is not None and point.ranks.steps:
+            from dnnperf.report.terminal import ranks_tables
+
+            for table in ranks_tables(point.batch_size, point.ranks):
                 out.print(table)
 
 
@@ -596,6 +610,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what ranks of a distributed run re-run
     handler: Callable[[argparse.Namespace, Output], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

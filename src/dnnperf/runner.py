@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -37,6 +37,17 @@ from dnnperf.workloads.base import Task, Workload, count_parameters
 
 #: Called after every step: (batch size, steps done at this batch size, steps in total at it).
 StepCallback = Callable[[int, int, int], None]
+
+
+class RunHooks(Protocol):
+    """How a distributed rank changes the loop (``distributed/worker.py``): it names the record, wraps
+    the task for its strategy, takes its share of the batches, and gathers every step on rank 0."""
+
+    def on_record(self, record: RunRecord) -> None: ...
+    def on_task(self, task: Task, workload: Workload) -> Task: ...
+    def on_source(self, source: BatchSource, batch_size: int) -> BatchSource: ...
+    def after_step(self, point: Point, loss: torch.Tensor | None, measured: bool) -> None: ...
+
 
 MAX_WORKERS = 64
 
@@ -114,6 +125,7 @@ def bench(
     command: Sequence[str] = (),
     on_step: StepCallback | None = None,
     checkpoint_s: float = 1.0,
+    hooks: RunHooks | None = None,
 ) -> RunRecord:
     """Train and time ``settings.steps`` steps at each batch size; return (and store) the record.
 
@@ -146,13 +158,15 @@ def bench(
         environment=environment.describe(),
         pid=os.getpid(),
     )
+    if hooks is not None:
+        hooks.on_record(record)
     saver = _Saver(store, record, checkpoint_s)
     saver.save()
     try:
         for batch_size in batch_sizes:
             point = Point(batch_size=batch_size)
             record.points.append(point)
-            _measure_point(workload, settings, device, point, saver, on_step)
+            _measure_point(workload, settings, device, point, saver, on_step, hooks)
         record.status = "complete"
     except KeyboardInterrupt as interrupt:
         record.status = "partial"
@@ -181,12 +195,15 @@ def _measure_point(
     point: Point,
     saver: _Saver,
     on_step: StepCallback | None,
+    hooks: RunHooks | None = None,
 ) -> None:
     task = source = None
     try:
         with _on_device(device):
             torch.manual_seed(settings.seed)
             task = workload.build(settings.preset, device)
+            if hooks is not None:
+                task = hooks.on_task(task, workload)
             source = open_source(
                 workload.data(settings.preset),
                 settings.data,
@@ -197,8 +214,10 @@ def _measure_point(
                 min_samples=DISK_SAMPLES.get(settings.preset, 64),
                 pin=device.type == "cuda",
             )
+            if hooks is not None:
+                source = hooks.on_source(source, point.batch_size)
             synchronize(device)  # model initialisation runs asynchronously on a GPU: keep it out of step 1
-            _train_steps(task, source, device, settings, point, saver, on_step)
+            _train_steps(task, source, device, settings, point, saver, on_step, hooks)
         point.status = "complete"
     except KeyboardInterrupt:
         point.status = "partial"
@@ -229,6 +248,7 @@ def _train_steps(
     point: Point,
     saver: _Saver,
     on_step: StepCallback | None,
+    hooks: RunHooks | None = None,
 ) -> None:
     """The timed loop. Its own function so that the last batch and loss are freed when it returns."""
     profile_stages = settings.stages or settings.layers
@@ -250,6 +270,8 @@ def _train_steps(
             if measured and point.stages is not None:
                 point.stages.add(timing, point.batch_size, data_times)
                 point.stages.cpu = cpu.read()
+            if hooks is not None:
+                hooks.after_step(point, loss, measured)
             if on_step is not None:
                 on_step(point.batch_size, index + 1, settings.steps_per_point)
             saver.maybe_save()

@@ -408,3 +408,50 @@ def memory_scaling_table(fit: Any, limit: int | None, predicted: int | None, che
             caption += " (predicted, not run: pass --memory-limit to check a limit by running it)"
         table.caption = caption
     return table
+
+
+def ranks_tables(batch_size: int, ranks: Any) -> list[Table]:
+    """A distributed point: every rank's stages side by side with the slowest rank and the imbalance,
+    then (dp) each gradient bucket's allreduce."""
+    from dnnperf.distributed.ranks import bucket_table, rank_balance, rank_medians
+
+    medians, balance = rank_medians(ranks), rank_balance(ranks)
+    slowest = int(balance.index[balance["slowest"]][0])
+    imbalance = float(balance["excess"].max())
+    table = Table(
+        title=(
+            f"batch {batch_size}: {ranks.strategy} over {ranks.world_size} ranks ({ranks.backend}, "
+            f"{ranks.timing}), median ms per step; slowest rank {slowest}, imbalance {100 * imbalance:.1f}%"
+        ),
+        title_justify="left",
+    )
+    table.add_column("")
+    for rank in medians.columns:
+        table.add_column(f"rank {rank}" + (" (slowest)" if rank == slowest else ""), justify="right")
+    table.add_column("max - min", justify="right")
+    for name, row in medians.iterrows():
+        table.add_row(str(name), *(milliseconds(v) for v in row), milliseconds(row.max() - row.min()))
+    table.caption = (
+        "busy: time the rank worked rather than waited for others (the task's compute, else the step less "
+        "the exposed exchange); imbalance: slowest busy / mean busy - 1."
+    )
+    tables = [table]
+    buckets = bucket_table(ranks)
+    if len(buckets):
+        bucket = Table(
+            title=f"batch {batch_size}: gradient buckets, allreduce launch to completion",
+            title_justify="left",
+        )
+        for name in buckets.columns:
+            bucket.add_column(name, justify="right")
+        for _, row in buckets.iterrows():
+            bucket.add_row(
+                *(
+                    milliseconds(v) + " ms"
+                    if str(k).endswith(" s")
+                    else human_count(v, "B" if k == "bytes" else "")
+                    for k, v in row.items()
+                )
+            )
+        tables.append(bucket)
+    return tables

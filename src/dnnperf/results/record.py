@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import StageBreakdown
@@ -57,6 +58,8 @@ class Point:
     layers: LayerProfile | None = None
     #: One more step's memory by data structure, when memory was profiled.
     memory: StepMemory | None = None
+    #: Distributed runs: every rank's measured steps, gathered on rank 0 (the fields above are rank 0's).
+    ranks: RankBreakdown | None = None
 
     @property
     def step_time(self) -> Samples:
@@ -108,6 +111,7 @@ class RunRecord:
                     **({"stages": point.stages.to_dict()} if point.stages is not None else {}),
                     **({"layers": point.layers.to_dict()} if point.layers is not None else {}),
                     **({"memory": point.memory.to_dict()} if point.memory is not None else {}),
+                    **({"ranks": point.ranks.to_dict()} if point.ranks is not None else {}),
                 }
             )
         document = {
@@ -227,6 +231,7 @@ def _point_from_dict(data: Any, index: int) -> Point:
         stages=_stages_from_dict(data.get("stages"), len(step_s), where),
         layers=_layers_from_dict(data.get("layers"), where),
         memory=_memory_from_dict(data.get("memory"), where),
+        ranks=_ranks_from_dict(data.get("ranks"), len(step_s), where),
         status=data["status"],
         warmup_s=_numbers(data.get("warmup_s", []), f"{where}.warmup_s", positive=True),
         step_s=step_s,
@@ -318,6 +323,15 @@ def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
         return StepMemory.from_dict(data)
     except (KeyError, TypeError, ValueError) as error:
         raise RecordError(f"{where}: {error}") from None
+
+
+def _ranks_from_dict(data: Any, steps: int, where: str) -> RankBreakdown | None:
+    if data is None:
+        return None
+    try:
+        return RankBreakdown.from_dict(data, steps)
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(f"{where}.ranks: {error}") from None
 
 
 def json_safe(value: Any) -> Any:

@@ -1,0 +1,169 @@
+"""``dnnperf profile W --nproc N --strategy dp|pp|tp``: the command-line side of distributed runs.
+
+Without RANK/WORLD_SIZE in the environment the command launches the ranks (``launch.py``) and prints
+what rank 0 recorded; under torchrun (ours or the user's, across machines) it runs as one rank."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from dnnperf.distributed import DEFAULT_TIMEOUT_S, SCHEDULES, STRATEGIES, DistributedSettings
+from dnnperf.errors import UsageError
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return _positive_float(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
+    """The distributed options of ``dnnperf profile``."""
+    group = parser.add_argument_group("distributed training (see docs/distributed.md)")
+    group.add_argument("--nproc", type=positive_int, help="launch this many ranks on this machine (torchrun)")
+    group.add_argument("--strategy", choices=STRATEGIES, help="dp (DDP), pp (pipeline) or tp (tensor) (dp)")
+    group.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pp schedule (1f1b)")
+    group.add_argument("--microbatches", type=positive_int, default=4, help="pp micro-batches per step (4)")
+    group.add_argument("--rank-threads", type=positive_int, help="intra-op threads per rank (1 when shared)")
+    group.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds without progress after which a hung run is stopped ({DEFAULT_TIMEOUT_S:g})",
+    )
+    group.add_argument("--bucket-cap-mb", type=_positive_float, default=25.0, help="dp bucket size (25)")
+    group.add_argument("--netns", action="store_true", help="each rank in its own network namespace (root)")
+    group.add_argument("--link-mbit", type=_positive_float, help="--netns: link bandwidth in Mbit/s")
+    group.add_argument("--link-delay-ms", type=_non_negative_float, default=0.0, help="--netns: link delay")
+    group.add_argument("--save-params", type=Path, help="dp: write the trained parameters to this .npz")
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Is this a distributed run (asked for, or started as a rank by torchrun)?"""
+    from dnnperf.distributed.worker import in_torchrun
+
+    return (
+        getattr(args, "strategy", None) is not None
+        or getattr(args, "nproc", None) is not None
+        or (hasattr(args, "strategy") and in_torchrun())
+    )
+
+
+def settings_from(args: argparse.Namespace) -> DistributedSettings:
+    """The distributed settings, checked; a UsageError names what is wrong."""
+    if getattr(args, "layers", False) or getattr(args, "memory", False) or args.memory_limit is not None:
+        raise UsageError("--layers and --memory are not available with distributed runs yet")
+    if not args.netns and (args.link_mbit is not None or args.link_delay_ms):
+        raise UsageError("--link-mbit and --link-delay-ms shape the link between namespaces: add --netns")
+    strategy = args.strategy or "dp"
+    if args.save_params is not None and strategy != "dp":
+        raise UsageError("--save-params writes a dp replica's parameters; pp and tp split them over ranks")
+    if args.save_params is not None and not args.save_params.parent.is_dir():
+        raise UsageError(
+            f"--save-params {args.save_params}: directory {args.save_params.parent} does not exist"
+        )
+    return DistributedSettings(
+        strategy=strategy,
+        nproc=args.nproc,
+        schedule=args.schedule,
+        microbatches=args.microbatches,
+        rank_threads=args.rank_threads,
+        timeout_s=args.timeout,
+        bucket_cap_mb=args.bucket_cap_mb,
+        netns=args.netns,
+        link_mbit=args.link_mbit,
+        link_delay_ms=args.link_delay_ms,
+        save_params=args.save_params,
+    )
+
+
+def check_launch(config: DistributedSettings, settings: Any) -> None:
+    """What can be refused before any rank starts."""
+    from dnnperf.distributed.ddp import check_divisible, require_supervised
+    from dnnperf.distributed.worker import model_parallel_available
+    from dnnperf.workloads import get_workload
+
+    nproc = config.nproc or 2
+    if config.netns:
+        if os.geteuid() != 0:
+            raise UsageError("--netns needs root (it creates network namespaces and shapes links with tc)")
+        if nproc != 2:
+            raise UsageError(f"--netns joins exactly 2 ranks with one veth pair; got --nproc {nproc}")
+    workload = get_workload(settings.workload)
+    if config.strategy == "dp":
+        require_supervised(workload.build(settings.preset, "meta"), workload.name)
+        for size in settings.batch_sizes or (workload.default_batch_size[settings.preset],):
+            check_divisible(size, nproc)
+    elif not model_parallel_available(config.strategy):
+        raise UsageError(f"--strategy {config.strategy} is not available yet (its module is missing)")
+
+
+def run(args: argparse.Namespace, out: Any, settings: Any, store: Any) -> int:
+    """Launch the ranks, or be one; print and return the exit code like ``dnnperf profile``."""
+    from dnnperf.cli import EXIT_FAILED, command_line, print_record
+    from dnnperf.distributed import launch, worker
+    from dnnperf.results.record import new_run_id
+    from dnnperf.runner import RunFailed
+
+    config = settings_from(args)
+    steps_per_point = settings.warmup + settings.steps
+    if worker.in_torchrun():
+        quiet = worker.launched()
+        try:
+            record = worker.run_rank(settings, config, store, command=command_line())
+        except RunFailed as failure:
+            out.error(f"error: the run failed on rank {os.environ.get('RANK')}: {failure}")
+            return EXIT_FAILED
+        if record is not None and not quiet:
+            if args.json:
+                out.json({"record_path": str(store.path(record.id)), "record": record.to_dict()})
+            else:
+                print_record(record, out)
+                out.print(f"record: {store.path(record.id)}")
+        return 0
+    if config.nproc is None:
+        raise UsageError("--strategy needs --nproc N (or run the command under torchrun)")
+    check_launch(config, settings)
+    run_id = new_run_id(settings.workload, settings.preset)
+    sizes = settings.batch_sizes or (1,)
+    with out.progress(
+        f"{settings.workload} ({settings.preset}) on {config.nproc} ranks", len(sizes) * steps_per_point
+    ) as advance:
+        seen = [0]
+
+        def progress(step: int) -> None:
+            while seen[0] < step:
+                seen[0] += 1
+                advance()
+
+        outcome = launch.launch(args.argv, config, store, run_id, on_progress=progress)
+    record, path = outcome.record, store.path(run_id)
+    if outcome.fault is not None:
+        measured = sum(len(p.step_s) for p in record.points) if record is not None else 0
+        kept = f"{measured} measured steps kept in {path}" if record is not None else "no record was saved"
+        out.error(f"error: {outcome.fault.message}; {kept}; rank output in {outcome.log}")
+        if args.json and record is not None:
+            out.json({"record_path": str(path), "record": record.to_dict()})
+        return outcome.exit_code
+    if record is None:
+        out.error(f"error: the ranks ended without a record (see {outcome.log})")
+        return EXIT_FAILED
+    if args.json:
+        out.json({"record_path": str(path), "record": record.to_dict()})
+    else:
+        print_record(record, out)
+        out.print(f"record: {path}")
+    return 0

@@ -1,0 +1,333 @@
+"""Launching N ranks on this machine and watching them until they end.
+
+``dnnperf profile W --nproc N`` starts ``torchrun --standalone`` (or, with ``--netns``, one process
+per network namespace) running the same command as N ranks, then watches:
+
+- the ranks' heartbeats (``heartbeat.py``): a rank whose process is gone without a final state
+  crashed; a rank that reported an error failed; when no rank has made progress (a new step or
+  stage) for ``timeout_s``, the run hangs and the rank the others wait for is named;
+- after a fault, the job gets a few seconds to stop on its own (torchrun tears the ranks down), then
+  every process it started is killed (SIGKILL, by process id, also processes in other sessions:
+  torchrun starts each rank in its own), and the launcher waits for them.
+
+Rank 0 saves the record as it goes; the launcher marks it failed with the fault's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from dnnperf.distributed import DistributedSettings
+from dnnperf.distributed.heartbeat import FINAL_STATES, RUNNING_STATES, heartbeat_path
+from dnnperf.distributed.worker import ENV_LAUNCHED, ENV_RANK_DIR, ENV_RUN_ID
+from dnnperf.errors import UsageError
+from dnnperf.results.record import RunRecord
+from dnnperf.results.store import RunStore
+
+POLL_S = 0.1
+#: After a crash or failure, how long torchrun gets to tear the other ranks down before we kill them.
+GRACE_S = 5.0
+#: A heartbeat older than this means the rank's process is frozen (its heartbeat thread stopped).
+STALE_BEAT_S = 3.0
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Why a run stopped early: the rank at fault and a one-line explanation."""
+
+    rank: int
+    kind: str  # crashed | failed | hung | usage
+    message: str
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def read_states(directory: Path, world: int) -> dict[int, dict[str, Any]]:
+    """The ranks' latest heartbeats (ranks without a readable one are left out)."""
+    states = {}
+    for rank in range(world):
+        try:
+            states[rank] = json.loads(heartbeat_path(directory, rank).read_text())
+        except (OSError, ValueError):
+            continue
+    return states
+
+
+def diagnose(
+    states: dict[int, dict[str, Any]],
+    world: int,
+    now: float,
+    timeout_s: float,
+    started: float,
+    alive: Callable[[int], bool] = _alive,
+) -> Fault | None:
+    """The fault in a set of heartbeats, if any: a usage error, a rank that died without reporting,
+    the rank that failed first, or, when nobody has made progress for ``timeout_s``, the hung rank."""
+    for rank, state in sorted(states.items()):
+        if state["state"] == "usage":
+            return Fault(rank, "usage", state.get("error") or "bad input")
+    for rank, state in sorted(states.items()):
+        if state["state"] in RUNNING_STATES and not alive(state["pid"]):
+            return Fault(
+                rank,
+                "crashed",
+                f"rank {rank} died without reporting (killed by a signal or crashed hard) "
+                f"at step {state['step'] + 1}, in {state['stage']}",
+            )
+    failed = [(s["failed_at"], r) for r, s in states.items() if s["state"] == "failed"]
+    if failed:
+        rank = min(failed)[1]
+        state = states[rank]
+        return Fault(rank, "failed", f"rank {rank} failed at step {state['step'] + 1}: {state['error']}")
+    running = {r: s for r, s in states.items() if s["state"] in RUNNING_STATES}
+    missing = [r for r in range(world) if r not in states]
+    if not running and not missing:
+        return None
+    last = max([s["progress_at"] for s in running.values()] + ([started] if missing else []))
+    if now - last < timeout_s:
+        return None
+    if missing:
+        rank = missing[0]
+        return Fault(rank, "hung", f"rank {rank} never started (no heartbeat after {now - started:.0f} s)")
+    frozen = [r for r, s in running.items() if now - s["beat"] > STALE_BEAT_S]
+    rank = (
+        frozen[0] if frozen else min(running, key=lambda r: (running[r]["step"], running[r]["progress_at"]))
+    )
+    state = running[rank]
+    how = "stopped responding (its process is frozen)" if frozen else "made no progress"
+    return Fault(
+        rank,
+        "hung",
+        f"rank {rank} {how} for {now - state['progress_at']:.0f} s at step {state['step'] + 1}, "
+        f"in {state['stage']}; the other ranks were waiting for it (timeout {timeout_s:g} s)",
+    )
+
+
+class Job:
+    """The processes of a launch: the ones we started, and every process they start in turn."""
+
+    def __init__(self, processes: Sequence[subprocess.Popen]) -> None:
+        self.processes = list(processes)
+        self.known: dict[int, psutil.Process] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Remember every descendant now alive, so it can be killed even after its parent is gone."""
+        for popen in self.processes:
+            try:
+                root = psutil.Process(popen.pid)
+                for process in [root, *root.children(recursive=True)]:
+                    self.known.setdefault(process.pid, process)
+            except psutil.Error:
+                continue
+
+    def poll(self) -> int | None:
+        """None while any started process runs; then the first non-zero exit code, or 0."""
+        codes = [popen.poll() for popen in self.processes]
+        if any(code is None for code in codes):
+            return None
+        return next((code for code in codes if code), 0)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM the started processes, wait up to ``grace`` s, then SIGKILL everything left."""
+        self.refresh()
+        for popen in self.processes:
+            if popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    popen.terminate()
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.poll() is None:
+            time.sleep(POLL_S)
+        self.refresh()
+        survivors = [p for p in self.known.values() if _running(p)]
+        for process in survivors:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(survivors, timeout=10)
+        for popen in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=10)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants (a rank whose torchrun died) are re-parented to us, not to init, so they
+    stay in the tree we watch and kill. Linux only; elsewhere the remembered pids must do."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def rank_environment(run_id: str, rank_dir: Path, threads: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        ENV_RUN_ID: run_id,
+        ENV_RANK_DIR: str(rank_dir),
+        ENV_LAUNCHED: "1",
+        "OMP_NUM_THREADS": str(threads),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # an NCCL timeout tears the rank down instead of hanging
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        "-m",
+        "--",  # the end of torchrun's options: ours (--nproc...) must not be read as abbreviations of its
+        "dnnperf",
+        *argv,
+    ]
+
+
+@dataclass
+class Outcome:
+    """How a launch ended: the exit code the command should give, the record (if rank 0 saved one)
+    and the fault that stopped it, if any."""
+
+    exit_code: int
+    record: RunRecord | None
+    fault: Fault | None
+    log: Path | None
+
+
+@contextlib.contextmanager
+def _rank_dir() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="dnnperf-ranks-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def launch(
+    argv: Sequence[str],
+    config: DistributedSettings,
+    store: RunStore,
+    run_id: str,
+    *,
+    on_progress: Callable[[int], None] | None = None,
+) -> Outcome:
+    """Run ``dnnperf ARGV`` as ``config.nproc`` ranks on this machine and wait for the end."""
+    nproc = int(config.nproc or 1)
+    threads = config.rank_threads or 1
+    log = store.root / f"{run_id}.ranks.log"
+    become_subreaper()
+    with _rank_dir() as rank_dir, open(log, "wb") as output, contextlib.ExitStack() as stack:
+        env = rank_environment(run_id, rank_dir, threads)
+        if config.netns:
+            from dnnperf.distributed.netns import LinkShape, NetnsPair
+
+            pair = stack.enter_context(NetnsPair(LinkShape(config.link_mbit, config.link_delay_ms)))
+            commands = [
+                pair.rank_command(rank, [sys.executable, "-m", "dnnperf", *argv]) for rank in range(2)
+            ]
+            envs = [{**env, **pair.rank_environment(rank)} for rank in range(2)]
+        else:
+            commands, envs = [torchrun_command(nproc, argv)], [env]
+        started = time.time()
+        job = Job(
+            [
+                subprocess.Popen(cmd, env=e, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+                for cmd, e in zip(commands, envs, strict=True)
+            ]
+        )
+        fault = None
+        try:
+            fault = _watch(job, config, rank_dir, nproc, started, on_progress)
+        finally:
+            job.stop(grace=0.0 if fault is not None and fault.kind == "hung" else GRACE_S)
+        code = job.poll()
+        if fault is None and code:
+            fault = diagnose(read_states(rank_dir, nproc), nproc, time.time(), config.timeout_s, started)
+    return _conclude(store, run_id, code or 0, fault, log)
+
+
+def _watch(
+    job: Job,
+    config: DistributedSettings,
+    rank_dir: Path,
+    world: int,
+    started: float,
+    on_progress: Callable[[int], None] | None,
+) -> Fault | None:
+    """Poll until the job ends or a fault's grace period is over; the fault, if any."""
+    fault: Fault | None = None
+    deadline = None
+    while True:
+        job.refresh()
+        states = read_states(rank_dir, world)
+        if on_progress is not None and 0 in states:
+            on_progress(int(states[0]["step"]))
+        if job.poll() is not None:
+            return fault
+        now = time.time()
+        if fault is None:
+            fault = diagnose(states, world, now, config.timeout_s, started)
+            if fault is not None:
+                deadline = now + (0.0 if fault.kind == "hung" else GRACE_S)
+        if (
+            deadline is None
+            and len(states) == world
+            and all(s["state"] in FINAL_STATES for s in states.values())
+        ):
+            deadline = now + GRACE_S  # every rank has finished: give the processes a moment to exit
+        if deadline is not None and now >= deadline:
+            return fault
+        time.sleep(POLL_S)
+
+
+def _conclude(store: RunStore, run_id: str, code: int, fault: Fault | None, log: Path) -> Outcome:
+    """Load rank 0's record; after a fault, mark it failed with the fault's message (atomically)."""
+    record = None
+    if store.path(run_id).is_file():
+        record = store.load(run_id)
+    if fault is not None and fault.kind == "usage":
+        log.unlink(missing_ok=True)
+        if record is not None:
+            store.path(run_id).unlink(missing_ok=True)  # nothing was measured: bad input, not a run
+        raise UsageError(fault.message)
+    if fault is None and code == 0:
+        log.unlink(missing_ok=True)
+        return Outcome(0, record, None, None)
+    if fault is None:
+        fault = Fault(-1, "failed", f"the ranks exited with code {code}")
+    if record is not None:
+        record.status, record.error = "failed", fault.message
+        for point in record.points:
+            if point.status == "running":
+                point.status = "partial"
+        store.save(record)
+    return Outcome(1, record, fault, log)

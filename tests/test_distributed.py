@@ -1,0 +1,171 @@
+"""Distributed runs through the real command and launcher: dp equals single-process training on the
+combined batch, per-rank measurements reach one record, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tests.conftest import run_cli
+from tests.test_cli import assert_one_line_error
+
+from dnnperf import cli
+from dnnperf.data.sources import MemorySource
+from dnnperf.distributed.gather import decode, encode
+from dnnperf.distributed.ranks import RankBreakdown, bucket_table, rank_balance, rank_medians
+from dnnperf.distributed.worker import model_parallel_available
+from dnnperf.results.record import RecordError, RunRecord
+from dnnperf.workloads import get_workload
+from dnnperf.workloads.base import count_parameters
+
+STEPS, WARMUP, BATCH = 3, 2, 8
+
+
+def single_process(workload: str, steps: int, batch_size: int) -> tuple[dict[str, np.ndarray], list[float]]:
+    """The truth: the same workload trained in this process on the whole batch, as the runner seeds it."""
+    w = get_workload(workload)
+    torch.manual_seed(0)
+    task = w.build("tiny", "cpu")
+    source = MemorySource(w.data("tiny"), batch_size, seed=0)
+    losses = [float(task.step(next(source))) for _ in range(steps)]
+    return {n: p.detach().numpy().copy() for n, p in task.model.named_parameters()}, losses
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One 2-rank dp run of basic_cnn (no batch norm, no dropout: the combined batch is the truth)."""
+    root = tmp_path_factory.mktemp("dp")
+    params = root / "params.npz"
+    result = run_cli(
+        "profile", "basic_cnn", "--nproc", "2", "--strategy", "dp", "-b", str(BATCH),
+        "--steps", str(STEPS), "--warmup", str(WARMUP), "--save-params", str(params), "--json",
+        env={"DNNPERF_RUNS_DIR": str(root / "runs")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return {"document": json.loads(result.stdout), "params": params, "runs": root / "runs"}
+
+
+def test_dp_two_ranks_end_with_single_process_parameters(dp_run):
+    truth, losses = single_process("basic_cnn", WARMUP + STEPS, BATCH)
+    with np.load(dp_run["params"], allow_pickle=False) as saved:
+        assert sorted(saved.files) == sorted(truth)
+        for name, expected in truth.items():
+            np.testing.assert_allclose(saved[name], expected, rtol=1e-5, atol=1e-7, err_msg=name)
+    # The recorded dp loss (mean of the two shards' mean losses) is the combined batch's loss.
+    record = dp_run["document"]["record"]
+    np.testing.assert_allclose(record["points"][0]["loss"], losses, rtol=1e-5)
+
+
+def test_dp_record_has_every_rank_and_every_gradient_byte(dp_run):
+    record = RunRecord.from_dict(dp_run["document"]["record"])
+    assert record.status == "complete"
+    assert record.settings["distributed"]["world_size"] == 2
+    assert record.settings["distributed"]["batch"] == "global"
+    ranks = record.points[0].ranks
+    assert ranks is not None and ranks.world_size == 2 and ranks.steps == STEPS
+    assert len({rank.pid for rank in ranks.ranks}) == 2  # two processes reported
+    parameters = count_parameters(get_workload("basic_cnn").build("tiny", "meta").model)
+    for rank in ranks.ranks:
+        for step, wall in zip(rank.buckets, rank.wall_s, strict=True):
+            # every gradient element is exchanged once per step, as float32
+            assert sum(b["bytes"] for b in step) == 4 * parameters
+            assert all(0 < b["seconds"] < wall for b in step)
+        # the stages of each rank tile its step
+        for i, wall in enumerate(rank.wall_s):
+            assert sum(v[i] for v in rank.stages.values()) == pytest.approx(wall, rel=1e-6)
+        assert "exchange" in rank.stages
+    # rank 0's own numbers are the point's
+    assert ranks.ranks[0].wall_s == record.points[0].step_s
+
+
+def test_rank_analyses_against_hand_made_breakdown():
+    breakdown = RankBreakdown("dp", 2, "gloo")
+    for step in range(3):
+        breakdown.add_step(
+            [
+                {"wall_s": 1.0, "stages": {"forward": 0.4, "exchange": 0.5, "other": 0.1}, "buckets": [
+                    {"index": 0, "bytes": 100, "seconds": 0.2 + step}]},
+                {"wall_s": 1.0, "stages": {"forward": 0.8, "exchange": 0.1, "other": 0.1}, "buckets": [
+                    {"index": 0, "bytes": 100, "seconds": 0.3}]},
+            ]
+        )  # fmt: skip
+    medians = rank_medians(breakdown)
+    assert medians.loc["busy", 0] == pytest.approx(0.5) and medians.loc["busy", 1] == pytest.approx(0.9)
+    balance = rank_balance(breakdown)
+    assert bool(balance.loc[1, "slowest"]) and not bool(balance.loc[0, "slowest"])
+    assert balance.loc[1, "excess"] == pytest.approx(0.9 / 0.7 - 1)
+    buckets = bucket_table(breakdown)
+    assert buckets.loc[0, "rank 0 s"] == pytest.approx(1.2) and buckets.loc[0, "steps"] == 3
+
+
+def test_ranks_section_round_trip_and_validation(dp_run):
+    document = dp_run["document"]["record"]
+    again = RunRecord.from_dict(json.loads(json.dumps(document))).to_dict()
+    assert again["points"][0]["ranks"] == document["points"][0]["ranks"]
+    broken = json.loads(json.dumps(document))
+    broken["points"][0]["ranks"]["per_rank"][1]["wall_s"].pop()
+    with pytest.raises(RecordError, match=r"ranks: per_rank\[1\].wall_s needs 3 values"):
+        RunRecord.from_dict(broken)
+    broken = json.loads(json.dumps(document))
+    broken["points"][0]["ranks"]["per_rank"][0]["stages"]["forward"][0] = -1.0
+    with pytest.raises(RecordError, match="not a non-negative number"):
+        RunRecord.from_dict(broken)
+
+
+def test_json_bytes_round_trip():
+    document = {"rank": 1, "stages": {"forward": 0.25}, "name": "résumé ✓", "none": None}
+    tensor = encode(document)
+    assert tensor.dtype == torch.uint8
+    padded = torch.cat([tensor, torch.zeros(7, dtype=torch.uint8)])
+    assert decode(padded, tensor.numel()) == document
+    with pytest.raises(ValueError):
+        encode({"x": float("nan")})
+
+
+def test_show_prints_ranks_side_by_side(dp_run):
+    path = next(Path(dp_run["runs"]).glob("*.json"))
+    result = run_cli("show", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "dp over 2 ranks" in result.stdout and "slowest rank" in result.stdout
+    assert "gradient buckets" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("--nproc", "0"), ("--nproc", "positive integer")),
+        (("--nproc", "2", "--strategy", "zz"), ("--strategy", "invalid choice")),
+        (("--nproc", "2", "-b", "7"), ("global batch 7", "divisible by 2")),
+        (("--nproc", "2", "--link-mbit", "100"), ("--netns",)),
+        (("--nproc", "2", "--layers"), ("--layers",)),
+        (("--strategy", "dp"), ("--nproc",)),
+    ],
+)
+def test_bad_distributed_input_is_one_line(args, needles):
+    assert_one_line_error(run_cli("profile", "basic_cnn", *args), *needles)
+
+
+def test_dp_refuses_a_workload_with_its_own_step():
+    assert_one_line_error(run_cli("profile", "wgan_gp", "--nproc", "2"), "wgan_gp", "own step")
+
+
+def test_netns_without_root_is_one_line(monkeypatch, capsys):
+    # In-process: a non-root user cannot run this venv's interpreter here (it lives under /root).
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    code = cli.main(["profile", "basic_cnn", "--nproc", "2", "--netns"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip() == (
+        "dnnperf: error: --netns needs root (it creates network namespaces and shapes links with tc)"
+    )
+
+
+@pytest.mark.parametrize("strategy", ["pp", "tp"])
+def test_missing_model_parallel_strategy_is_one_line(strategy):
+    if model_parallel_available(strategy):
+        pytest.skip(f"{strategy} is available: its own CLI test covers it")
+    assert_one_line_error(run_cli("profile", "gpt2", "--nproc", "2", "--strategy", strategy), strategy)
