@@ -154,7 +154,8 @@ def run(args: argparse.Namespace, out: Any, settings: Any, store: Any) -> int:
     if outcome.fault is not None:
         measured = sum(len(p.step_s) for p in record.points) if record is not None else 0
         kept = f"{measured} measured steps kept in {path}" if record is not None else "no record was saved"
-        out.error(f"error: {outcome.fault.message}; {kept}; rank output in {outcome.log}")
+        what = "interrupted" if outcome.fault.kind == "interrupted" else f"error: {outcome.fault.message}"
+        out.error(f"{what}; {kept}; rank output in {outcome.log}")
         if args.json and record is not None:
             out.json({"record_path": str(path), "record": record.to_dict()})
         return outcome.exit_code

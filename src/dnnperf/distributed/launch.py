@@ -35,14 +35,18 @@ from dnnperf.distributed import DistributedSettings
 from dnnperf.distributed.heartbeat import FINAL_STATES, RUNNING_STATES, heartbeat_path
 from dnnperf.distributed.worker import ENV_LAUNCHED, ENV_RANK_DIR, ENV_RUN_ID
 from dnnperf.errors import UsageError
-from dnnperf.results.record import RunRecord
+from dnnperf.results.record import RunRecord, utc_now
 from dnnperf.results.store import RunStore
 
 POLL_S = 0.1
+EXIT_INTERRUPTED = 130
 #: After a crash or failure, how long torchrun gets to tear the other ranks down before we kill them.
 GRACE_S = 5.0
 #: A heartbeat older than this means the rank's process is frozen (its heartbeat thread stopped).
 STALE_BEAT_S = 3.0
+#: Before every rank has finished a step (imports, rendezvous, building the model) the timeout is
+#: at least this long.
+STARTUP_S = 60.0
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -95,6 +99,15 @@ def diagnose(
                 f"at step {state['step'] + 1}, in {state['stage']}",
             )
     failed = [(s["failed_at"], r) for r, s in states.items() if s["state"] == "failed"]
+    frozen = [r for r, s in states.items() if s["state"] in RUNNING_STATES and now - s["beat"] > STALE_BEAT_S]
+    if failed and frozen:  # the others' collectives timed out waiting for a frozen rank
+        rank = frozen[0]
+        return Fault(
+            rank,
+            "hung",
+            f"rank {rank} stopped responding (its process is frozen) at step {states[rank]['step'] + 1}; "
+            "the other ranks' collectives timed out waiting for it",
+        )
     if failed:
         rank = min(failed)[1]
         state = states[rank]
@@ -104,12 +117,12 @@ def diagnose(
     if not running and not missing:
         return None
     last = max([s["progress_at"] for s in running.values()] + ([started] if missing else []))
-    if now - last < timeout_s:
+    starting = missing or any(s["step"] == 0 for s in running.values())
+    if now - last < (max(timeout_s, STARTUP_S) if starting else timeout_s):
         return None
     if missing:
         rank = missing[0]
         return Fault(rank, "hung", f"rank {rank} never started (no heartbeat after {now - started:.0f} s)")
-    frozen = [r for r, s in running.items() if now - s["beat"] > STALE_BEAT_S]
     rank = (
         frozen[0] if frozen else min(running, key=lambda r: (running[r]["step"], running[r]["progress_at"]))
     )
@@ -267,6 +280,8 @@ def launch(
         fault = None
         try:
             fault = _watch(job, config, rank_dir, nproc, started, on_progress)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the ranks, keep what rank 0 saved
+            fault = Fault(-1, "interrupted", "interrupted")
         finally:
             job.stop(grace=0.0 if fault is not None and fault.kind == "hung" else GRACE_S)
         code = job.poll()
@@ -324,10 +339,12 @@ def _conclude(store: RunStore, run_id: str, code: int, fault: Fault | None, log:
         return Outcome(0, record, None, None)
     if fault is None:
         fault = Fault(-1, "failed", f"the ranks exited with code {code}")
+    interrupted = fault.kind == "interrupted"
     if record is not None:
-        record.status, record.error = "failed", fault.message
+        record.status, record.error = ("partial", None) if interrupted else ("failed", fault.message)
+        record.finished = record.finished or utc_now()
         for point in record.points:
             if point.status == "running":
                 point.status = "partial"
         store.save(record)
-    return Outcome(1, record, fault, log)
+    return Outcome(EXIT_INTERRUPTED if interrupted else 1, record, fault, log)

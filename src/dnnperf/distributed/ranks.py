@@ -108,7 +108,8 @@ class RankBreakdown:
 
     @classmethod
     def from_dict(cls, data: Any, steps: int) -> RankBreakdown:
-        """Validate and build; ValueError says what is wrong. ``steps``: the point's measured steps."""
+        """Validate and build; ValueError says what is wrong. ``steps``: the point's measured steps
+        (every rank has the same number of gathered steps, at most that many)."""
         if not isinstance(data, dict) or not isinstance(data.get("per_rank"), list):
             raise ValueError("not an object with a 'per_rank' list")
         world = data.get("world_size")
@@ -122,8 +123,12 @@ class RankBreakdown:
             backend=str(data.get("backend", "")),
             timing=str(data.get("timing", "host-clock")),
         )
+        # A step whose gathering failed (a rank died during it) is in the point's step_s but not here.
+        gathered = len(data["per_rank"][0].get("wall_s") or []) if data["per_rank"] else 0
+        if gathered > steps:
+            raise ValueError(f"per_rank holds {gathered} steps, more than the point's {steps} measured steps")
         for index, item in enumerate(data["per_rank"]):
-            breakdown.ranks.append(_rank_from_dict(item, index, steps))
+            breakdown.ranks.append(_rank_from_dict(item, index, gathered))
         return breakdown
 
 

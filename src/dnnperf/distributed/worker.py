@@ -256,7 +256,9 @@ def run_rank(
     try:
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
-            timeout=timedelta(seconds=config.timeout_s),
+            # Launched by us, the launcher's watchdog names a hung rank after timeout_s; the collectives'
+            # own timeout is the backstop. Under the user's torchrun it is the only guard.
+            timeout=timedelta(seconds=config.timeout_s * (2 if heartbeat is not None else 1)),
             device_id=device if device.type == "cuda" else None,
         )
         rank = dist.get_rank()
