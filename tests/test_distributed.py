@@ -111,6 +111,7 @@ def test_ranks_section_round_trip_and_validation(dp_run):
     with pytest.raises(RecordError, match=r"ranks: per_rank\[1\].wall_s needs 3 values"):
         RunRecord.from_dict(broken)
     broken = json.loads(json.dumps(document))
+    del broken["points"][0]["stages"]  # (its own check would refuse the shorter step_s first)
     broken["points"][0]["step_s"].pop()
     with pytest.raises(RecordError, match="more than the point's 2 measured steps"):
         RunRecord.from_dict(broken)
