@@ -23,7 +23,11 @@ demo: install
 	$(BIN)/dnnperf hw --show -q >/dev/null 2>&1 || $(BIN)/dnnperf hw
 	$(BIN)/dnnperf profile $(DEMO_WORKLOAD) --preset small --sweep 4,16,32 --steps 10 --warmup 3 --data disk --layers --memory
 
+# The report's browser test renders it in Debian's chromium: installed here when missing (quietly, once).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 test: install
+	@command -v chromium >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/python -m pytest -q
 
 bench: install

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-limit",
         help="predict the largest batch within this size (e.g. 8GiB) and run it to check (--sweep)",
     )
+    profile.add_argument(
+        "--no-report", action="store_true", help="do not write the HTML report beside the record"
+    )
     from dnnperf.distributed.command import add_arguments as distributed_arguments
 
     distributed_arguments(profile, positive_int)
@@ -184,6 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run", help="run id, unique id prefix, or path to a record file")
     _common(show, runs=True)
     show.set_defaults(handler=cmd_show)
+
+    report = commands.add_parser("report", help="write a run's self-contained HTML report (charts, tables)")
+    report.add_argument("run", help="run id, unique id prefix, or path to a record file")
+    report.add_argument("-o", "--output", type=Path, help="the HTML file (default: beside the record)")
+    _common(report, runs=True)
+    report.set_defaults(handler=cmd_report)
+
+    export = commands.add_parser("export", help="a run as a Chrome/Perfetto trace and as CSV tables")
+    export.add_argument("run", help="run id, unique id prefix, or path to a record file")
+    export.add_argument("--trace", type=Path, help="write the trace (Trace Event Format JSON) here")
+    export.add_argument("--csv", type=Path, help="write stages.csv and layers.csv into this directory")
+    _common(export, runs=True)
+    export.set_defaults(handler=cmd_export)
     return parser
 
 
@@ -317,8 +333,20 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
     scaling = (
         _memory_scaling(record, settings, limit, store, out) if memory and len(record.points) > 1 else None
     )
+    report = None
+    if stages and not getattr(args, "no_report", False):  # profile: the HTML report beside the record
+        from dnnperf.report.html import default_path
+
+        report = write_html_report(record, default_path(path), out)
     if args.json:
-        out.json({"record_path": str(path), "record": record.to_dict(), "memory_scaling": scaling})
+        out.json(
+            {
+                "record_path": str(path),
+                "record": record.to_dict(),
+                "memory_scaling": scaling,
+                "report_path": str(report) if report else None,
+            }
+        )
     else:
         print_record(record, out, top=getattr(args, "top", 15))
         if scaling is not None:
@@ -335,6 +363,8 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
                 )
             )
         out.print(f"record: {path}")
+        if report is not None:
+            out.print(f"report: {report}")
     return 0
 
 
@@ -536,6 +566,54 @@ def cmd_show(args: argparse.Namespace, out: Output) -> int:
         out.json(record.to_dict())
     else:
         print_record(record, out)
+    return 0
+
+
+def write_html_report(record: Any, path: Path, out: Output) -> Path:
+    from dnnperf.report.html import SECTIONS, write_report
+
+    with out.progress("writing the report", total=len(SECTIONS)) as advance:
+        return write_report(record, path, advance=advance)
+
+
+def cmd_report(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.report.html import default_path
+    from dnnperf.results.store import RunStore
+
+    store = RunStore(args.runs_dir, create=False)
+    record = store.load(args.run)
+    # Beside the record: the file given, else the record's file in the store.
+    source = Path(args.run) if os.sep in args.run or args.run.endswith(".json") else store.path(record.id)
+    path = write_html_report(record, args.output or default_path(source), out)
+    if args.json:
+        out.json({"report_path": str(path)})
+    else:
+        out.print(f"report: {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.report.export import write_csv
+    from dnnperf.report.trace import write_trace
+    from dnnperf.results.store import RunStore
+
+    if args.trace is None and args.csv is None:
+        raise UsageError("export needs --trace PATH and/or --csv DIR")
+    if args.trace is not None and not args.trace.parent.is_dir():
+        raise UsageError(f"--trace {args.trace}: {args.trace.parent} is not a directory")
+    if args.csv is not None and args.csv.exists() and not args.csv.is_dir():
+        raise UsageError(f"--csv {args.csv}: not a directory")
+    record = RunStore(args.runs_dir, create=False).load(args.run)
+    written = []
+    if args.trace is not None:
+        written.append(write_trace(record, args.trace))
+    if args.csv is not None:
+        written += write_csv(record, args.csv)
+    if args.json:
+        out.json({"written": [str(p) for p in written]})
+    else:
+        for path in written:
+            out.print(f"wrote {path}")
     return 0
 
 

@@ -1,0 +1,220 @@
+"""Charts as inline SVG: matplotlib figures (no pyplot, no global backend) serialised to text that an
+HTML page embeds as it is. Fonts stay text (``svg.fonttype: none``) so a chart is a few kB, and every
+string is text matplotlib escapes; math parsing is off so a ``$`` in a layer name is just a dollar."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+#: Stage and category colours that stay the same from chart to chart (matplotlib's tab20 order).
+PALETTE = tuple(matplotlib.colormaps["tab20"].colors[::2] + matplotlib.colormaps["tab20"].colors[1::2])
+PHASE_COLORS = {"forward": "#1f77b4", "backward": "#ff7f0e", "update": "#2ca02c"}
+
+_RC = {
+    "svg.fonttype": "none",  # text as text: small, searchable, escaped by matplotlib
+    "text.parse_math": False,  # a user's "$x$" is shown, not typeset (and cannot fail to parse)
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "svg.image_inline": True,
+}
+# Ids (clip paths, markers) are salted per chart: two charts in one page must not share an id.
+_salts = itertools.count()
+# What an inline <svg> in HTML does without: the XML prologue, the DTD and the RDF metadata (their
+# URLs are namespaces, never fetched, but a self-contained page should name no URL at all).
+_STRIP = (
+    re.compile(r"<\?xml[^>]*\?>\s*"),
+    re.compile(r"<!DOCTYPE[^>]*>\s*"),
+    re.compile(r"<metadata>.*?</metadata>\s*", re.S),
+    re.compile(r'\s+xmlns(:\w+)?="[^"]*"'),
+)
+_PATH = re.compile(r'(\sd=")([^"]*)"')
+_DECIMALS = re.compile(r"(\.\d)\d+")
+
+
+def color_map(names: Sequence[str]) -> dict[str, str]:
+    """A stable colour per name, in the given order."""
+    return {name: matplotlib.colors.to_hex(PALETTE[i % len(PALETTE)]) for i, name in enumerate(names)}
+
+
+@contextmanager
+def figure(width: float = 7.5, height: float = 3.2) -> Iterator[Figure]:
+    """A matplotlib Figure for one chart, under dnnperf's rc settings."""
+    with matplotlib.rc_context(_RC):
+        yield Figure(figsize=(width, height), layout="constrained")
+
+
+def to_svg(fig: Figure) -> str:
+    """The figure as an ``<svg>`` element to inline in HTML."""
+    buffer = io.StringIO()
+    with matplotlib.rc_context({**_RC, "svg.hashsalt": f"dnnperf-chart-{next(_salts)}"}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    for pattern in _STRIP:
+        text = pattern.sub("", text)
+    # Path coordinates to a tenth of a point (matplotlib writes six decimals): a third of the size.
+    text = _PATH.sub(lambda m: m[1] + _DECIMALS.sub(r"\1", m[2]) + '"', text)
+    return text.strip()
+
+
+def _milliseconds(axis) -> None:
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v * 1e3:g}"))
+
+
+def _bytes(axis) -> None:
+    axis.set_major_formatter(matplotlib.ticker.EngFormatter(unit="B"))
+
+
+def _legend_outside(ax) -> None:
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+
+
+def stacked_bars(
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    ylabel: str,
+    colors: Mapping[str, str] | None = None,
+    seconds: bool = False,
+    bytes_: bool = False,
+) -> str:
+    """One bar per label, stacked by series (e.g. batch sizes x stages)."""
+    colors = colors or color_map(list(series))
+    with figure() as fig:
+        ax = fig.add_subplot()
+        x = np.arange(len(labels))
+        bottom = np.zeros(len(labels))
+        for name, values in series.items():
+            values = np.asarray(values, dtype=float)
+            ax.bar(x, values, bottom=bottom, label=name, color=colors.get(name), width=0.6)
+            bottom += values
+        ax.set_xticks(x, list(labels))
+        ax.set_ylabel(ylabel)
+        if seconds:
+            _milliseconds(ax.yaxis)
+        if bytes_:
+            _bytes(ax.yaxis)
+        _legend_outside(ax)
+        return to_svg(fig)
+
+
+def horizontal_bars(
+    labels: Sequence[str],
+    values: Sequence[float],
+    groups: Sequence[str],
+    xlabel: str,
+    colors: Mapping[str, str] = PHASE_COLORS,
+    seconds: bool = False,
+) -> str:
+    """One bar per label (largest first at the top), coloured by group (e.g. the phase)."""
+    height = 1.0 + 0.22 * len(labels)
+    with figure(height=height) as fig:
+        ax = fig.add_subplot()
+        y = np.arange(len(labels))[::-1]
+        ax.barh(y, values, color=[colors.get(g, "#7f7f7f") for g in groups], height=0.7)
+        ax.set_yticks(y, list(labels))
+        ax.set_xlabel(xlabel)
+        if seconds:
+            _milliseconds(ax.xaxis)
+        seen = dict.fromkeys(groups)
+        handles = [matplotlib.patches.Patch(color=colors.get(g, "#7f7f7f"), label=g) for g in seen]
+        ax.legend(handles=handles, loc="lower right", frameon=False)
+        return to_svg(fig)
+
+
+def roofline(
+    peak_flops: float,
+    bandwidth: float,
+    points: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    title: str,
+) -> str:
+    """The roofline (min of peak and intensity x bandwidth, log-log) with one scatter per group of
+    (intensity FLOP/B, achieved FLOP/s) points."""
+    with figure(height=3.8) as fig:
+        ax = fig.add_subplot()
+        xs = np.concatenate([np.asarray(x, dtype=float) for x, _ in points.values()] or [np.ones(1)])
+        xs = xs[np.isfinite(xs) & (xs > 0)]
+        ridge = peak_flops / bandwidth
+        low = min(xs.min() if xs.size else ridge, ridge) / 4
+        high = max(xs.max() if xs.size else ridge, ridge) * 4
+        grid = np.geomspace(low, high, 200)
+        ax.plot(grid, np.minimum(peak_flops, grid * bandwidth), color="black", lw=1.5, label="roofline")
+        ax.axvline(ridge, color="grey", lw=0.8, ls=":")
+        for name, (x, y) in points.items():
+            ax.scatter(x, y, s=14, alpha=0.75, label=name, color=PHASE_COLORS.get(name))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        # Plain tick labels: the default log formatter writes mathtext, shown raw with parsing off.
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+        ax.set_ylabel("achieved FLOP/s")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.EngFormatter(unit="FLOP/s"))
+        ax.set_title(title, loc="left", fontsize=9)
+        ax.legend(loc="lower right", frameon=False)
+        return to_svg(fig)
+
+
+def memory_timeline(
+    times: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    boundaries: Sequence[tuple[float, str]],
+    colors: Mapping[str, str],
+) -> str:
+    """Bytes per category over one step (stacked areas), with the stage boundaries marked."""
+    with figure(height=3.4) as fig:
+        ax = fig.add_subplot()
+        names = list(series)
+        ax.stackplot(
+            times, *[series[n] for n in names], labels=names, colors=[colors[n] for n in names], step="post"
+        )
+        top = ax.get_ylim()[1]
+        for start, stage in boundaries:
+            ax.axvline(start, color="black", lw=0.6, alpha=0.5)
+            ax.text(start, top, f" {stage}", rotation=90, va="top", ha="left", fontsize=7, alpha=0.8)
+        _milliseconds(ax.xaxis)
+        ax.set_xlabel("time in the step (ms)")
+        _bytes(ax.yaxis)
+        _legend_outside(ax)
+        return to_svg(fig)
+
+
+def memory_scaling(
+    batch_sizes: Sequence[int],
+    peaks: Sequence[float],
+    fixed: float,
+    per_sample: float,
+    capacity: float | None,
+    predicted: int | None,
+) -> str:
+    """Measured peaks against batch size, the fitted line, the capacity and the predicted max batch."""
+    with figure(height=3.4) as fig:
+        ax = fig.add_subplot()
+        ax.scatter(batch_sizes, peaks, color="#1f77b4", zorder=3, label="measured peak")
+        end = max(max(batch_sizes), predicted or 0) * 1.1
+        # A prediction far beyond the sweep (a CPU's whole memory) needs log axes to show both.
+        far = end > 20 * max(batch_sizes)
+        grid = np.geomspace(min(batch_sizes) / 2, end, 100) if far else np.linspace(0, end, 100)
+        if far:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.plot(grid, fixed + per_sample * grid, color="#ff7f0e", label="fit: fixed + per sample x batch")
+        if capacity is not None and predicted is not None:
+            ax.axhline(capacity, color="#d62728", ls="--", lw=1, label="capacity")
+            ax.axvline(predicted, color="#2ca02c", ls=":", lw=1, label=f"predicted max batch {predicted}")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("peak memory")
+        _bytes(ax.yaxis)
+        ax.legend(loc="upper left", frameon=False)
+        return to_svg(fig)

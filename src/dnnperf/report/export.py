@@ -1,0 +1,85 @@
+"""Tables of a run as plain data: the stage and layer tables as DataFrames (the Python API) and as CSV
+files (one per table, every batch size in one file with a ``batch_size`` column)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from dnnperf.analysis import layers
+from dnnperf.results.record import RunRecord
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a text file so that readers see the old file or the new one, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def stage_table(record: RunRecord) -> pd.DataFrame:
+    """One row per (batch size, stage): median, p10, p90 seconds per step and share of the step."""
+    rows = []
+    for point in record.points:
+        if point.stages is None or not point.stages.wall_s:
+            continue
+        for name, stats in point.stages.summary()["stages"].items():
+            rows.append(
+                {
+                    "batch_size": point.batch_size,
+                    "stage": name,
+                    "median_s": stats["median"],
+                    "p10_s": stats["p10"],
+                    "p90_s": stats["p90"],
+                    "share": stats["share"],
+                    "steps": len(point.stages.wall_s),
+                }
+            )
+    return pd.DataFrame(rows, columns=["batch_size", "stage", "median_s", "p10_s", "p90_s", "share", "steps"])
+
+
+#: The layer table's columns that go to CSV (the per-step lists stay in the record).
+LAYER_COLUMNS = (
+    "module", "type", "category", "phase", "time_s", "time_p10_s", "time_p90_s", "share", "op_time_s",
+    "calls", "flops", "bytes", "intensity", "achieved_flops", "peak_flops", "efficiency",
+    "attainable_flops", "bound", "library", "dtype",
+)  # fmt: skip
+
+
+def layer_table(record: RunRecord) -> pd.DataFrame:
+    """Every batch size's per-layer table (``analysis.layers.layer_table``) with a batch_size column."""
+    frames = []
+    for point in record.points:
+        if point.layers is None or not point.layers.steps:
+            continue
+        frame = layers.layer_table(point.layers, point.layers.hardware_profile())
+        frame = frame[[c for c in LAYER_COLUMNS if c in frame]]
+        frames.append(frame.assign(batch_size=point.batch_size)[["batch_size", *frame.columns]])
+    if not frames:
+        return pd.DataFrame(columns=["batch_size", *LAYER_COLUMNS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def write_csv(record: RunRecord, directory: Path) -> list[Path]:
+    """``stages.csv`` and ``layers.csv`` (each when the record has that data) under ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in (("stages", stage_table(record)), ("layers", layer_table(record))):
+        if frame.empty:
+            continue
+        path = directory / f"{name}.csv"
+        write_text_atomic(path, frame.to_csv(index=False))
+        written.append(path)
+    return written
