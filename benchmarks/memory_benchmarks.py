@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 
 from dnnperf import environment
 from dnnperf.data.sources import MemorySource
-from dnnperf.devices import to_device
+from dnnperf.devices import synchronize, to_device
 from dnnperf.probes.clock import WallClock
 from dnnperf.probes.memory import CATEGORIES, MemoryTracker
 from dnnperf.results.store import RunStore
@@ -74,13 +75,18 @@ def memory_overhead(name: str, pairs: int) -> Samples:
     for index in range(pairs):
         times = {}
         for kind in ("plain", "tracked") if index % 2 == 0 else ("tracked", "plain"):
-            if kind == "plain":
-                times[kind] = timed_step(task, source, device, clock)[0].wall_s
-                continue
             batch = to_device(next(source), device)
+            synchronize(device)
+            if kind == "plain":  # the same span as the tracked step's wall_s: the step and a sync
+                start = time.perf_counter()
+                task.step(batch)
+                synchronize(device)
+                times[kind] = time.perf_counter() - start
+                continue
             tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device)
             with tracker:
                 task.step(batch, tracker)
+                synchronize(device)
             times[kind] = tracker.result().wall_s
         relative.append((times["tracked"] - times["plain"]) / times["plain"])
     return Samples.of(relative)

@@ -113,16 +113,6 @@ def test_hooks_perf_and_files_are_gone_also_on_error(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # the profiler's trace was removed
 
 
-def test_the_private_storage_api_still_behaves():
-    """Fails when torch changes the weak storage references the tracker relies on."""
-    x = torch.randn(10)
-    weak = torch.UntypedStorage._weak_ref(x.untyped_storage())
-    assert not torch.UntypedStorage._expired(weak)
-    del x
-    assert torch.UntypedStorage._expired(weak)
-    torch.UntypedStorage._free_weak_ref(weak)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [w.name for w in all_workloads()])
 def test_the_unattributed_residual_is_small_on_every_workload(name, tmp_path):

@@ -1,28 +1,29 @@
 """Memory of one training step by data structure, over time and per layer.
 
-Every storage the step's operators create is seen by the operator counter's dispatch mode (an
-observer on :class:`~dnnperf.analysis.opcount.OpCounter`): its bytes, when it was made, in which module
-and phase. Whether it is still alive is asked of torch before each new allocation (a weak reference to
-the storage), so the live bytes are known at every allocation, which is when a peak can happen.
-What each storage *was* is decided when the step ends:
+The step runs under torch's profiler with memory events: every allocation and release of torch's
+allocator, with its address, size, moment and the running total (so the measured peak is the
+allocator's own, buffers kernels allocate and free inside themselves included). Module hooks say
+which layer ran when; the profiler's backward-node events (with the sequence number of the forward
+operator that made each node) place backward's allocations in the layer whose forward made the node.
+What each allocation *was* is decided when the step ends, by address:
 
-- parameters: the model's parameters (before the step);
-- gradients: ``.grad`` of a parameter when the update begins;
-- optimizer state: a tensor in ``optimizer.state`` when the step ends;
+- parameters, and whatever else was alive before the step (gradients, optimizer state, input): the
+  bytes of those storages, no events;
 - activations: saved for backward (a ``saved_tensors_hooks`` pack hook sees each), each storage once,
   by its real size and dtype, unless it is a parameter or the input;
-- input: the batch's tensors;
-- temporaries: everything else the step made (intermediate results, workspace returned by kernels);
-- other (before the step): whatever else was alive when it began.
+- gradients: ``.grad`` of a parameter when the update begins;
+- optimizer state: a tensor in ``optimizer.state`` when the step ends;
+- temporaries: everything else the step made and released (intermediate results, workspace, and
+  what only a reference cycle held: the garbage collector runs before the trace ends);
+- unattributed: made, still held after the step, and none of the above.
 
-The measured peak comes from outside this bookkeeping: on CUDA the caching allocator
-(``max_memory_allocated``; reserved - allocated is the allocator's cache and fragmentation); on the
-CPU the growth of the process's peak resident memory over the step. The difference between the
-measured peak and the categories at the tracked peak is the explicit ``unattributed`` residual.
+On CUDA the caching allocator's peak is the measured one (reserved - allocated is its cache and
+fragmentation); what the events do not explain is the explicit ``unattributed`` residual.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import gc
 import json
@@ -34,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dnnperf.analysis.opcount import NO_MODULE, OpCounter, _tensors
+from dnnperf.analysis.opcount import NO_MODULE, ROOT_MODULE, _tensors
 
 CATEGORIES = (
     "parameters",
@@ -57,13 +57,6 @@ CATEGORIES = (
 )
 #: Measured beside the categories: the allocator's cache (CUDA) and what no category explains.
 EXTRA = ("allocator_cache", "unattributed")
-
-try:  # private API (the weak storage reference torch.multiprocessing uses); see test_memory
-    _weak_ref = torch.UntypedStorage._weak_ref
-    _expired = torch.UntypedStorage._expired
-    _free_weak_ref = torch.UntypedStorage._free_weak_ref
-except AttributeError:  # pragma: no cover - depends on the installed torch
-    _weak_ref = _expired = _free_weak_ref = None  # type: ignore[assignment]
 
 
 def storage_key(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -264,16 +257,6 @@ class CacheCounters:
             self.result = f"unsupported: perf stat gave no counts ({(errors or '').strip()[:120]})"
 
 
-@dataclass(frozen=True)
-class AllocatorEvent:
-    """One allocation (bytes > 0) or release (bytes < 0) by torch's CPU allocator."""
-
-    ts: float
-    addr: int
-    bytes: int
-    total: int  # bytes allocated after this event
-
-
 @contextmanager
 def _quiet_native_stderr() -> Iterator[None]:
     """Silence file descriptor 2 around the profiler's start and stop, where kineto prints a line each
@@ -289,21 +272,57 @@ def _quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-class AllocatorEvents:
-    """torch's CPU allocator over a block, as the profiler's memory events report it: every allocation
-    and release with its address and the running total, buffers kernels allocate and free inside
-    themselves included. The trace file is written to a temporary directory, removed at once."""
+#: A backward node's evaluation, as the profiler names it (the node's name follows).
+_NODE_EVENT = "autograd::engine::evaluate_function: "
+_MARKER = "dnnperf::memory::start"
 
-    def __init__(self) -> None:
-        self.events: list[AllocatorEvent] = []
+
+@dataclass(frozen=True)
+class AllocatorEvent:
+    """One allocation (bytes > 0) or release (bytes < 0) by torch's allocator on the tracked device."""
+
+    ts: float  # seconds from the step's start
+    addr: int
+    bytes: int
+    total: int  # bytes allocated after this event (CPU: since the trace began; CUDA: on the device)
+
+
+@dataclass
+class StepTrace:
+    """What the profiler saw of one step, on the step's own clock (seconds from its start): the
+    allocator's events, every backward node's evaluation (start, end, sequence number) and, per
+    sequence number, when the forward operator that made the node ran."""
+
+    allocations: list[AllocatorEvent] = field(default_factory=list)
+    nodes: list[tuple[float, float, int | None]] = field(default_factory=list)
+    forward_ops: dict[int, float] = field(default_factory=dict)
+
+
+class AllocatorEvents:
+    """torch's allocator over a block, through the profiler's memory events: every allocation and
+    release with its address and the running total (buffers kernels allocate and free inside
+    themselves included), with the operator events that place them in a layer. A marker at the start
+    puts the profiler's clock on ``time.perf_counter``'s. The trace file is written to a temporary
+    directory, removed at once."""
+
+    def __init__(self, device: torch.device, origin: float) -> None:
+        self.device, self.origin = device, origin
+        self.trace = StepTrace()
         self._profiler: Any = None
+        self._marked_at = 0.0
 
     def __enter__(self) -> AllocatorEvents:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, record_function
 
-        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._profiler = profile(activities=activities, profile_memory=True)
         with _quiet_native_stderr():
             self._profiler.__enter__()
+        self._marked_at = time.perf_counter()
+        with record_function(_MARKER):
+            pass
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -318,30 +337,94 @@ class AllocatorEvents:
             trace = Path(scratch) / "trace.json"
             profiler.export_chrome_trace(str(trace))
             raw = json.loads(trace.read_text()).get("traceEvents", [])
-        events = []
+        self.trace = self._parse(raw)
+
+    def _parse(self, raw: list[dict[str, Any]]) -> StepTrace:
+        marker = next((e for e in raw if e.get("name") == _MARKER), None)
+        if marker is None:
+            return StepTrace()
+        base = float(marker["ts"])
+        offset = self._marked_at - self.origin
+
+        def seconds(ts: Any) -> float:
+            return (float(ts) - base) * 1e-6 + offset
+
+        device_type = 1 if self.device.type == "cuda" else 0
+        device_index = self.device.index if self.device.index is not None else 0
+        trace = StepTrace()
         for event in raw:
             args = event.get("args", {})
-            if event.get("name") == "[memory]" and args.get("Device Type") == 0 and "Total Allocated" in args:
-                events.append(
+            name = event.get("name", "")
+            if name == "[memory]":
+                if args.get("Device Type") != device_type or "Total Allocated" not in args:
+                    continue
+                if device_type == 1 and args.get("Device Id", device_index) != device_index:
+                    continue
+                trace.allocations.append(
                     AllocatorEvent(
-                        float(event.get("ts", 0)),
+                        seconds(event.get("ts", 0)),
                         int(args["Addr"]),
                         int(args["Bytes"]),
                         int(args["Total Allocated"]),
                     )
                 )
-        self.events = sorted(events, key=lambda e: e.ts)
+            elif event.get("ph") == "X":
+                sequence = args.get("Sequence number")
+                if name.startswith(_NODE_EVENT):
+                    start = seconds(event["ts"])
+                    trace.nodes.append((start, start + float(event.get("dur", 0)) * 1e-6, sequence))
+                elif sequence is not None:  # the first operator with a number made its node
+                    trace.forward_ops.setdefault(int(sequence), seconds(event["ts"]))
+        trace.allocations.sort(key=lambda e: e.ts)
+        trace.nodes.sort()
+        return trace
+
+
+@dataclass
+class _Block:
+    """One allocation of the step, named when the step ends."""
+
+    addr: int
+    nbytes: int
+    at: float
+    freed: float | None
+    module: str
+    phase: str
+    category: str = "temporaries"
+    #: The module whose forward saved this storage for backward (None: not saved).
+    saved_by: str | None = None
+
+
+class _Steps:
+    """A value that changes at known times (the current module, the current stage): ``at(t)``."""
+
+    def __init__(self, changes: list[tuple[float, str]], default: str) -> None:
+        self.times = [t for t, _ in changes]
+        self.values = [v for _, v in changes]
+        self.default = default
+
+    def at(self, t: float) -> str:
+        index = bisect.bisect_right(self.times, t) - 1
+        return self.values[index] if index >= 0 else self.default
+
+
+#: Slack when a moment seen by a hook is compared with the profiler's (the clocks are aligned at one
+#: marker to within microseconds; an operator's output is allocated well before autograd saves it).
+_SLACK_S = 10e-6
 
 
 class MemoryTracker:
-    """Tracks one step's storages. Use it as the step's ``stages`` (it forwards to ``clock``)::
+    """Tracks one step's memory. Use it as the step's ``stages`` (it forwards to ``clock``)::
 
         tracker = MemoryTracker(model, [optimizer], batch)
         with tracker:
             task.step(batch, tracker)
         memory = tracker.result()
 
-    Hooks, the dispatch mode and the saved-tensor hooks are removed on exit, also on error.
+    During the step: the profiler's allocator events, module hooks (which layer runs), a saved-tensor
+    hook (what backward keeps) and a look at the gradients when the update begins. No dispatch mode:
+    the tracked step runs torch's own kernels at nearly their own speed. Hooks and the profiler are
+    removed on exit, also on error.
     """
 
     def __init__(
@@ -352,21 +435,19 @@ class MemoryTracker:
         clock: Any = None,
         device: torch.device | str = "cpu",
     ) -> None:
-        if _weak_ref is None:
-            raise RuntimeError(
-                f"dnnperf's memory tracker needs torch.UntypedStorage weak references, which torch "
-                f"{torch.__version__} does not provide"
-            )
         self.model, self.optimizers, self.batch, self.clock = model, list(optimizers), batch, clock
         self.device = torch.device(device)
         self._allocator: AllocatorEvents | None = None
-        self.counter = OpCounter(model, count=False, timed=False, device=self.device, observer=self._observe)
-        self._live: dict[int, _Allocation] = {}
-        self._all: list[_Allocation] = []
+        self._names = {id(m): name or ROOT_MODULE for name, m in model.named_modules()}
+        self._module_stack: list[str] = []
+        self._module_changes: list[tuple[float, str]] = []
         self._outputs: dict[str, int] = {}
+        self._saved: list[tuple[float, int, int, str]] = []  # (time, address, bytes, module)
+        self._gradients_at_update: list[tuple[float, set[int]]] = []  # one per update (WGAN-GP: two)
         self._stages: list[tuple[float, str]] = []
         self._start = 0.0
-        self._before: dict[str, dict[int, int]] = {}
+        self._before: dict[str, int] = {}
+        self._before_addresses: set[int] = set()
         self._hooks: list[Any] = []
         self._saved_hooks: Any = None
         self._counters = CacheCounters()
@@ -378,31 +459,33 @@ class MemoryTracker:
     def __call__(self, stage: str) -> Iterator[None]:
         self._mark(stage)
         if stage == "update":
-            self._reap(time.perf_counter() - self._start)
-            self._mark_live(self._gradients(), "gradients")
-        clock = self.clock(stage) if self.clock is not None else None
-        with self.counter(stage):
-            if clock is None:
+            self._gradients_at_update.append((self._now(), _addresses(self._grads())))
+        if self.clock is None:
+            yield
+        else:
+            with self.clock(stage):
                 yield
-            else:
-                with clock:
-                    yield
         self._mark("other")
 
+    def _now(self) -> float:
+        return time.perf_counter() - self._start
+
     def _mark(self, stage: str) -> None:
-        self._stages.append((time.perf_counter() - self._start, stage))
+        self._stages.append((self._now(), stage))
 
     # -- context -------------------------------------------------------------------------------------
 
     def __enter__(self) -> MemoryTracker:
-        self._before = {
-            "parameters": storages(self.model.parameters()),
-            "gradients": self._gradients(),
-            "optimizer_state": storages(optimizer_tensors(self.optimizers)),
-            "input": storages(
+        before = {
+            "parameters": list(self.model.parameters()),
+            "gradients": self._grads(),
+            "optimizer_state": list(optimizer_tensors(self.optimizers)),
+            "input": list(
                 _tensors(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch)
             ),
         }
+        self._before = {name: sum(storages(tensors).values()) for name, tensors in before.items()}
+        self._before_addresses = {a for tensors in before.values() for a in _addresses(tensors)}
         gc.collect()
         _release_free_heap()
         self._faults = resource.getrusage(resource.RUSAGE_SELF)
@@ -412,29 +495,30 @@ class MemoryTracker:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._cuda_start = torch.cuda.memory_allocated(self.device)
-        for name, module in self.model.named_modules():
-            self._hooks.append(module.register_forward_hook(self._output_hook(name or "(root)")))
-        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x)
-        self._saved_hooks.__enter__()
         try:
-            self.counter.__enter__()
+            for module in self.model.modules():
+                self._hooks.append(module.register_forward_pre_hook(self._enter_module))
+                self._hooks.append(module.register_forward_hook(self._leave_module, always_call=True))
+            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+            self._saved_hooks.__enter__()
+            self._counters = CacheCounters().__enter__()
+            self._start = time.perf_counter()
+            self._allocator = AllocatorEvents(self.device, self._start).__enter__()
         except BaseException:
             self._remove()
             raise
-        self._counters = CacheCounters().__enter__()
-        if self.device.type == "cpu":
-            self._allocator = AllocatorEvents().__enter__()
-        self._start = time.perf_counter()
         self._stages.append((0.0, "other"))
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        end = self._now()
+        # What only reference cycles keep (double backward's create_graph ties a gradient to its own
+        # graph) is released by the collector, still in view: temporaries, not unattributed.
+        gc.collect()
         try:
-            self.counter.__exit__(*exc)
-        finally:
-            end = time.perf_counter() - self._start
             if self._allocator is not None:
                 self._allocator.__exit__(*exc)
+        finally:
             self._counters.__exit__(*exc)
             self._remove()
         if exc[0] is None:
@@ -450,176 +534,161 @@ class MemoryTracker:
 
     # -- observing -----------------------------------------------------------------------------------
 
-    def _output_hook(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            self._outputs[name] = self._outputs.get(name, 0) + sum(storages(_tensors(output)).values())
+    def _enter_module(self, module: nn.Module, args: Any) -> None:
+        name = self._names.get(id(module), type(module).__name__)
+        self._module_stack.append(name)
+        self._module_changes.append((self._now(), name))
 
-        return hook
+    def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
+        name = self._names.get(id(module), type(module).__name__)
+        if name in self._module_stack:  # normally the last entry
+            del self._module_stack[len(self._module_stack) - 1 - self._module_stack[::-1].index(name) :]
+        self._module_changes.append(
+            (self._now(), self._module_stack[-1] if self._module_stack else NO_MODULE)
+        )
+        self._outputs[name] = self._outputs.get(name, 0) + sum(storages(_tensors(output)).values())
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        # Storage identities are addresses, reused once freed: mark the live allocation itself.
-        key = storage_key(tensor)
-        allocation = self._live.get(key[0]) if key is not None else None
-        if allocation is not None and allocation.saved_by is None:
-            stack = self.counter._stack
-            allocation.saved_by = stack[-1] if stack else NO_MODULE
+        if tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            module = self._module_stack[-1] if self._module_stack else NO_MODULE
+            self._saved.append((self._now(), storage.data_ptr(), storage.nbytes(), module))
         return tensor
 
-    def _gradients(self) -> dict[int, int]:
-        return storages(p.grad for p in self.model.parameters() if p.grad is not None)
-
-    def _mark_live(self, keys: Iterable[int], category: str) -> None:
-        for key in keys:
-            allocation = self._live.get(key)
-            if allocation is not None:
-                allocation.category = category
-
-    def _reap(self, now: float) -> None:
-        for key in [k for k, a in self._live.items() if a.weak is not None and _expired(a.weak)]:
-            allocation = self._live.pop(key)
-            allocation.freed = now
-            _free_weak_ref(allocation.weak)
-            allocation.weak = None
-
-    def _observe(self, module: str, phase: str, call: Any, info: Any) -> None:
-        now = time.perf_counter() - self._start
-        self._reap(now)
-        known = self._before
-        for tensor in _tensors(call.out):
-            key = storage_key(tensor)
-            if key is None or key[0] in self._live or any(key[0] in d for d in known.values()):
-                continue
-            storage = tensor.untyped_storage()
-            allocation = _Allocation(
-                key[0], key[1], now, module, phase, _weak_ref(storage), storage.data_ptr()
-            )
-            self._live[key[0]] = allocation
-            self._all.append(allocation)
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
 
     # -- the result ----------------------------------------------------------------------------------
 
+    def _blocks(
+        self, trace: StepTrace, end: float
+    ) -> tuple[list[_Block], list[tuple[AllocatorEvent, _Block]]]:
+        """Every allocation of the step with its release, layer and stage, and the events in order."""
+        modules = _Steps(self._module_changes, NO_MODULE)
+        stages = _Steps(self._stages, "other")
+        node_starts = [start for start, _, _ in trace.nodes]
+        seq_module = {seq: modules.at(t) for seq, t in trace.forward_ops.items()}
+
+        def module_at(t: float) -> str:
+            index = bisect.bisect_right(node_starts, t) - 1
+            while index >= 0:  # the latest node evaluation around t (re-entrant ones nest)
+                start, stop, seq = trace.nodes[index]
+                if stop >= t:
+                    return seq_module.get(seq, NO_MODULE) if seq is not None else NO_MODULE
+                if t - start > 1.0:
+                    break
+                index -= 1
+            return modules.at(t)
+
+        blocks: list[_Block] = []
+        events: list[tuple[AllocatorEvent, _Block]] = []
+        live: dict[int, _Block] = {}
+        for event in trace.allocations:
+            if event.bytes > 0:
+                block = _Block(
+                    event.addr, event.bytes, event.ts, None, module_at(event.ts), stages.at(event.ts)
+                )
+                live[event.addr] = block
+                blocks.append(block)
+                events.append((event, block))
+            elif event.addr in live:
+                block = live.pop(event.addr)
+                block.freed = event.ts
+                events.append((event, block))
+        return blocks, events
+
+    def _name_blocks(self, blocks: list[_Block], end: float) -> None:
+        by_address: dict[int, list[_Block]] = {}
+        for block in blocks:
+            by_address.setdefault(block.addr, []).append(block)
+
+        def alive(address: int, t: float) -> _Block | None:
+            candidates = by_address.get(address, [])
+            index = bisect.bisect_right([b.at for b in candidates], t + _SLACK_S) - 1
+            if index < 0:
+                return None
+            block = candidates[index]
+            return block if block.freed is None or block.freed >= t - _SLACK_S else None
+
+        for t, address, _, module in self._saved:
+            block = alive(address, t)
+            if block is not None and block.saved_by is None:
+                block.saved_by = module
+                block.category = "activations"
+        for t, addresses in self._gradients_at_update:
+            for address in addresses:
+                if address not in self._before_addresses and (block := alive(address, t)) is not None:
+                    block.category = "gradients"
+        for address in _addresses(optimizer_tensors(self.optimizers)):
+            if address not in self._before_addresses and (block := alive(address, end)) is not None:
+                block.category = "optimizer_state"
+        for block in blocks:
+            if block.freed is None and block.category == "temporaries":
+                block.category = "unattributed"  # held after the step and no category's
+
     def _finish(self, end: float) -> None:
-        self._reap(end)
-        for allocation in self._live.values():  # still alive at the end of the step
-            if allocation.weak is not None:
-                _free_weak_ref(allocation.weak)
-                allocation.weak = None
-        self._mark_live(self._gradients(), "gradients")
-        self._mark_live(storages(optimizer_tensors(self.optimizers)), "optimizer_state")
-        fixed = {k: sum(v.values()) for k, v in self._before.items()}
-        for allocation in self._all:
-            if allocation.category == "temporaries" and allocation.saved_by is not None:
-                allocation.category = "activations"
-        # Replay: bytes per category after every event; the peak is the largest total.
-        events = sorted(
-            [(a.at, a.nbytes, a) for a in self._all]
-            + [(a.freed, -a.nbytes, a) for a in self._all if a.freed is not None],
-            key=lambda e: (e[0], e[1] < 0),
-        )
-        current = dict.fromkeys(CATEGORIES, 0)
-        for name, value in fixed.items():
+        trace = self._allocator.trace if self._allocator is not None else StepTrace()
+        blocks, events = self._blocks(trace, end)
+        self._name_blocks(blocks, end)
+        current = dict.fromkeys((*CATEGORIES, "unattributed"), 0)
+        for name, value in self._before.items():
             current[name] += value
-        timeline = [(0.0, dict(current))]
-        peak, peak_at, peak_module, peak_phase = dict(current), 0.0, NO_MODULE, "other"
+        timeline = [(0.0, {k: v for k, v in current.items() if k in CATEGORIES})]
         category_max = dict(current)
-        for at, delta, allocation in events:
-            current[allocation.category] += delta
-            timeline.append((at, dict(current)))
-            category_max[allocation.category] = max(
-                category_max[allocation.category], current[allocation.category]
-            )
-            if delta > 0 and sum(current.values()) > sum(peak.values()):
-                peak, peak_at = dict(current), at
-                peak_module, peak_phase = allocation.module, allocation.phase
-        peak_all: dict[str, int] = {**peak, "allocator_cache": 0, "unattributed": 0}
-        if self._allocator is not None and self._allocator.events:
-            # The allocator's own peak, each live allocation named by the storage it became.
-            at_peak, moment = self._allocator_peak(fixed)
-            peak_all = {**at_peak, "allocator_cache": 0}
-            measured = sum(at_peak.values())
-            measured_by = "torch CPU allocator (profiler memory events), allocations matched to storages"
-            if moment is not None:
-                peak_at, peak_module, peak_phase = moment.at, moment.module, moment.phase
-        elif self.device.type == "cuda":
-            measured = sum(fixed.values()) + torch.cuda.max_memory_allocated(self.device) - self._cuda_start
+        peak, peak_total, peak_block = dict(current), -1, None
+        for event, block in events:
+            current[block.category] += event.bytes
+            category_max[block.category] = max(category_max[block.category], current[block.category])
+            timeline.append((event.ts, {k: v for k, v in current.items() if k in CATEGORIES}))
+            if event.bytes > 0 and event.total > peak_total:
+                peak, peak_total, peak_block = dict(current), event.total, block
+        unattributed = peak.pop("unattributed")
+        category_max.pop("unattributed")
+        peak_all = {**peak, "allocator_cache": 0, "unattributed": unattributed}
+        if self.device.type == "cuda":
+            # The caching allocator's own peak; what the events did not explain is unattributed.
+            grown = torch.cuda.max_memory_allocated(self.device) - self._cuda_start
+            measured = sum(self._before.values()) + grown
             measured_by = "cuda caching allocator"
+            peak_all["unattributed"] = measured - sum(peak.values())
             peak_all["allocator_cache"] = max(
                 0, torch.cuda.max_memory_reserved(self.device) - torch.cuda.max_memory_allocated(self.device)
             )
-            peak_all["unattributed"] = measured - sum(peak.values())
+        elif trace.allocations:
+            measured = sum(peak.values()) + unattributed
+            measured_by = "torch CPU allocator (profiler memory events)"
         else:
             measured, measured_by = 0, "unavailable"
+        layers = self._layer_bytes(blocks)
         self._result = StepMemory(
             device=str(self.device),
             peak=peak_all,
             measured_peak=measured,
             measured_by=measured_by,
-            peak_at_s=peak_at,
-            peak_module=peak_module,
-            peak_phase=peak_phase,
+            peak_at_s=peak_block.at if peak_block is not None else 0.0,
+            peak_module=peak_block.module if peak_block is not None else NO_MODULE,
+            peak_phase=peak_block.phase if peak_block is not None else "other",
             timeline=timeline,
             stages=self._stages,
-            layers=self._layer_bytes(),
+            layers=layers,
             subsystem=self._subsystem_now(),
             category_max=category_max,
             wall_s=end,
         )
 
-    def _allocator_peak(self, fixed: Mapping[str, int]) -> tuple[dict[str, int], _Allocation | None]:
-        """Bytes per category at the allocator's peak. Each allocation event is matched to the tracked
-        storage made at the same address with the same size (in order); the unmatched ones that are
-        released within the step are temporaries and workspace (buffers kernels and autograd use and
-        free), those still held at the end are unattributed."""
-        assert self._allocator is not None
-        events = self._allocator.events
-        queues: dict[int, deque[_Allocation]] = {}
-        for allocation in sorted(self._all, key=lambda a: a.at):
-            queues.setdefault(allocation.ptr, deque()).append(allocation)
-        released: set[int] = set()  # indices of allocations the step releases again
-        open_allocations: dict[int, int] = {}
-        for index, event in enumerate(events):
-            if event.bytes > 0:
-                open_allocations[event.addr] = index
-            elif event.addr in open_allocations:
-                released.add(open_allocations.pop(event.addr))
-        current = dict.fromkeys((*CATEGORIES, "unattributed"), 0)
-        for name, value in fixed.items():
-            current[name] += value
-        live: dict[int, tuple[str, int]] = {}
-        best, best_total, moment, last = dict(current), -1, None, None
-        for index, event in enumerate(events):
-            if event.bytes > 0:
-                queue = queues.get(event.addr)
-                if queue and queue[0].nbytes == event.bytes:
-                    allocation = queue.popleft()
-                    category, last = allocation.category, allocation
-                elif index in released:
-                    category = "temporaries"
-                else:
-                    category = "unattributed"
-                live[event.addr] = (category, event.bytes)
-                current[category] += event.bytes
-                if event.total > best_total:
-                    best, best_total, moment = dict(current), event.total, last
-            elif event.addr in live:
-                category, size = live.pop(event.addr)
-                current[category] -= size
-        return best, moment
-
-    def _layer_bytes(self) -> dict[str, dict[str, int]]:
+    def _layer_bytes(self, blocks: list[_Block]) -> dict[str, dict[str, int]]:
         layers: dict[str, dict[str, int]] = {}
         for name, module in self.model.named_modules():
             params = list(module.parameters(recurse=False))
-            entry = {
+            layers[name or ROOT_MODULE] = {
                 "parameters": sum(p.numel() * p.element_size() for p in params),
                 "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-                "outputs": self._outputs.get(name or "(root)", 0),
+                "outputs": self._outputs.get(name or ROOT_MODULE, 0),
                 "saved": 0,
             }
-            layers[name or "(root)"] = entry
-        for allocation in self._all:
-            if allocation.saved_by in layers:
-                layers[allocation.saved_by]["saved"] += allocation.nbytes
+        for block in blocks:
+            if block.saved_by in layers:
+                layers[block.saved_by]["saved"] += block.nbytes
         return layers
 
     def _subsystem_now(self) -> dict[str, Any]:
@@ -646,3 +715,17 @@ class MemoryTracker:
         if self._result is None:
             raise RuntimeError("no step tracked: use the tracker as a context manager around one step")
         return self._result
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _addresses(tensors: Iterable[torch.Tensor]) -> set[int]:
+    """The storage addresses of tensors (where their allocation begins)."""
+    found = set()
+    for tensor in tensors:
+        if tensor.device.type != "meta":
+            with suppress(RuntimeError, NotImplementedError):
+                found.add(tensor.untyped_storage().data_ptr())
+    return found

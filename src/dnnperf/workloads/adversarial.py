@@ -26,6 +26,7 @@ class WGANGPTask(Task):
         self.config = config
         self.model = WGANGP(config).to(device)
         self.generator_optimizer, self.critic_optimizer = wgan_gp_optimizers(self.model)
+        self._critic_parameters = list(self.model.critic.parameters())
 
     def step(self, batch: Batch, stages: Stages = no_stages) -> torch.Tensor:
         real = batch["image"]
@@ -36,8 +37,10 @@ class WGANGPTask(Task):
                     fake = generator(self.model.sample_latent(real.shape[0]))
                 wasserstein = critic(real).mean() - critic(fake).mean()
                 critic_loss = -wasserstein + gradient_penalty(critic, real, fake, self.config.gp_weight)
-            # backward differentiates through the penalty's gradient: double backward
-            backward_and_update(critic_loss, self.critic_optimizer, stages)
+            # backward differentiates through the penalty's gradient: double backward. Into the critic's
+            # parameters only: a gradient left on the penalty's interpolates would hold its own graph
+            # (create_graph) in a cycle the collector cannot see, leaking one batch of images per update.
+            backward_and_update(critic_loss, self.critic_optimizer, stages, inputs=self._critic_parameters)
 
         with stages("forward"):
             critic.requires_grad_(False)  # the generator step needs no critic weight gradients

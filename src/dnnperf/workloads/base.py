@@ -73,10 +73,16 @@ class SupervisedTask(Task):
         return loss.detach()
 
 
-def backward_and_update(loss: torch.Tensor, optimizer: torch.optim.Optimizer, stages: Stages) -> None:
-    """The second half of every training step: gradients, then the optimizer's update."""
+def backward_and_update(
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    stages: Stages,
+    inputs: list[torch.Tensor] | None = None,
+) -> None:
+    """The second half of every training step: gradients (into ``inputs`` only, when given), then the
+    optimizer's update."""
     with stages("backward"):
-        loss.backward()
+        loss.backward(inputs=inputs)
     with stages("update"):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
