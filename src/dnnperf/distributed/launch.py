@@ -258,6 +258,23 @@ def launch(
     threads = config.rank_threads or 1
     log = store.root / f"{run_id}.ranks.log"
     become_subreaper()
+    try:
+        return _launch(argv, config, store, run_id, nproc, threads, log, on_progress)
+    except UsageError:
+        log.unlink(missing_ok=True)  # refused before any rank ran: nothing to read
+        raise
+
+
+def _launch(
+    argv: Sequence[str],
+    config: DistributedSettings,
+    store: RunStore,
+    run_id: str,
+    nproc: int,
+    threads: int,
+    log: Path,
+    on_progress: Callable[[int], None] | None,
+) -> Outcome:
     with _rank_dir() as rank_dir, open(log, "wb") as output, contextlib.ExitStack() as stack:
         env = rank_environment(run_id, rank_dir, threads)
         if config.netns:
