@@ -204,3 +204,32 @@ def test_cli_memory_profile_with_a_limit(tmp_path):
     assert {row["category"] for row in scaling["fit"]} >= {"activations", "peak"}
     text = run_cli("profile", "basic_cnn", "--memory", "--steps", "1", "--warmup", "0")
     assert text.returncode == 0 and "activations" in text.stdout and "saved for backward" in text.stdout
+
+
+class _Workspace(torch.autograd.Function):
+    """Identity whose backward allocates (and fills, then frees) a known workspace."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        workspace = torch.ones(2**21)  # 8 MiB, far above the model's own bytes
+        return grad * workspace[0]
+
+
+class _WithWorkspace(nn.Module):
+    def forward(self, x):
+        return _Workspace.apply(x)
+
+
+def test_a_known_backward_allocation_is_the_peak_and_is_placed_in_its_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), _WithWorkspace(), nn.Linear(32, 4))
+    memory = tracked_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    )
+    assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
+    assert memory.peak["temporaries"] >= 2**23  # the workspace, released within the step
+    assert memory.measured_peak - 2**23 < 2**16  # and little else: the model is a few KiB
