@@ -174,3 +174,35 @@ def test_missing_model_parallel_strategy_is_one_line(strategy):
     if model_parallel_available(strategy):
         pytest.skip(f"{strategy} is available: its own CLI test covers it")
     assert_one_line_error(run_cli("profile", "gpt2", "--nproc", "2", "--strategy", strategy), strategy)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra", "details"),
+    [
+        ("pp", ("--schedule", "gpipe", "--microbatches", "2"), ("send", "recv", "bubble", "compute")),
+        ("tp", (), ("collective", "compute")),
+    ],
+)
+def test_model_parallel_run_records_its_communication(strategy, extra, details):
+    if not model_parallel_available(strategy):
+        pytest.skip(f"{strategy} is not there yet")
+    result = run_cli(
+        "profile", "gpt2", "--nproc", "2", "--strategy", strategy, *extra, "-b", "4", "--steps", "2",
+        "--warmup", "1", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = RunRecord.from_dict(json.loads(result.stdout)["record"])
+    assert record.settings["distributed"]["strategy"] == strategy
+    ranks = record.points[0].ranks
+    assert ranks is not None and ranks.steps == 2 and ranks.world_size == 2
+    for rank in ranks.ranks:
+        assert set(details) <= set(rank.detail)
+        for i, wall in enumerate(rank.wall_s):
+            assert 0 < rank.detail["compute"][i] < wall  # a share of the step, not more
+    if strategy == "pp":  # stage 0 sends activations forward, stage 1 receives them; both idle some
+        assert all(v > 0 for v in ranks.ranks[0].detail["send"])
+        assert all(v > 0 for v in ranks.ranks[1].detail["recv"])
+        assert all(v > 0 for rank in ranks.ranks for v in rank.detail["bubble"])
+    else:
+        assert all(v > 0 for rank in ranks.ranks for v in rank.detail["collective"])
+    assert all(not b for rank in ranks.ranks for b in rank.buckets)  # no DDP buckets outside dp
