@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,32 +36,53 @@ RESIDUAL_TARGET = 0.05
 OVERHEAD_TARGET = 0.15
 
 
-def suite_memory() -> list[dict]:
-    rows = []
+#: glibc's malloc with a fixed mmap threshold (which also turns off its dynamic adjustment): every
+#: block of 64 KiB or more is mapped on allocation and unmapped on release, so the resident memory
+#: follows the allocator instead of the C heap's retained free space.
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def one_workload(name: str) -> dict:
+    """One tracked step of a workload at `small` (after a warm-up step), in this process."""
     with tempfile.TemporaryDirectory() as runs:
-        for workload in all_workloads():
-            settings = BenchSettings(workload.name, preset="small", steps=1, warmup=1, memory=True)
-            try:
-                memory = bench(settings, RunStore(runs)).points[0].memory
-            except Exception as error:
-                rows.append({"name": workload.name, "error": f"{type(error).__name__}: {error}"})
-                continue
-            alive = sum(memory.peak[c] for c in ("parameters", "optimizer_state", "input", "other"))
-            largest = max(CATEGORIES, key=lambda c: memory.category_max.get(c, 0))
-            rows.append(
-                {
-                    "name": workload.name,
-                    "measured": memory.measured_peak,
-                    "residual": memory.peak["unattributed"] / memory.measured_peak
-                    if memory.measured_peak
-                    else None,
-                    "largest": largest,
-                    "allocator_growth": memory.measured_peak - alive,
-                    "rss_growth": memory.subsystem.get("peak_rss_growth_bytes"),
-                    "phase": memory.peak_phase,
-                }
+        settings = BenchSettings(name, preset="small", steps=1, warmup=1, memory=True)
+        memory = bench(settings, RunStore(runs)).points[0].memory
+    at_start = sum(memory.timeline[0][1].values())
+    return {
+        "name": name,
+        "measured": memory.measured_peak,
+        "residual": memory.peak["unattributed"] / memory.measured_peak if memory.measured_peak else None,
+        "largest": max(CATEGORIES, key=lambda c: memory.category_max.get(c, 0)),
+        "allocator_growth": memory.measured_peak - at_start,
+        "rss_growth": memory.subsystem.get("peak_rss_growth_bytes"),
+        "phase": memory.peak_phase,
+    }
+
+
+def suite_memory() -> list[dict]:
+    """Each workload in a fresh process, twice: glibc's defaults and FIXED_MMAP."""
+    rows = []
+    for workload in all_workloads():
+        row: dict = {"name": workload.name}
+        for label, extra in (("default", {}), ("fixed_mmap", FIXED_MMAP)):
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", workload.name],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **extra},
+                timeout=900,
             )
-            print(f"  {workload.name:14s} done", file=sys.stderr)
+            if done.returncode != 0:
+                row["error"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                break
+            result = json.loads(done.stdout)
+            if label == "default":
+                row.update(result)
+            else:
+                row["rss_growth_fixed_mmap"] = result["rss_growth"]
+                row["allocator_growth_fixed_mmap"] = result["allocator_growth"]
+        rows.append(row)
+        print(f"  {workload.name:14s} done", file=sys.stderr)
     return rows
 
 
@@ -96,7 +120,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks-memory.md"))
     parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the per-workload child process
     args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_workload(args.one)))
+        return
     machine, software = environment.machine(), environment.software()
     print("1/2 the suite at small", file=sys.stderr)
     suite = suite_memory()
@@ -119,25 +147,34 @@ def main() -> None:
         "above its level at the start, plus the bytes alive at the start. Residual: allocations live at",
         "that peak that match no tracked storage and are never released in the step (target at most",
         f"{100 * RESIDUAL_TARGET:.0f}%).",
-        "Cross-check: the allocator's growth against the growth of the process's peak resident memory",
-        "(VmHWM, after returning free heap pages).",
+        "Cross-check: the allocator's growth over the step (its peak above its level at the start)",
+        "against the growth of the process's peak resident memory (VmHWM reset after returning free",
+        "heap pages), in a fresh process per workload, twice: with glibc's default malloc, whose",
+        "dynamic mmap threshold serves large blocks from the heap and keeps their pages after release",
+        "(so the resident peak also counts freed-but-retained heap), and with a fixed 64 KiB mmap",
+        "threshold (`MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`), where each large block is",
+        "mapped and unmapped with its allocation. Target: within 10% (second setting).",
         "",
         "| workload | measured peak MiB | residual | within target | largest category | peak in | "
-        "allocator growth MiB | resident growth MiB | resident / allocator |",
-        "|---|---:|---:|---|---|---|---:|---:|---:|",
+        "allocator growth MiB | resident growth MiB (default malloc) | resident / allocator | "
+        "resident / allocator (fixed mmap threshold) | within 10% |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|---:|---|",
     ]
     for row in suite:
         if "error" in row:
-            lines.append(f"| {row['name']} | failed: {row['error']} | | | | | | | |")
+            lines.append(f"| {row['name']} | failed: {row['error']} | | | | | | | | | |")
             continue
         residual = row["residual"]
         ok = "yes" if residual is not None and abs(residual) <= RESIDUAL_TARGET else "**no**"
-        rss = row["rss_growth"]
-        ratio = f"{rss / row['allocator_growth']:.2f}" if rss and row["allocator_growth"] > 0 else "n/a"
+        growth, rss = row["allocator_growth"], row["rss_growth"]
+        ratio = f"{rss / growth:.2f}" if rss and growth > 0 else "n/a"
+        fixed, fixed_growth = row.get("rss_growth_fixed_mmap"), row.get("allocator_growth_fixed_mmap")
+        fixed_ratio = fixed / fixed_growth if fixed and fixed_growth else None
+        agree = "n/a" if fixed_ratio is None else ("yes" if abs(fixed_ratio - 1) <= 0.10 else "**no**")
         lines.append(
             f"| {row['name']} | {row['measured'] / mib:.1f} | {100 * residual:+.1f}% | {ok} | "
-            f"{row['largest']} | {row['phase']} | {row['allocator_growth'] / mib:.1f} | "
-            f"{(rss or 0) / mib:.1f} | {ratio} |"
+            f"{row['largest']} | {row['phase']} | {growth / mib:.1f} | {(rss or 0) / mib:.1f} | {ratio} | "
+            f"{'n/a' if fixed_ratio is None else f'{fixed_ratio:.2f}'} | {agree} |"
         )
     lines += [
         "",
