@@ -34,6 +34,7 @@ bench: install
 	$(BIN)/python benchmarks/run_benchmarks.py
 	$(BIN)/python benchmarks/layer_benchmarks.py
 	$(BIN)/python benchmarks/memory_benchmarks.py
+	$(BIN)/python benchmarks/distributed_benchmarks.py
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
