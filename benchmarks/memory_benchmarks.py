@@ -121,13 +121,19 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks-memory.md"))
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the per-workload child process
+    parser.add_argument(
+        "--suite-from", type=Path, help="reuse the suite rows saved by an earlier --suite-to (JSON)"
+    )
+    parser.add_argument("--suite-to", type=Path, help="save the suite rows (JSON) for --suite-from")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_workload(args.one)))
         return
     machine, software = environment.machine(), environment.software()
     print("1/2 the suite at small", file=sys.stderr)
-    suite = suite_memory()
+    suite = json.loads(args.suite_from.read_text()) if args.suite_from else suite_memory()
+    if args.suite_to:
+        args.suite_to.write_text(json.dumps(suite))
     print("2/2 overhead (paired, interleaved)", file=sys.stderr)
     overheads = {name: memory_overhead(name, args.pairs) for name in OVERHEAD_WORKLOADS}
 
