@@ -233,3 +233,64 @@ def test_a_known_backward_allocation_is_the_peak_and_is_placed_in_its_layer():
     assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
     assert memory.peak["temporaries"] >= 2**23  # the workspace, released within the step
     assert memory.measured_peak - 2**23 < 2**16  # and little else: the model is a few KiB
+
+
+def test_the_trace_parser_reads_allocations_nodes_and_cuda_copies():
+    """The profiler's trace format, as kineto writes it for CUDA runs (which this machine cannot make):
+    allocations on the tracked device only, backward nodes with their forward operator, copy bytes."""
+    from dnnperf.probes.memory import _MARKER, _NODE_EVENT, AllocatorEvents
+
+    raw = [
+        {"ph": "X", "name": _MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
+        {"ph": "X", "name": "aten::addmm", "ts": 1010.0, "dur": 5.0, "args": {"Sequence number": 7}},
+        {
+            "name": "[memory]",
+            "ts": 1012.0,
+            "args": {"Device Type": 1, "Device Id": 0, "Addr": 64, "Bytes": 4096, "Total Allocated": 8192},
+        },
+        {
+            "name": "[memory]",
+            "ts": 1013.0,
+            "args": {"Device Type": 1, "Device Id": 1, "Addr": 64, "Bytes": 512, "Total Allocated": 512},
+        },
+        {
+            "name": "[memory]",
+            "ts": 1014.0,
+            "args": {"Device Type": 0, "Addr": 128, "Bytes": 16, "Total Allocated": 16},
+        },
+        {
+            "ph": "X",
+            "name": _NODE_EVENT + "AddmmBackward0",
+            "ts": 1100.0,
+            "dur": 20.0,
+            "args": {"Sequence number": 7},
+        },
+        {"ph": "X", "name": "AddmmBackward0", "ts": 1101.0, "dur": 18.0, "args": {"Sequence number": 7}},
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pinned -> Device)",
+            "ts": 1200.0,
+            "dur": 4.0,
+            "args": {"bytes": 2**20},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy DtoH (Device -> Pageable)",
+            "ts": 1300.0,
+            "dur": 2.0,
+            "args": {"bytes": 2**10},
+        },
+    ]
+    events = AllocatorEvents(torch.device("cuda", 0), origin=0.5)
+    events._marked_at = 1.0
+    trace = events._parse(raw)
+    # On the step's clock: the marker's middle (1001 us) is 0.5 s after the origin.
+    assert [(round(e.ts, 6), e.addr, e.bytes) for e in trace.allocations] == [(0.500011, 64, 4096)]
+    assert trace.forward_ops == {7: pytest.approx(0.500009)}
+    assert trace.nodes == [(pytest.approx(0.500099), pytest.approx(0.500119), 7)]
+    copies = trace.copy_summary()
+    assert copies["host_to_device_bytes"] == 2**20
+    assert copies["host_to_device_bytes_per_s"] == pytest.approx(2**20 / 4e-6)
+    assert copies["device_to_host_bytes"] == 2**10

@@ -296,6 +296,18 @@ class StepTrace:
     allocations: list[AllocatorEvent] = field(default_factory=list)
     nodes: list[tuple[float, float, int | None]] = field(default_factory=list)
     forward_ops: dict[int, float] = field(default_factory=dict)
+    #: CUDA copies: kind ("HtoD", "DtoH", "DtoD"...) -> [bytes, seconds on the copy engine].
+    copies: dict[str, list[float]] = field(default_factory=dict)
+
+    def copy_summary(self) -> dict[str, float]:
+        """Bytes, seconds and achieved bandwidth of host-to-device and device-to-host copies."""
+        summary: dict[str, float] = {}
+        for kind, label in (("HtoD", "host_to_device"), ("DtoH", "device_to_host")):
+            nbytes, seconds = self.copies.get(kind, [0.0, 0.0])
+            summary[f"{label}_bytes"] = nbytes
+            summary[f"{label}_s"] = seconds
+            summary[f"{label}_bytes_per_s"] = nbytes / seconds if seconds > 0 else float("nan")
+        return summary
 
 
 class AllocatorEvents:
@@ -372,6 +384,11 @@ class AllocatorEvents:
                         int(args["Total Allocated"]),
                     )
                 )
+            elif name.startswith("Memcpy ") and "bytes" in args:  # "Memcpy HtoD (Pinned -> Device)"
+                kind = name.split()[1]
+                totals = trace.copies.setdefault(kind, [0.0, 0.0])
+                totals[0] += float(args["bytes"])
+                totals[1] += float(event.get("dur", 0)) * 1e-6
             elif event.get("ph") == "X":
                 sequence = args.get("Sequence number")
                 if name.startswith(_NODE_EVENT):
@@ -713,6 +730,8 @@ class MemoryTracker:
             info["device_capacity_bytes"] = capacity
             info["device_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             info["device_utilisation"] = torch.cuda.max_memory_reserved(self.device) / capacity
+            if self._allocator is not None:
+                info.update(self._allocator.trace.copy_summary())
         return info
 
     def result(self) -> StepMemory:
