@@ -28,6 +28,9 @@ CASES = [
     ("resnet18", "gpipe", 4, 4),
     ("resnet18", "1f1b", 4, 4),
     ("resnet18", "1f1b", 1, 1),
+    # Other supported workloads (resnet50 in float64: see pp_tp_ranks.DOUBLE).
+    ("resnet50", "gpipe", 2, 2),
+    ("alexnet", "1f1b", 4, 1),
 ]
 
 

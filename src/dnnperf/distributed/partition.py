@@ -100,14 +100,12 @@ def _image_sample(model: nn.Module) -> tuple[tuple[int, ...], torch.dtype]:
     return (2, config.in_channels, config.image_size, config.image_size), torch.float32
 
 
-_IMAGES = {"vgg11": _vgg_layers, "vgg13": _vgg_layers, "vgg16": _vgg_layers, "vgg19": _vgg_layers}
-_IMAGES |= {f"resnet{d}": _resnet_layers for d in (18, 34, 50, 101, 152)}
-_IMAGES |= {"basic_cnn": _basic_cnn_layers}
 #: Workloads pipeline parallelism can cut (AlexNet reads like VGG: features, avgpool, flatten, classifier).
+_IMAGES = {"vgg16": _vgg_layers, "vgg19": _vgg_layers, "alexnet": _vgg_layers}
+_IMAGES |= {"resnet18": _resnet_layers, "resnet50": _resnet_layers, "basic_cnn": _basic_cnn_layers}
 PIPELINE_SPLITS: dict[str, LayerSplit] = {
     name: LayerSplit("image", layers, _image_sample) for name, layers in _IMAGES.items()
 }
-PIPELINE_SPLITS["alexnet"] = LayerSplit("image", _vgg_layers, _image_sample)
 PIPELINE_SPLITS["gpt2"] = LayerSplit(
     "tokens", _gpt2_layers, lambda model: ((2, model.config.seq_len), torch.long)
 )
@@ -197,6 +195,31 @@ def unique_parameters(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
         for parameter in module.parameters():
             seen.setdefault(id(parameter), parameter)
     return list(seen.values())
+
+
+MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+
+
+def memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    """The layout a dense tensor is stored in. Split computations keep it: CPU convolutions of few
+    channels produce channels-last tensors, and the next convolution rounds differently on the same
+    values in another layout (batch norm over a few samples amplifies the difference)."""
+    for layout in MEMORY_FORMATS:
+        if tensor.is_contiguous(memory_format=layout):
+            return layout
+    return torch.contiguous_format
+
+
+def flat_alias(tensor: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements in memory order as a 1-D alias (gloo takes only plain-contiguous
+    tensors; this keeps a channels-last tensor's layout without a copy)."""
+    return tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (the CPU for a model without any)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def parameter_bytes(module: nn.Module) -> int:

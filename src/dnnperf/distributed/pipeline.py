@@ -32,10 +32,14 @@ import torch.distributed as dist
 from torch import nn
 
 from dnnperf.distributed.partition import (
+    MEMORY_FORMATS,
     DetailMeter,
     Layers,
     balance,
+    device_of,
+    flat_alias,
     layer_costs,
+    memory_format,
     named_sequential,
     parameter_bytes,
     pipeline_split,
@@ -50,26 +54,11 @@ SCHEDULES = ("gpipe", "1f1b")
 FORWARD, BACKWARD = "F", "B"
 Action = tuple[str, int]
 
-# Header: dtype code, memory-format code, number of dimensions, up to eight sizes. The memory format
-# travels because CPU convolutions of few channels produce channels-last tensors, and a convolution of
-# the same values in another layout rounds differently (batch norm over a micro-batch amplifies it).
+# Header: dtype code, memory-format code, number of dimensions, up to eight sizes (the layout travels:
+# see ``partition.memory_format``).
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)
-_FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
 _MAX_DIMS = 8
 _HEADER = 3 + _MAX_DIMS
-
-
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    """A dense tensor's elements in memory order as a 1-D alias (gloo sends only plain-contiguous
-    tensors; this keeps a channels-last tensor's layout without a copy)."""
-    return tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
-
-
-def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
-    for layout in _FORMATS:
-        if tensor.is_contiguous(memory_format=layout):
-            return layout
-    return torch.contiguous_format
 
 
 def schedule_actions(schedule: str, rank: int, world: int, microbatches: int) -> list[Action]:
@@ -103,14 +92,14 @@ class PointToPoint:
         self.sent_bytes = self.received_bytes = 0
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
-        layout = _memory_format(tensor)
+        layout = memory_format(tensor)
         tensor = tensor.detach().contiguous(memory_format=layout)
         header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[:3] = torch.tensor([_DTYPES.index(tensor.dtype), _FORMATS.index(layout), tensor.dim()])
+        header[:3] = torch.tensor([_DTYPES.index(tensor.dtype), MEMORY_FORMATS.index(layout), tensor.dim()])
         header[3 : 3 + tensor.dim()] = torch.tensor(tensor.shape)
         header = header.to(self.device)
         with self.meter("send"):
-            for message, message_tag in ((header, 2 * tag), (_flat(tensor), 2 * tag + 1)):
+            for message, message_tag in ((header, 2 * tag), (flat_alias(tensor), 2 * tag + 1)):
                 self.pending.append((dist.isend(message, dst, tag=message_tag), message))
         self.sent_bytes += tensor.numel() * tensor.element_size()
 
@@ -120,10 +109,10 @@ class PointToPoint:
             dist.irecv(header, src, tag=2 * tag).wait()
             dtype, layout, ndim, *sizes = header.tolist()  # on CUDA this waits for the header: still idle
         tensor = torch.empty(
-            sizes[:ndim], dtype=_DTYPES[dtype], device=self.device, memory_format=_FORMATS[layout]
+            sizes[:ndim], dtype=_DTYPES[dtype], device=self.device, memory_format=MEMORY_FORMATS[layout]
         )
         with self.meter("recv"):
-            dist.irecv(_flat(tensor), src, tag=2 * tag + 1).wait()
+            dist.irecv(flat_alias(tensor), src, tag=2 * tag + 1).wait()
         self.received_bytes += tensor.numel() * tensor.element_size()
         return tensor
 
@@ -137,11 +126,6 @@ class PointToPoint:
 
 def _tag(kind: str, microbatch: int) -> int:
     return 2 * microbatch + (kind == BACKWARD)
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    parameter = next(model.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 class PipelineTask(Task):
@@ -206,7 +190,9 @@ class PipelineTask(Task):
         try:
             micro, weights = self._split(batch)
             saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
-            loss = torch.zeros((), device=self.device)
+            # Summed in float64 (the last stage's losses, whatever the model's precision; zero elsewhere
+            # until the broadcast).
+            loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for kind, i in self.actions:
                 if kind == FORWARD:
                     loss += self._forward(i, micro[i], weights[i], saved, stages)
@@ -317,5 +303,5 @@ def pipeline_task(task: Task, workload: str, *, schedule: str = "1f1b", microbat
         split.input_key,
         schedule,
         microbatches,
-        _device_of(task.model),
+        device_of(task.model),
     )
