@@ -71,7 +71,7 @@ def rank_main(workload: str, preset: str, batch: int, bucket_mb: float, steps: i
                 key = (bucket["index"], bucket["bytes"])
                 seconds = standalone_allreduce(bucket["bytes"] // 4)
                 if step >= 2:
-                    hook.setdefault(key, []).append(bucket["seconds"])
+                    hook.setdefault(key, []).append(bucket["allreduce_s"])
                     alone.setdefault(key, []).append(seconds)
     finally:
         clock.close()
@@ -125,7 +125,9 @@ def main() -> None:
         f"({machine['cores_usable']} usable cores), torch {torch.__version__}, 2 ranks, gloo, "
         f"1 thread per rank, {args.steps} measured steps (`python benchmarks/distributed_benchmarks.py`).",
         "",
-        "Each DDP gradient bucket's allreduce as the dp comm hook measures it (launch to completion)",
+        "Each DDP gradient bucket's own allreduce as the dp comm hook measures it (completion minus the",
+        "later of its launch and the previous bucket's completion: the process group runs collectives in",
+        "order, so launch to completion also counts waiting behind earlier buckets)",
         "against a stand-alone allreduce of the same size on the same ranks, paired and interleaved (one",
         f"stand-alone allreduce per bucket after every step); medians. Target: within {TARGET:.0%}.",
         "",

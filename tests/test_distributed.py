@@ -206,3 +206,20 @@ def test_model_parallel_run_records_its_communication(strategy, extra, details):
     else:
         assert all(v > 0 for rank in ranks.ranks for v in rank.detail["collective"])
     assert all(not b for rank in ranks.ranks for b in rank.buckets)  # no DDP buckets outside dp
+
+
+def test_a_bucket_waiting_behind_earlier_ones_is_split_into_queued_and_its_own_allreduce():
+    """A toy schedule: three buckets launched 0.1 s apart, completed in order at 0.5, 0.6 and 0.9 s."""
+    import threading
+
+    from dnnperf.distributed.ddp import BucketTimer
+
+    timer = BucketTimer.__new__(BucketTimer)
+    timer.cuda, timer._lock = False, threading.Lock()
+    timer._pending = [(1, 200, 0.1, 0.6), (0, 100, 0.0, 0.5), (2, 300, 0.2, 0.9)]
+    buckets = timer.take_step()
+    assert [b["index"] for b in buckets] == [0, 1, 2]
+    assert [round(b["seconds"], 9) for b in buckets] == [0.5, 0.5, 0.7]
+    assert [round(b["queued_s"], 9) for b in buckets] == [0.0, 0.4, 0.4]
+    assert [round(b["allreduce_s"], 9) for b in buckets] == [0.5, 0.1, 0.3]
+    assert timer.take_step() == []

@@ -86,14 +86,35 @@ class BucketTimer:
         return work.get_future().then(done)
 
     def take_step(self) -> list[dict[str, float]]:
-        """The buckets of the step just finished (call after the device is synchronised)."""
+        """The buckets of the step just finished (call after the device is synchronised): for each, its
+        bytes, ``seconds`` from launch to completion, and the split of that time into ``queued_s``
+        (waiting for the buckets launched before it: a process group runs its collectives in order)
+        and ``allreduce_s`` (its own allreduce: from when it could start to its completion)."""
         with self._lock:
             pending, self._pending = self._pending, []
+        if not pending:
+            return []
+        origin = pending[0][2]
+
+        def at(stamp: Any) -> float:  # seconds since the first launch
+            return origin.elapsed_time(stamp) / 1e3 if self.cuda else stamp - origin
+
         buckets = []
-        for index, size, start, stop in sorted(pending, key=lambda b: b[0]):
-            seconds = start.elapsed_time(stop) / 1e3 if self.cuda else stop - start
-            buckets.append({"index": index, "bytes": size, "seconds": max(seconds, 0.0)})
-        return buckets
+        previous_end = float("-inf")
+        for index, size, start, stop in sorted(pending, key=lambda b: at(b[3])):  # completion order
+            begin, end = at(start), at(stop)
+            service_start = max(begin, previous_end)
+            previous_end = end
+            buckets.append(
+                {
+                    "index": index,
+                    "bytes": size,
+                    "seconds": max(end - begin, 0.0),
+                    "queued_s": max(service_start - begin, 0.0),
+                    "allreduce_s": max(end - service_start, 0.0),
+                }
+            )
+        return sorted(buckets, key=lambda b: b["index"])
 
 
 class DataParallelTask(Task):

@@ -206,18 +206,24 @@ def rank_balance(breakdown: RankBreakdown) -> pd.DataFrame:
 
 def bucket_table(breakdown: RankBreakdown) -> pd.DataFrame:
     """Data parallelism: per gradient bucket, its size and the median seconds of its allreduce (launch
-    to completion) on every rank, over the measured steps."""
+    to completion, and its own allreduce after waiting for earlier buckets, where recorded) on every
+    rank, over the measured steps."""
     rows: dict[tuple[int, int], dict[str, float]] = {}
     for rank in breakdown.ranks:
         seconds: dict[tuple[int, int], list[float]] = {}
+        own: dict[tuple[int, int], list[float]] = {}
         for step in rank.buckets:
             for bucket in step:
                 key = (int(bucket["index"]), int(bucket["bytes"]))
                 seconds.setdefault(key, []).append(float(bucket["seconds"]))
+                if "allreduce_s" in bucket:
+                    own.setdefault(key, []).append(float(bucket["allreduce_s"]))
         for key, values in seconds.items():
             row = rows.setdefault(key, {"steps": 0})
             row["steps"] = max(row["steps"], len(values))
             row[f"rank {rank.rank} s"] = Samples.of(values).median
+            if own.get(key):
+                row[f"rank {rank.rank} allreduce s"] = Samples.of(own[key]).median
     return pd.DataFrame(
         [{"bucket": index, "bytes": size, **values} for (index, size), values in sorted(rows.items())]
     )
