@@ -33,10 +33,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable, world: int, port: int, out: str, args: tuple) -> None:
+def device() -> torch.device:
+    """Where a rank computes: cuda:RANK under NCCL, else (and outside a process group) the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", dist.get_rank())
+    return torch.device("cpu")
+
+
+def _entry(rank: int, fn: Callable, world: int, port: int, out: str, backend: str, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    cuda = torch.device("cuda", rank) if backend == "nccl" else None
+    if cuda is not None:
+        torch.cuda.set_device(cuda)
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=timedelta(seconds=60), device_id=cuda
+    )
     try:
         result = fn(*args)
     finally:
@@ -44,12 +56,17 @@ def _entry(rank: int, fn: Callable, world: int, port: int, out: str, args: tuple
     Path(out, f"rank-{rank}.json").write_text(json.dumps(result))
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120) -> list[Any]:
-    """``fn(*args)`` on ``world`` gloo ranks; each rank's JSON result, in rank order. A rank that fails
-    fails the call; ranks still running after ``timeout`` seconds are killed and the call fails."""
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 120, backend: str = "gloo") -> list[Any]:
+    """``fn(*args)`` on ``world`` ranks (gloo on CPU; NCCL: one GPU each); each rank's JSON result, in
+    rank order. A rank that fails fails the call; ranks still running after ``timeout`` seconds are
+    killed and the call fails."""
     with tempfile.TemporaryDirectory() as out:
         context = mp.start_processes(
-            _entry, args=(fn, world, free_port(), out, args), nprocs=world, join=False, start_method="spawn"
+            _entry,
+            args=(fn, world, free_port(), out, backend, args),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         try:
@@ -75,7 +92,7 @@ def no_dropout(model: nn.Module) -> None:
 
 def build(workload: str) -> Task:
     torch.manual_seed(SEED)
-    task = get_workload(workload).build(PRESET, "cpu")
+    task = get_workload(workload).build(PRESET, device())
     no_dropout(task.model)
     if workload in DOUBLE:
         task.model.double()  # in place: the optimizer keeps its parameters
@@ -83,7 +100,9 @@ def build(workload: str) -> Task:
 
 
 def batch_of(workload: str, size: int) -> Batch:
-    batch = get_workload(workload).data(PRESET).synthesize(size, seed=1)
+    batch = {
+        k: v.to(device()) for k, v in get_workload(workload).data(PRESET).synthesize(size, seed=1).items()
+    }
     if workload in DOUBLE:
         batch = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
     return batch

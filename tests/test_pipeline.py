@@ -88,6 +88,17 @@ def test_bytes_are_the_activation_at_the_cut(equivalence, index):
     assert last["bytes"] == {"send": cut, "recv": cut}
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL pipeline needs two CUDA devices")
+def test_nccl_pipeline_matches_single_process():
+    """The CUDA path: NCCL point-to-point, CUDA-event detail; the single-process reference on the same GPU."""
+    cases = [("gpt2", "1f1b", 4, 1), ("resnet18", "gpipe", 4, 4)]
+    for rank in run_ranks(_equivalence, 2, cases, backend="nccl"):
+        for result in rank:
+            assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5, abs=1e-6)
+            bad = {name: why for name, why in result["mismatch"].items() if why}
+            assert not bad, bad
+
+
 def _timed(schedule: str, delays: list, microbatches: int, steps: int) -> dict:
     import torch.distributed as dist
 

@@ -147,6 +147,17 @@ def test_detail_figures_add_up(ranks):
             assert sum(detail.values()) <= result["wall"]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL tensor parallelism needs two CUDA devices")
+def test_nccl_tensor_parallel_matches_single_process():
+    """The CUDA path: NCCL collectives inside autograd; the single-process reference on the same GPU."""
+    for rank in run_ranks(_equivalence, 2, ["gpt2", "vgg16"], backend="nccl"):
+        for result in rank:
+            assert result["loss"] == pytest.approx(result["expected_loss"], rel=1e-5, abs=1e-6)
+            bad = {name: why for name, why in result["grads"].items() if why}
+            assert not bad, bad
+            assert result["detail"]["collective"] > 0
+
+
 def _delayed_collective(delay) -> dict:
     """Rank 1 waits a known time before every all-reduce; both ranks should see it as collective."""
     original = dist.all_reduce
