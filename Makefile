@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 DEMO_WORKLOAD ?= resnet18
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench reproduce lint clean
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,11 @@ bench: install
 	$(BIN)/python benchmarks/layer_benchmarks.py
 	$(BIN)/python benchmarks/memory_benchmarks.py
 	$(BIN)/python benchmarks/distributed_benchmarks.py
+
+# The seed papers' experiments re-run with dnnperf's commands (about 20 minutes on 2 cores); rewrites
+# docs/reproductions.md with the claims beside the measurements and the commands behind them.
+reproduce: install
+	$(BIN)/dnnperf reproduce all
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

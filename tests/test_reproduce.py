@@ -1,0 +1,74 @@
+"""`dnnperf reproduce` at its smallest size, end to end through the CLI: every claim is filled from
+the runs it made (figures in the text, a verdict, the commands that produced them, which made records),
+and the markdown summary is written section by section."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+from dnnperf.reproduce import PAPERS, Reproduction, render_markdown, update_document
+from dnnperf.reproduce.base import Claim
+from dnnperf.results.store import RunStore
+
+
+@pytest.mark.slow
+def test_every_paper_reproduces_at_smoke_size(tmp_path):
+    output = tmp_path / "reproductions.md"
+    runs = tmp_path / "runs"
+    done = run_cli("reproduce", "all", "--size", "smoke", "--output", str(output), "--runs-dir", str(runs),
+                   "--json", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    reproductions = {r["paper"]: r for r in document["reproductions"]}
+    assert set(reproductions) == set(PAPERS)
+    records, skipped = RunStore(runs).scan()
+    assert records and not skipped
+    ran = {" ".join(r.command) for r in records}
+    text = output.read_text()
+    for key, reproduction in reproductions.items():
+        assert reproduction["claims"], key
+        for claim in reproduction["claims"]:
+            assert claim["verdict"] in ("holds", "differs")
+            assert re.search(r"\d", claim["measured"]), claim  # figures, not words alone
+            assert claim["why"] and claim["commands"]
+            for command in claim["commands"]:
+                assert command.startswith("dnnperf ")
+                if command.startswith("dnnperf profile"):  # each profile command left its record
+                    assert any(r.startswith(command) for r in ran), command
+        for table in reproduction["tables"].values():
+            assert table  # rows measured
+        assert f"<!-- paper:{key} -->" in text
+    # What it printed is what the summary says: every claim's measurement is in the markdown.
+    for reproduction in reproductions.values():
+        for claim in reproduction["claims"]:
+            assert claim["measured"].replace("|", "\\|") in text
+
+
+def _reproduction(key: str, measured: str) -> Reproduction:
+    reproduction = Reproduction(key, "999", f"paper {key}", "smoke")
+    reproduction.claims = [Claim("a claim", measured, "holds", "because", ["dnnperf list"])]
+    reproduction.tables = [("numbers", pd.DataFrame({"a": [1.5], "b": ["x|y"]}))]
+    return reproduction
+
+
+def test_a_paper_section_is_replaced_and_the_others_are_kept(tmp_path):
+    path = tmp_path / "r.md"
+    update_document(path, [_reproduction("one", "first 1"), _reproduction("two", "second 2")])
+    update_document(path, [_reproduction("one", "again 3")])
+    text = path.read_text()
+    assert "again 3" in text and "first 1" not in text and "second 2" in text
+    assert text.count("<!-- paper:one -->") == 1 and "Not reproduced yet" in text
+    assert "x\\|y" in render_markdown(_reproduction("one", "1")) or "x|y" in render_markdown(
+        _reproduction("one", "1")
+    )
+
+
+def test_an_unknown_or_pending_paper_is_a_one_line_error(tmp_path):
+    for name, words in (("nope", "unknown paper"), ("002", "cannot be reproduced yet")):
+        done = run_cli("reproduce", name, "--output", str(tmp_path / "r.md"))
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1
