@@ -1,0 +1,211 @@
+"""Offload to disk (the CPU tier): saved tensors written by a background thread during forward and read
+back by another during backward, ahead of use.
+
+Every allocation and release happens on the calling (training) thread: read buffers are allocated
+when a read is scheduled, and a written tensor is released when the training thread next looks at the
+finished writes. So torch's allocator (and the memory profiler watching it) sees the real lifetimes,
+and a write that has not finished by the start of backward still counts at the peak.
+
+Files hold raw bytes (numpy's view of the storage): no pickle. Each file is removed when its saved
+tensor is released, and the whole directory when the store closes, also on error. A full disk is a
+``DnnperfError`` naming the directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import shutil
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from dnnperf.errors import DnnperfError
+
+
+@dataclass(eq=False)
+class DiskHandle:
+    """One offloaded storage (the saved-tensor hook keeps each view's shape beside it)."""
+
+    path: Path
+    nbytes: int
+    version: int
+    order: int
+    written: Future | None = None
+    reading: tuple[Future, torch.Tensor] | None = None
+    loaded: torch.Tensor | None = None
+
+    def __del__(self) -> None:  # the saved tensor is released: its file goes too
+        with suppress(OSError):
+            self.path.unlink(missing_ok=True)
+
+
+def _raw(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's whole storage as bytes (a uint8 view sharing its memory)."""
+    return torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+
+
+class DiskStore:
+    """Writes and reads saved tensors in ``directory`` (default: a new temporary directory). Our own
+    files live in a fresh sub-directory, removed on ``close``."""
+
+    def __init__(self, directory: Path | str | None = None, prefetch_bytes: int = 64 * 2**20) -> None:
+        if directory is not None:
+            directory = Path(directory)
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise DnnperfError(f"cannot use offload directory {directory}: {error.strerror}") from None
+        self.directory = Path(tempfile.mkdtemp(prefix="dnnperf-memsave-", dir=directory))
+        self.prefetch_bytes = prefetch_bytes
+        self.bytes_written = 0
+        self.bytes_read = 0
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="dnnperf-memsave-write")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="dnnperf-memsave-read")
+        self._pending: list[tuple[DiskHandle, torch.Tensor]] = []  # writes whose tensor we still hold
+        self._order: list[DiskHandle] = []  # pack order, for prefetching backwards
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    def put(self, tensor: torch.Tensor) -> DiskHandle:
+        self.release_written()
+        storage = tensor.untyped_storage()
+        handle = DiskHandle(
+            path=self.directory / f"{next(self._counter)}.bin",
+            nbytes=storage.nbytes(),
+            version=tensor._version,
+            order=len(self._order),
+        )
+        handle.written = self._writer.submit(self._write, handle.path, tensor.detach())
+        self._pending.append((handle, tensor))
+        self._order.append(handle)
+        return handle
+
+    def _write(self, path: Path, tensor: torch.Tensor) -> int:
+        data = _raw(tensor).numpy()
+        try:
+            with self._open(path) as file:
+                file.write(memoryview(data))
+        except OSError as error:
+            path.unlink(missing_ok=True)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DnnperfError(
+                    f"disk full: cannot offload {len(data)} bytes of activations to {self.directory} "
+                    "(choose another --offload-dir or a smaller budget cut)"
+                ) from None
+            raise DnnperfError(f"cannot write offloaded activations to {path}: {error.strerror}") from None
+        with self._lock:
+            self.bytes_written += len(data)
+        return len(data)
+
+    def _open(self, path: Path) -> BinaryIO:  # a seam for the disk-full test
+        return open(path, "wb")
+
+    def release_written(self) -> None:
+        """Drop our reference to tensors already on disk (on the training thread: see the module doc);
+        a failed write is raised here, at the next saved tensor, not at the end of forward."""
+        keep = []
+        for handle, tensor in self._pending:
+            assert handle.written is not None
+            if not handle.written.done():
+                keep.append((handle, tensor))
+                continue
+            handle.written.result()  # raises the writer's error
+            if tensor._version != handle.version:  # autograd's own check, which hooks bypass
+                raise DnnperfError(
+                    "a tensor saved for backward was modified in place while it was being offloaded"
+                )
+        self._pending = keep
+
+    # -- backward -----------------------------------------------------------------------------------
+
+    def get(self, handle: DiskHandle) -> torch.Tensor:
+        """The storage's bytes (uint8), read back (or waited for, when prefetched)."""
+        if handle.loaded is None:
+            if handle.reading is None:
+                self._schedule(handle)
+            future, buffer = handle.reading  # type: ignore[misc]
+            future.result()
+            handle.reading = None
+            with self._lock:
+                self.bytes_read += handle.nbytes
+            handle.loaded = buffer
+        self._prefetch_before(handle.order)
+        self.release_written()
+        return handle.loaded
+
+    def _schedule(self, handle: DiskHandle) -> None:
+        assert handle.written is not None
+        buffer = torch.empty(handle.nbytes, dtype=torch.uint8)  # allocated here: the training thread
+        handle.reading = (self._reader.submit(self._read, handle, buffer), buffer)
+
+    def _read(self, handle: DiskHandle, buffer: torch.Tensor) -> None:
+        assert handle.written is not None
+        handle.written.result()  # the write finished (or its error is raised at get)
+        with open(handle.path, "rb") as file:
+            got = file.readinto(memoryview(buffer.numpy()))
+        if got != handle.nbytes:
+            raise DnnperfError(f"offloaded file {handle.path} is short: {got} of {handle.nbytes} bytes")
+
+    def _prefetch_before(self, order: int) -> None:
+        """Read ahead, in reverse pack order, while the bytes in flight stay under prefetch_bytes."""
+        ahead = 0
+        for index in range(order - 1, -1, -1):
+            handle = self._order[index]
+            if handle.loaded is not None:
+                continue
+            ahead += handle.nbytes
+            if ahead > self.prefetch_bytes:
+                break
+            if handle.reading is None:
+                self._schedule(handle)
+
+    # -- the end ------------------------------------------------------------------------------------
+
+    def end_step(self) -> None:
+        """Forget this step's handles (the graph keeps the ones it still needs)."""
+        self.release_written()
+        self._order = []
+
+    def close(self) -> None:
+        """Stop the threads and remove every file, also after an error."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.shutdown(wait=True, cancel_futures=True)
+        self._reader.shutdown(wait=True, cancel_futures=True)
+        self._pending = []
+        for handle in self._order:
+            handle.reading = None
+            handle.loaded = None
+        self._order = []
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def measure_bandwidth(directory: Path | str | None = None, nbytes: int = 64 * 2**20) -> dict[str, float]:
+    """Write then read ``nbytes`` through the same path the store uses (bytes per second each)."""
+    import time
+
+    store = DiskStore(directory)
+    try:
+        data = torch.ones(nbytes // 4)
+        start = time.perf_counter()
+        handle = store.put(data)
+        assert handle.written is not None
+        handle.written.result()
+        write_s = time.perf_counter() - start
+        start = time.perf_counter()
+        store.get(handle)
+        read_s = time.perf_counter() - start
+        return {"write_bytes_per_s": nbytes / write_s, "read_bytes_per_s": nbytes / read_s}
+    finally:
+        store.close()

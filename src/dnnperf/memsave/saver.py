@@ -1,0 +1,129 @@
+"""``MemorySaver``: a plan applied to a user's model for the steps run inside it.
+
+    saver = MemorySaver(model, plan)            # plan: dnnperf.memsave.plan_for(...) or by hand
+    with saver:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+    optimizer.step()
+
+Inside: the saved-tensor hook (offload), recompute segments, and forward hooks naming the unit that
+runs. All of it is removed on exit, also on error, and the offload files with it; backward must
+run inside the block (the offloaded tensors live there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dnnperf.errors import UsageError
+from dnnperf.memsave.disk import DiskStore
+from dnnperf.memsave.hooks import SavedTensorHook, Store, protected_storages
+from dnnperf.memsave.pinned import PinnedPool, PinnedStore
+from dnnperf.memsave.policy import KEEP, OFFLOAD, Plan, find_units
+from dnnperf.memsave.recompute import Checkpointing
+
+
+def refuse_compiled(model: nn.Module) -> None:
+    """torch.compile, compiled autograd and CUDA graphs bypass saved-tensor hooks silently: refuse."""
+    if hasattr(model, "_orig_mod") or any(hasattr(m, "_orig_mod") for m in model.modules()):
+        raise UsageError("memsave cannot wrap a torch.compile'd model: its hooks would be bypassed silently")
+
+
+class MemorySaver:
+    """Runs a model under a memory-saving plan (see the module doc). Stats after each block:
+    ``bytes_written`` / ``bytes_read`` (offload tier), ``offloaded_bytes`` (distinct storages)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: Plan,
+        offload_dir: Path | str | None = None,
+        pool_bytes: int | None = None,
+    ) -> None:
+        refuse_compiled(model)
+        self.model, self.plan, self.offload_dir = model, plan, offload_dir
+        self.units = find_units(model)
+        plan.validate(self.units)
+        parameter = next(iter(model.parameters()), None)
+        self.device = parameter.device if parameter is not None else torch.device("cpu")
+        self.pool_bytes = pool_bytes
+        self._pool: PinnedPool | None = None
+        self._handles: list[Any] = []
+        self._stack: list[str] = []
+        self._store: Store | None = None
+        self._hook: SavedTensorHook | None = None
+        self._context: Any = None
+        self._checkpointing: Checkpointing | None = None
+        self.bytes_written = self.bytes_read = self.offloaded_bytes = 0
+
+    def _make_store(self) -> Store | None:
+        if not any(p == OFFLOAD for p in self.plan.policies.values()):
+            return None
+        if self.device.type == "cuda":
+            if self._pool is None:
+                # Pre-allocated once (cudaHostAlloc is slow and synchronising); default: the device's
+                # saved activations can be at most the device's memory.
+                size = self.pool_bytes or torch.cuda.get_device_properties(self.device).total_memory // 2
+                self._pool = PinnedPool(size)
+            return PinnedStore(self.device, self._pool, self.plan.prefetch_bytes)
+        return DiskStore(self.offload_dir, self.plan.prefetch_bytes)
+
+    def _policy_now(self) -> str:
+        return self.plan.policy(self._stack[-1]) if self._stack else KEEP
+
+    def __enter__(self) -> MemorySaver:
+        try:
+            self._store = self._make_store()
+            modules = dict(self.model.named_modules())
+            self._hook = SavedTensorHook(
+                self._policy_now, self._store, protected_storages([self.model]), self.plan.min_bytes
+            )
+            for unit in self.units:
+                module = modules[unit.name]
+                self._handles.append(module.register_forward_pre_hook(self._enter_unit(unit.name)))
+                self._handles.append(module.register_forward_hook(self._leave_unit, always_call=True))
+            self._checkpointing = Checkpointing(self.model, self.units, self.plan.segments)
+            self._checkpointing.apply()
+            self._context = torch.autograd.graph.saved_tensors_hooks(self._hook.pack, self._hook.unpack)
+            self._context.__enter__()
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def _enter_unit(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self._stack.append(name)
+
+        return hook
+
+    def _leave_unit(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        if self._context is not None:
+            self._context.__exit__(None, None, None)
+            self._context = None
+        if self._checkpointing is not None:
+            self._checkpointing.remove()
+            self._checkpointing = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._stack.clear()
+        if self._hook is not None:
+            self.offloaded_bytes = self._hook.offloaded_bytes
+            self._hook.end_step()
+            self._hook = None
+        if self._store is not None:
+            store, self._store = self._store, None
+            self.bytes_written, self.bytes_read = store.bytes_written, store.bytes_read
+            store.close()

@@ -1,0 +1,190 @@
+"""Memory saving against the unoptimised step: gradients after one step (bitwise for keep and disk
+offload, 1e-6 relative for recompute) over the suite at ``tiny``, BatchNorm running statistics,
+dropout, hooks and files removed, disk full."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from dnnperf.errors import DnnperfError, UsageError
+from dnnperf.memsave import KEEP, OFFLOAD, RECOMPUTE, MemorySaver, Plan, find_units, plan_of
+from dnnperf.memsave import disk as disk_module
+from dnnperf.workloads import all_workloads, get_workload
+
+SUITE = [w.name for w in all_workloads()]
+
+
+def one_step(name: str, plan_for=None, offload_dir: Path | None = None):
+    """Gradients (at each optimizer step), buffers and loss of one step of ``name`` at tiny."""
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    task = workload.build("tiny")
+    batch = workload.data("tiny").synthesize(workload.default_batch_size["tiny"], seed=1)
+    grads: list[dict[str, torch.Tensor]] = []
+    names = {p: n for n, p in task.model.named_parameters()}
+
+    def capture(optimizer, args, kwargs):
+        grads.append(
+            {
+                names[p]: p.grad.clone()
+                for g in optimizer.param_groups
+                for p in g["params"]
+                if p.grad is not None
+            }
+        )
+
+    handles = [o.register_step_pre_hook(capture) for o in task.optimizers()]
+    saver = None
+    torch.manual_seed(1)  # dropout, sampled actions: the same draws in both runs
+    if plan_for is None:
+        loss = task.step(batch)
+    else:
+        saver = MemorySaver(task.model, plan_for(find_units(task.model)), offload_dir=offload_dir)
+        with saver:
+            loss = task.step(batch)
+    for handle in handles:
+        handle.remove()
+    buffers = {n: b.clone() for n, b in task.model.named_buffers()}
+    return grads, buffers, loss, saver
+
+
+def offload_all(units):
+    return Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=0)
+
+
+def mixed(units):
+    cycle = (RECOMPUTE, RECOMPUTE, OFFLOAD, KEEP)
+    return plan_of(units, {u.name: cycle[i % 4] for i, u in enumerate(units)}, min_bytes=0)
+
+
+def recompute_all(units):
+    return plan_of(units, {u.name: RECOMPUTE for u in units}, min_bytes=0)
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {}
+
+
+def reference(references, name):
+    if name not in references:
+        references[name] = one_step(name)
+    return references[name]
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_disk_offload_is_bitwise(name, references, tmp_path):
+    grads, buffers, loss, saver = one_step(name, offload_all, tmp_path)
+    ref_grads, ref_buffers, ref_loss, _ = reference(references, name)
+    assert torch.equal(loss, ref_loss)
+    assert len(grads) == len(ref_grads) > 0
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), key
+    for key in ref_buffers:
+        assert torch.equal(buffers[key], ref_buffers[key]), key
+    if name not in ("a3c",):  # a3c's saved tensors are all tiny parameters-sized views
+        assert saver.bytes_written > 0 and saver.bytes_written == saver.bytes_read
+    assert list(tmp_path.iterdir()) == []  # our sub-directory is gone
+
+
+@pytest.mark.parametrize("name", SUITE)
+@pytest.mark.parametrize("plan_for", [mixed, recompute_all], ids=["mixed", "recompute_all"])
+def test_recompute_within_tolerance(name, plan_for, references):
+    grads, buffers, loss, _ = one_step(name, plan_for)
+    ref_grads, ref_buffers, ref_loss, _ = reference(references, name)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    assert len(grads) == len(ref_grads) > 0
+    for got, want in zip(grads, ref_grads, strict=True):
+        for key in want:
+            scale = want[key].abs().max().clamp_min(1e-12)
+            assert float((got[key] - want[key]).abs().max() / scale) <= 1e-6, key
+    # BatchNorm's running statistics updated exactly once (a second update would move them).
+    for key in ref_buffers:
+        torch.testing.assert_close(buffers[key], ref_buffers[key], rtol=1e-6, atol=1e-7)
+
+
+def small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Dropout(0.5),
+        nn.Linear(8 * 16 * 16, 10),
+    )
+
+
+def test_hooks_forwards_and_files_removed_on_error(tmp_path):
+    model = small_cnn()
+    units = find_units(model)
+    plan = plan_of(
+        units, {u.name: (OFFLOAD if i % 2 else RECOMPUTE) for i, u in enumerate(units)}, min_bytes=0
+    )
+    saver = MemorySaver(model, plan, offload_dir=tmp_path)
+    threads = threading.active_count()
+    with pytest.raises(RuntimeError, match="injected"), saver:
+        loss = model(torch.randn(4, 3, 16, 16)).sum()
+        assert any(tmp_path.iterdir())  # the offload directory is in use mid-step
+        raise RuntimeError("injected")
+    del loss
+    assert list(tmp_path.iterdir()) == []
+    assert threading.active_count() == threads
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    # No saved-tensor hook is left: a plain forward keeps plain tensors.
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        model(torch.randn(2, 3, 16, 16)).sum().backward()
+    assert seen
+
+
+def test_parameters_never_offloaded(tmp_path):
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    plan = Plan(policies={"0": OFFLOAD, "1": OFFLOAD}, min_bytes=0)
+    saver = MemorySaver(model, plan, offload_dir=tmp_path)
+    x = torch.randn(8, 64, requires_grad=True)
+    with saver:
+        model(x).sum().backward()
+    # Linear saves its input (x, then the first output) and its weight (a parameter: kept).
+    assert saver.offloaded_bytes == 2 * 8 * 64 * 4
+
+
+def test_disk_full_is_one_line_error(tmp_path, monkeypatch):
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_module.DiskStore, "_open", full, raising=True)
+    model = small_cnn()
+    plan = Plan(policies={u.name: OFFLOAD for u in find_units(model)}, min_bytes=0)
+    with (
+        pytest.raises(DnnperfError, match="disk full") as caught,
+        MemorySaver(model, plan, offload_dir=tmp_path),
+    ):
+        model(torch.randn(4, 3, 16, 16)).sum().backward()
+    assert "\n" not in str(caught.value) and str(tmp_path) in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_plans_and_compiled_models_are_refused():
+    model = small_cnn()
+    units = find_units(model)
+    with pytest.raises(UsageError, match="unknown layer"):
+        MemorySaver(model, Plan(policies={"nope": OFFLOAD}))
+    with pytest.raises(UsageError, match="in no segment"):
+        MemorySaver(model, Plan(policies={units[0].name: RECOMPUTE}))
+    with pytest.raises(UsageError, match="not a run"):
+        MemorySaver(model, Plan(policies={"0": RECOMPUTE, "2": RECOMPUTE}, segments=[["0", "2"]]))
+    model._orig_mod = nn.Linear(1, 1)  # what torch.compile's wrapper carries
+    with pytest.raises(UsageError, match="compile"):
+        MemorySaver(model, Plan())
