@@ -18,11 +18,13 @@ import itertools
 import shutil
 import tempfile
 import threading
+import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 
@@ -36,7 +38,8 @@ class DiskHandle:
     path: Path
     nbytes: int
     version: int
-    order: int
+    #: Bytes saved (every tensor) before this one in forward: where it sits in backward's reverse walk.
+    position: int
     written: Future | None = None
     reading: tuple[Future, torch.Tensor] | None = None
     loaded: torch.Tensor | None = None
@@ -44,6 +47,27 @@ class DiskHandle:
     def __del__(self) -> None:  # the saved tensor is released: its file goes too
         with suppress(OSError):
             self.path.unlink(missing_ok=True)
+
+
+def read_ahead(
+    order: list[weakref.ref[Any]],
+    cursor: int | None,
+    position: int,
+    window: int,
+    schedule: Callable[[Any], None],
+    wanted: Callable[[Any], bool],
+) -> int:
+    """Walk ``order`` (pack order) back from ``cursor``, scheduling every handle that ends within
+    ``window`` bytes before ``position``; the new cursor. Shared by the disk and pinned stores."""
+    cursor = len(order) - 1 if cursor is None else cursor
+    while cursor >= 0:
+        handle = order[cursor]()
+        if handle is not None and handle.position + handle.nbytes < position - window:
+            break
+        if handle is not None and wanted(handle):
+            schedule(handle)
+        cursor -= 1
+    return cursor
 
 
 def _raw(tensor: torch.Tensor) -> torch.Tensor:
@@ -69,25 +93,28 @@ class DiskStore:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="dnnperf-memsave-write")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="dnnperf-memsave-read")
         self._pending: list[tuple[DiskHandle, torch.Tensor]] = []  # writes whose tensor we still hold
-        self._order: list[DiskHandle] = []  # pack order, for prefetching backwards
+        # Pack order, for prefetching backwards; weak: a handle (and what it read back) lives only as
+        # long as the graph holds it.
+        self._order: list[weakref.ref[DiskHandle]] = []
         self._counter = itertools.count()
+        self._cursor: int | None = None  # the next handle (backwards) not yet read back
         self._lock = threading.Lock()
         self._closed = False
 
     # -- forward ------------------------------------------------------------------------------------
 
-    def put(self, tensor: torch.Tensor) -> DiskHandle:
+    def put(self, tensor: torch.Tensor, position: int = 0) -> DiskHandle:
         self.release_written()
         storage = tensor.untyped_storage()
         handle = DiskHandle(
             path=self.directory / f"{next(self._counter)}.bin",
             nbytes=storage.nbytes(),
             version=tensor._version,
-            order=len(self._order),
+            position=position,
         )
         handle.written = self._writer.submit(self._write, handle.path, tensor.detach())
         self._pending.append((handle, tensor))
-        self._order.append(handle)
+        self._order.append(weakref.ref(handle))
         return handle
 
     def _write(self, path: Path, tensor: torch.Tensor) -> int:
@@ -139,7 +166,6 @@ class DiskStore:
             with self._lock:
                 self.bytes_read += handle.nbytes
             handle.loaded = buffer
-        self._prefetch_before(handle.order)
         self.release_written()
         return handle.loaded
 
@@ -156,18 +182,18 @@ class DiskStore:
         if got != handle.nbytes:
             raise DnnperfError(f"offloaded file {handle.path} is short: {got} of {handle.nbytes} bytes")
 
-    def _prefetch_before(self, order: int) -> None:
-        """Read ahead, in reverse pack order, while the bytes in flight stay under prefetch_bytes."""
-        ahead = 0
-        for index in range(order - 1, -1, -1):
-            handle = self._order[index]
-            if handle.loaded is not None:
-                continue
-            ahead += handle.nbytes
-            if ahead > self.prefetch_bytes:
-                break
-            if handle.reading is None:
-                self._schedule(handle)
+    def reached(self, position: int) -> None:
+        """Backward has reached ``position`` (in forward's saved bytes): read back every offloaded
+        storage within ``prefetch_bytes`` before it, nearest first, and nothing further back (an
+        early layer read back at the start of backward would recreate the peak)."""
+        self._cursor = read_ahead(
+            self._order,
+            self._cursor,
+            position,
+            self.prefetch_bytes,
+            self._schedule,
+            lambda h: h.loaded is None and h.reading is None,
+        )
 
     # -- the end ------------------------------------------------------------------------------------
 
@@ -175,6 +201,7 @@ class DiskStore:
         """Forget this step's handles (the graph keeps the ones it still needs)."""
         self.release_written()
         self._order = []
+        self._cursor = None
 
     def close(self) -> None:
         """Stop the threads and remove every file, also after an error."""
@@ -184,9 +211,10 @@ class DiskStore:
         self._writer.shutdown(wait=True, cancel_futures=True)
         self._reader.shutdown(wait=True, cancel_futures=True)
         self._pending = []
-        for handle in self._order:
-            handle.reading = None
-            handle.loaded = None
+        for ref in self._order:
+            if (handle := ref()) is not None:
+                handle.reading = None
+                handle.loaded = None
         self._order = []
         shutil.rmtree(self.directory, ignore_errors=True)
 

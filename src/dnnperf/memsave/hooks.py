@@ -28,7 +28,8 @@ class Store(Protocol):
     bytes_written: int
     bytes_read: int
 
-    def put(self, tensor: torch.Tensor) -> Any | None: ...
+    def put(self, tensor: torch.Tensor, position: int) -> Any | None: ...
+    def reached(self, position: int) -> None: ...
     def get(self, handle: Any) -> torch.Tensor: ...
     def end_step(self) -> None: ...
     def close(self) -> None: ...
@@ -39,11 +40,20 @@ class Offloaded:
     """What the graph holds instead of an offloaded tensor: the storage's handle and this view."""
 
     handle: Any
+    position: int
     dtype: torch.dtype
     size: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int
     device: torch.device
+
+
+@dataclass(eq=False)
+class Kept:
+    """A kept tensor, with its place in pack order (which tells the store where backward is)."""
+
+    tensor: torch.Tensor
+    position: int
 
 
 class SavedTensorHook:
@@ -58,27 +68,36 @@ class SavedTensorHook:
     ) -> None:
         self.policy_now, self.store, self.protected, self.min_bytes = policy_now, store, protected, min_bytes
         self._seen: dict[tuple[Any, ...], tuple[weakref.ref, Any, int]] = {}
+        self._position = 0  # bytes saved so far this step (every tensor): a clock of forward
         self.offloaded_bytes = 0  # distinct storages handed to the store
         self.offloaded_tensors = 0
 
     def pack(self, tensor: torch.Tensor) -> Any:
-        if self.store is None or self.policy_now() != OFFLOAD or not self._may_offload(tensor):
+        if self.store is None:
             return tensor
+        position = self._position
+        if tensor.device.type != "meta":
+            self._position += tensor.untyped_storage().nbytes()
+        if not self._may_offload(tensor):
+            return Kept(tensor, position)
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         view = (tensor.dtype, tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))
         seen = self._seen.get((*key, view))
-        if seen is not None and self._same(seen, key, tensor):  # a storage already saved: once
-            handle = seen[1]
-        else:
-            handle = self.store.put(tensor)
+        # Saved again (by any unit) after it was offloaded: the same handle, or it would stay alive.
+        handle = seen[1]() if seen is not None and self._same(seen, key, tensor) else None
+        if handle is None:
+            if self.policy_now() != OFFLOAD:
+                return Kept(tensor, position)
+            handle = self.store.put(tensor, position)
             if handle is None:  # the store is full (CUDA pool): keep it
-                return tensor
-            self._seen[(*key, view)] = (weakref.ref(tensor), handle, tensor._version)
+                return Kept(tensor, position)
+            self._seen[(*key, view)] = (weakref.ref(tensor), weakref.ref(handle), tensor._version)
             self.offloaded_bytes += storage.nbytes()
             self.offloaded_tensors += 1
         return Offloaded(
             handle,
+            position,
             tensor.dtype,
             tuple(tensor.size()),
             tuple(tensor.stride()),
@@ -98,9 +117,12 @@ class SavedTensorHook:
         return (storage.data_ptr(), storage.nbytes()) == key and first._version == seen[2]
 
     def unpack(self, packed: Any) -> torch.Tensor:
-        if not isinstance(packed, Offloaded):
+        if isinstance(packed, torch.Tensor):
             return packed
         assert self.store is not None
+        self.store.reached(packed.position)  # backward is here: read ahead what comes next
+        if isinstance(packed, Kept):
+            return packed.tensor
         raw = self.store.get(packed.handle)
         return torch.empty(0, dtype=packed.dtype, device=packed.device).set_(
             raw.untyped_storage(), packed.offset, packed.size, packed.stride

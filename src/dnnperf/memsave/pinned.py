@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
+
+from dnnperf.memsave.disk import read_ahead
 
 _ALIGN = 512  # bytes: keeps every slice of the pool aligned for fast DMA
 
@@ -24,7 +27,7 @@ _ALIGN = 512  # bytes: keeps every slice of the pool aligned for fast DMA
 class PinnedHandle:
     host: torch.Tensor  # uint8 slice of the pool
     nbytes: int
-    order: int
+    position: int
     copied: torch.cuda.Event
     device_copy: torch.Tensor | None = None
     ready: torch.cuda.Event | None = None
@@ -54,9 +57,10 @@ class PinnedStore:
         self.stream = torch.cuda.Stream(device)
         self.bytes_written = 0
         self.bytes_read = 0
-        self._order: list[PinnedHandle] = []
+        self._order: list[weakref.ref[PinnedHandle]] = []  # weak: the graph owns the handles
+        self._cursor: int | None = None
 
-    def put(self, tensor: torch.Tensor) -> PinnedHandle | None:
+    def put(self, tensor: torch.Tensor, position: int = 0) -> PinnedHandle | None:
         raw = _raw_device(tensor)
         host = self.pool.take(raw.numel())
         if host is None:
@@ -68,8 +72,8 @@ class PinnedStore:
             copied = torch.cuda.Event()
             copied.record(self.stream)
         tensor.record_stream(self.stream)  # not reused before the copy is done
-        handle = PinnedHandle(host, raw.numel(), len(self._order), copied)
-        self._order.append(handle)
+        handle = PinnedHandle(host, raw.numel(), position, copied)
+        self._order.append(weakref.ref(handle))
         self.bytes_written += raw.numel()
         return handle
 
@@ -80,13 +84,18 @@ class PinnedStore:
         compute = torch.cuda.current_stream(self.device)
         compute.wait_event(handle.ready)
         handle.device_copy.record_stream(compute)
-        for index in range(handle.order - 1, -1, -1):
-            ahead = sum(h.nbytes for h in self._order[index : handle.order])
-            if ahead > self.prefetch_bytes:
-                break
-            if self._order[index].device_copy is None:
-                self._prefetch(self._order[index])
         return handle.device_copy
+
+    def reached(self, position: int) -> None:
+        """Prefetch what backward needs within ``prefetch_bytes`` before ``position`` (see disk.py)."""
+        self._cursor = read_ahead(
+            self._order,
+            self._cursor,
+            position,
+            self.prefetch_bytes,
+            self._prefetch,
+            lambda h: h.device_copy is None,
+        )
 
     def _prefetch(self, handle: PinnedHandle) -> None:
         with torch.cuda.stream(self.stream):
@@ -103,6 +112,7 @@ class PinnedStore:
         self.stream.synchronize()
         self.pool.used = 0
         self._order = []
+        self._cursor = None
 
     def close(self) -> None:
         self.end_step()

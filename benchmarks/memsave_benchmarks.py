@@ -1,0 +1,74 @@
+"""Memory saving on the CPU: vgg19 and resnet50 at ``small``, the planner at a budget against no saving,
+offload-everything (disk) and sqrt(n) checkpointing. Each variant: the measured peak of a tracked
+step and the overhead from paired, interleaved plain/variant steps (ratio of medians).
+
+    .venv/bin/python benchmarks/memsave_benchmarks.py [--pairs 3] [--out results.json]
+
+Results go to docs/benchmarks-memsave.md by hand, with the machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dnnperf.memsave.run import memsave
+from dnnperf.workloads import get_workload
+
+CASES = [("vgg19", "small", None, "90%"), ("resnet50", "small", None, "70%"), ("vgg19", "small", 128, "60%")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("memsave-benchmarks.json"))
+    parser.add_argument("--only", help="run only this workload")
+    args = parser.parse_args()
+    rows = []
+    for name, preset, batch_size, budget in CASES:
+        if args.only and name != args.only:
+            continue
+        workload = get_workload(name)
+        torch.manual_seed(0)
+        task = workload.build(preset)
+        size = batch_size or workload.default_batch_size[preset]
+        batch = workload.data(preset).synthesize(size, seed=1)
+        result = memsave(task, batch, torch.device("cpu"), budget, pairs=args.pairs)
+        none = result.variant("none")
+        for variant in result.variants:
+            row = {
+                "workload": name,
+                "preset": preset,
+                "batch_size": size,
+                "budget": budget,
+                "feasible": result.feasible,
+                "variant": variant.name,
+                "peak_MB": variant.peak / 1e6,
+                "peak_change": variant.peak / none.peak - 1,
+                "overhead": variant.overhead,
+                "predicted_peak_MB": None if variant.predicted_peak is None else variant.predicted_peak / 1e6,
+                "predicted_overhead": variant.predicted_overhead,
+                "written_MB": variant.bytes_written / 1e6,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if not result.feasible:
+            print(json.dumps({"workload": name, "reason": result.reason}), flush=True)
+        rows.append({"workload": name, "plan": result.plan.to_dict(), "reason": result.reason})
+    document = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(document, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""Plan, run and measure: ``dnnperf memsave``.
+
+One profiled step gives each unit's saved bytes, inputs and gradients (the memory profiler) and
+forward time (module hooks); the baselines (no saving; offload everything: dnnperf's disk tier on
+the CPU, and also torch's ``save_on_cpu`` on CUDA; sqrt(n) checkpointing) and the planner's plan then
+each run: a tracked step for the measured peak, and paired plain/variant steps, interleaved, for the
+overhead (ratio of medians). The offload-everything run also calibrates the planner's cost of an
+offloaded byte.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dnnperf.analysis.memory import parse_bytes
+from dnnperf.devices import synchronize
+from dnnperf.errors import UsageError
+from dnnperf.memsave.disk import measure_bandwidth
+from dnnperf.memsave.planner import PlanResult, UnitCost, plan_budget, sqrt_checkpointing
+from dnnperf.memsave.policy import OFFLOAD, Plan, Unit, find_units
+from dnnperf.memsave.saver import MemorySaver
+from dnnperf.probes.memory import CATEGORIES, MemoryTracker, StepMemory
+from dnnperf.stats import Samples
+from dnnperf.workloads.base import Batch, Task
+
+_TIMELINE_POINTS = 300
+
+
+@dataclass
+class Variant:
+    """One way of running the step, measured: peak, paired step times, bytes to the offload tier."""
+
+    name: str
+    peak: int
+    step_s: list[float]
+    plain_s: list[float]
+    bytes_written: int = 0
+    predicted_peak: int | None = None
+    predicted_overhead: float | None = None
+    #: [seconds from the step's start, bytes allocated] of the tracked step.
+    timeline: list[list[float]] = field(default_factory=list)
+
+    @property
+    def overhead(self) -> float:
+        """Step-time overhead over the paired plain steps (ratio of medians - 1)."""
+        return Samples.of(self.step_s).median / Samples.of(self.plain_s).median - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "peak": self.peak,
+            "step_s": self.step_s,
+            "plain_s": self.plain_s,
+            "overhead": self.overhead,
+            "bytes_written": self.bytes_written,
+            "predicted_peak": self.predicted_peak,
+            "predicted_overhead": self.predicted_overhead,
+            "timeline": self.timeline,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Variant:
+        return cls(
+            name=str(data["name"]),
+            peak=int(data["peak"]),
+            step_s=[float(v) for v in data["step_s"]],
+            plain_s=[float(v) for v in data["plain_s"]],
+            bytes_written=int(data.get("bytes_written", 0)),
+            predicted_peak=None if data.get("predicted_peak") is None else int(data["predicted_peak"]),
+            predicted_overhead=(
+                None if data.get("predicted_overhead") is None else float(data["predicted_overhead"])
+            ),
+            timeline=[[float(t), float(b)] for t, b in data.get("timeline", [])],
+        )
+
+
+@dataclass
+class MemsaveResult:
+    """The ``memsave`` section of a run record (docs/run-record.md)."""
+
+    budget: int
+    budget_text: str
+    baseline_peak: int
+    feasible: bool
+    reason: str
+    plan: Plan
+    plan_table: list[dict[str, Any]]
+    variants: list[Variant]
+    offload_s_per_byte: float
+    bandwidth: dict[str, float]
+
+    def variant(self, name: str) -> Variant:
+        return next(v for v in self.variants if v.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "budget_text": self.budget_text,
+            "baseline_peak": self.baseline_peak,
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "plan": self.plan.to_dict(),
+            "plan_table": self.plan_table,
+            "variants": [v.to_dict() for v in self.variants],
+            "offload_s_per_byte": self.offload_s_per_byte,
+            "bandwidth": self.bandwidth,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MemsaveResult:
+        """Validated: a ValueError (or KeyError/TypeError) says what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("memsave is not an object")
+        for key in ("budget", "baseline_peak"):
+            if not isinstance(data.get(key), int) or isinstance(data.get(key), bool) or data[key] <= 0:
+                raise ValueError(f"memsave.{key} must be a positive byte count")
+        if not isinstance(data.get("feasible"), bool):
+            raise ValueError("memsave.feasible must be true or false")
+        variants = data.get("variants")
+        if not isinstance(variants, list) or not variants:
+            raise ValueError("memsave.variants must be a non-empty list")
+        parsed = [Variant.from_dict(v) for v in variants]
+        for v in parsed:
+            if v.peak <= 0 or not v.step_s or not v.plain_s or min(v.step_s + v.plain_s) <= 0:
+                raise ValueError(f"memsave variant {v.name!r} needs a positive peak and step times")
+        return cls(
+            budget=data["budget"],
+            budget_text=str(data.get("budget_text", data["budget"])),
+            baseline_peak=data["baseline_peak"],
+            feasible=data["feasible"],
+            reason=str(data.get("reason", "")),
+            plan=Plan.from_dict(data["plan"]),
+            plan_table=list(data.get("plan_table", [])),
+            variants=parsed,
+            offload_s_per_byte=float(data.get("offload_s_per_byte", 0.0)),
+            bandwidth={str(k): float(v) for k, v in data.get("bandwidth", {}).items()},
+        )
+
+
+def parse_budget(text: str, baseline_peak: int) -> int:
+    """'50%' of the unoptimised peak, or a size ('2GiB', '500000000')."""
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            raise UsageError(f"not a percentage: {text!r} (e.g. 50%)") from None
+        if not 0 < share <= 100:
+            raise UsageError(f"a budget percentage must be in (0, 100], got {text!r}")
+        return int(baseline_peak * share / 100)
+    return parse_bytes(text)
+
+
+# -- measuring ----------------------------------------------------------------------------------------
+
+
+def unit_forward_times(task: Task, batch: Batch, units: list[Unit], device: torch.device, steps: int = 2):
+    """Median forward seconds per unit over ``steps`` steps (hooks; the device synchronised in them)."""
+    modules = dict(task.model.named_modules())
+    times: dict[str, list[float]] = {u.name: [] for u in units}
+    starts: dict[str, float] = {}
+    handles = []
+
+    def pre(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any) -> None:
+            synchronize(device)
+            starts[name] = time.perf_counter()
+
+        return hook
+
+    def post(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            synchronize(device)
+            times[name].append(time.perf_counter() - starts.pop(name, time.perf_counter()))
+
+        return hook
+
+    try:
+        for unit in units:
+            handles.append(modules[unit.name].register_forward_pre_hook(pre(unit.name)))
+            handles.append(modules[unit.name].register_forward_hook(post(unit.name), always_call=True))
+        per_step: dict[str, list[float]] = {u.name: [] for u in units}
+        for _ in range(steps):
+            for name in times:
+                times[name].clear()
+            task.step(batch)
+            for name, values in times.items():
+                per_step[name].append(sum(values))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: Samples.of(values).median for name, values in per_step.items()}
+
+
+def tracked_step(task: Task, batch: Batch, device: torch.device, context: Callable[[], Any]) -> StepMemory:
+    tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device)
+    with tracker, context():
+        task.step(batch, tracker)
+    return tracker.result()
+
+
+def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float]) -> list[UnitCost]:
+    """Per unit: saved and gradient bytes (its modules summed), checkpoint input (the previous unit's
+    output), forward time."""
+
+    def total(unit: str, key: str) -> int:
+        prefix = unit + "."
+        return sum(d.get(key, 0) for m, d in memory.layers.items() if m == unit or m.startswith(prefix))
+
+    costs = []
+    previous_output = 0
+    for unit in units:
+        costs.append(
+            UnitCost(
+                unit.name,
+                total(unit.name, "saved"),
+                previous_output,
+                forward_s.get(unit.name, 0.0),
+                total(unit.name, "gradients"),
+            )
+        )
+        previous_output = memory.layers.get(unit.name, {}).get("outputs", 0)
+    return costs
+
+
+def _timeline(memory: StepMemory) -> list[list[float]]:
+    """Total bytes over the step, at most _TIMELINE_POINTS points (each bucket's largest kept)."""
+    points = [(t, sum(v for k, v in by.items() if k in CATEGORIES)) for t, by in memory.timeline]
+    if len(points) <= _TIMELINE_POINTS:
+        return [[t, float(b)] for t, b in points]
+    bucket = len(points) / _TIMELINE_POINTS
+    out = []
+    for i in range(_TIMELINE_POINTS):
+        chunk = points[int(i * bucket) : int((i + 1) * bucket)] or [points[-1]]
+        t, b = max(chunk, key=lambda p: p[1])
+        out.append([t, float(b)])
+    return out
+
+
+def paired_times(
+    task: Task, batch: Batch, device: torch.device, context: Callable[[], Any], pairs: int
+) -> tuple[list[float], list[float]]:
+    """Plain and variant steps interleaved (order alternating each pair): their step seconds."""
+
+    def timed(ctx: Callable[[], Any]) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        with ctx():
+            task.step(batch)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    with context():  # warm-up: first use of the variant (threads, files, the pinned pool)
+        task.step(batch)
+    plain, variant = [], []
+    for i in range(pairs):
+        if i % 2 == 0:
+            plain.append(timed(nullcontext))
+            variant.append(timed(context))
+        else:
+            variant.append(timed(context))
+            plain.append(timed(nullcontext))
+    return plain, variant
+
+
+@contextmanager
+def _saver(task: Task, plan: Plan, offload_dir: Path | None, stats: dict[str, int]) -> Iterator[None]:
+    saver = MemorySaver(task.model, plan, offload_dir=offload_dir)
+    with saver:
+        yield
+    stats["bytes_written"] = saver.bytes_written
+
+
+def measure_variant(
+    name: str,
+    task: Task,
+    batch: Batch,
+    device: torch.device,
+    context: Callable[[], AbstractContextManager[Any]],
+    pairs: int,
+    stats: dict[str, int] | None = None,
+) -> Variant:
+    plain, steps = paired_times(task, batch, device, context, pairs)
+    memory = tracked_step(task, batch, device, context)
+    written = (stats or {}).get("bytes_written", 0)
+    return Variant(name, memory.measured_peak, steps, plain, written, timeline=_timeline(memory))
+
+
+def memsave(
+    task: Task,
+    batch: Batch,
+    device: torch.device,
+    budget_text: str,
+    pairs: int = 6,
+    offload_dir: Path | None = None,
+    min_bytes: int = 64 * 1024,
+    on_plan: Callable[[PlanResult, int], None] | None = None,
+) -> MemsaveResult:
+    """Profile, run the baselines, plan for the budget, run the plan; every figure measured here."""
+    units = find_units(task.model)
+    for _ in range(2):  # warm-up: the optimizer's state exists, the allocator is warm
+        task.step(batch)
+    baseline_memory = tracked_step(task, batch, device, nullcontext)
+    baseline_peak = baseline_memory.measured_peak
+    if baseline_peak <= 0:
+        raise UsageError("the unoptimised step's peak could not be measured on this device")
+    budget = parse_budget(budget_text, baseline_peak)
+    costs = unit_costs(baseline_memory, units, unit_forward_times(task, batch, units, device))
+    bandwidth = measure_bandwidth(offload_dir) if device.type == "cpu" else {}
+
+    variants = [
+        measure_variant("none", task, batch, device, nullcontext, pairs),
+    ]
+    variants[0].peak = baseline_peak
+    variants[0].timeline = _timeline(baseline_memory)
+    if device.type == "cuda":
+        variants.append(
+            measure_variant(
+                "save_on_cpu",
+                task,
+                batch,
+                device,
+                lambda: torch.autograd.graph.save_on_cpu(pin_memory=True),
+                pairs,
+            )
+        )
+    # Read ahead by one unit's worth: enough to hide a read behind the next unit's backward, without
+    # bringing back so much at once that backward's start recreates the peak.
+    prefetch = max(c.saved for c in costs)
+    everything = Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=min_bytes, prefetch_bytes=prefetch)
+    stats: dict[str, int] = {}
+    offload_all = measure_variant(
+        "offload-all", task, batch, device, lambda: _saver(task, everything, offload_dir, stats), pairs, stats
+    )
+    variants.append(offload_all)
+    sqrt_plan = sqrt_checkpointing(units)
+    variants.append(
+        measure_variant(
+            "sqrt(n)", task, batch, device, lambda: _saver(task, sqrt_plan, offload_dir, {}), pairs
+        )
+    )
+    # The exposed cost of an offloaded byte, from the offload-everything run (never below zero).
+    plain_median = Samples.of(offload_all.plain_s).median
+    exposed = Samples.of(offload_all.step_s).median - plain_median
+    offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
+    offload_s_per_byte = max(exposed, 0.0) / offloaded
+    result = plan_budget(units, costs, baseline_peak, budget, offload_s_per_byte, min_bytes=min_bytes)
+    if on_plan is not None:
+        on_plan(result, baseline_peak)
+    if result.feasible:
+        plan_stats: dict[str, int] = {}
+        planned = measure_variant(
+            "planner",
+            task,
+            batch,
+            device,
+            lambda: _saver(task, result.plan, offload_dir, plan_stats),
+            pairs,
+            plan_stats,
+        )
+        planned.predicted_peak = result.predicted_peak
+        planned.predicted_overhead = result.predicted_overhead_s / plain_median
+        variants.append(planned)
+    return MemsaveResult(
+        budget=budget,
+        budget_text=budget_text,
+        baseline_peak=baseline_peak,
+        feasible=result.feasible,
+        reason=result.reason,
+        plan=result.plan,
+        plan_table=result.table.to_dict("records"),
+        variants=variants,
+        offload_s_per_byte=offload_s_per_byte,
+        bandwidth=bandwidth,
+    )
