@@ -227,3 +227,39 @@ def test_resnet50_small_full_profile_report_is_under_5_mb(tmp_path):
         "summary", "stages", "layers", "roofline", "memory", "memory-scaling"
     ]  # fmt: skip
     assert 100_000 < size < 5 * 2**20, size
+
+
+def with_ranks(record: RunRecord) -> RunRecord:
+    """The record as a 2-rank run would have it: rank 0 the measured steps, rank 1 the same 20% slower."""
+    from dnnperf.distributed.ranks import RankBreakdown, RankSteps
+
+    record = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+    for point in record.points:
+        stages = point.stages
+        point.ranks = RankBreakdown(
+            strategy="dp",
+            world_size=2,
+            backend="gloo",
+            ranks=[
+                RankSteps(
+                    rank=r,
+                    host="h",
+                    wall_s=[w * (1 + 0.2 * r) for w in stages.wall_s],
+                    stages={n: [v * (1 + 0.2 * r) for v in vs] for n, vs in stages.steps.items()},
+                    buckets=[[] for _ in stages.wall_s],
+                )
+                for r in (0, 1)
+            ],
+        )
+    return record
+
+
+def test_ranks_section_shows_every_rank(full):
+    two = with_ranks(full)
+    cells = parse(report.render(two))
+    assert cells.sections[-1] == "ranks"
+    table = find_table(cells, "rank 0", "rank 1")
+    forward = next(r for r in table if r[""][0] == "forward")
+    truth = np.median(full.points[0].stages.steps["forward"])
+    assert float(forward["rank 0"][1]) == pytest.approx(truth)
+    assert float(forward["rank 1"][1]) == pytest.approx(1.2 * truth)

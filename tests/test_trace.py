@@ -150,3 +150,18 @@ def test_cli_export_writes_the_trace_and_the_tables(record, tmp_path):
     assert float(conv["time_s"].iloc[0]) == pytest.approx(truth, rel=1e-9)
     result = run_cli("export", str(path))
     assert result.returncode == 2 and "--trace" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_distributed_records_ranks_are_its_tracks(record):
+    from test_report import with_ranks
+
+    spans = check_trace_event_format(trace_document(with_ranks(record)))
+    for rank, scale in ((0, 1.0), (1, 1.2)):
+        forward = [
+            s["dur"] / 1e6
+            for s in spans
+            if s["pid"] == rank and s["cat"] == "stage" and s["name"] == "forward"
+        ]
+        truth = [v * scale for p in record.points for v in p.stages.steps["forward"]]
+        assert forward == pytest.approx(truth, abs=1e-9)
+    assert {s["pid"] for s in spans if s["cat"] == "layer"} == {0}  # layers were profiled on rank 0

@@ -200,6 +200,24 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--csv", type=Path, help="write stages.csv and layers.csv into this directory")
     _common(export, runs=True)
     export.set_defaults(handler=cmd_export)
+
+    compare = commands.add_parser(
+        "compare", help="two runs' step, stages and layers, flagging changes beyond the runs' noise"
+    )
+    compare.add_argument("run_a", metavar="RUN_A", help="the run before (id, id prefix or record path)")
+    compare.add_argument("run_b", metavar="RUN_B", help="the run after")
+    compare.add_argument("--top", type=positive_int, default=10, help="layers shown per batch size (10)")
+    compare.add_argument(
+        "--min-change", type=float, default=0.12, help="smallest flagged change of a stage or layer (0.12)"
+    )
+    compare.add_argument(
+        "--min-run-change",
+        type=float,
+        default=0.50,
+        help="smallest flagged change of the whole step (0.50: a loaded machine drifts between runs)",
+    )
+    _common(compare, runs=True)
+    compare.set_defaults(handler=cmd_compare)
     return parser
 
 
@@ -614,6 +632,32 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     else:
         for path in written:
             out.print(f"wrote {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.analysis.compare import CompareSettings, compare_runs
+    from dnnperf.results.store import RunStore
+
+    for name in ("min_change", "min_run_change"):
+        if not 0 <= getattr(args, name) < 10:
+            raise UsageError(f"--{name.replace('_', '-')} must be a fraction between 0 and 10")
+    store = RunStore(args.runs_dir, create=False)
+    a, b = store.load(args.run_a), store.load(args.run_b)
+    settings = CompareSettings(min_relative=args.min_change, min_run_relative=args.min_run_change)
+    frame = compare_runs(a, b, settings)
+    if frame.empty:
+        raise UsageError(f"runs {a.id} and {b.id} have no measured steps to compare")
+    if args.json:
+        out.json({"a": a.id, "b": b.id, "settings": settings.to_dict(), "rows": frame.to_dict("records")})
+    else:
+        from dnnperf.report.terminal import compare_table
+
+        out.print(compare_table(frame, a.id, b.id, top=args.top))
+        flagged = int(frame["flagged"].sum())
+        out.print(
+            f"{flagged} change(s) beyond the runs' noise" if flagged else "no change beyond the runs' noise"
+        )
     return 0
 
 

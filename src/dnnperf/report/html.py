@@ -399,6 +399,38 @@ def memory_scaling_section(report: Report) -> Section | None:
     return Section("memory-scaling", "Memory against batch size", body)
 
 
+def ranks_section(report: Report) -> Section | None:
+    """A distributed point: every rank's stages side by side (stacked bars), busy time and imbalance."""
+    from dnnperf.distributed.ranks import rank_balance, rank_medians
+    from dnnperf.probes.stages import STAGE_ORDER
+
+    points = [p for p in report.record.points if p.ranks is not None and p.ranks.steps]
+    if not points:
+        return None
+    parts = []
+    for point in points:
+        medians, balance = rank_medians(point.ranks), rank_balance(point.ranks)
+        stages = [n for n in medians.index if n in STAGE_ORDER]
+        svg = charts.stacked_bars(
+            [f"rank {r}" for r in medians.columns],
+            {n: medians.loc[n].to_list() for n in stages},
+            "median ms per step",
+            seconds=True,
+        )
+        caption = (
+            f"batch {point.batch_size}: {point.ranks.strategy} over {point.ranks.world_size} ranks "
+            f"({point.ranks.backend}); imbalance {pct(balance['excess'].max())} "
+            "(slowest busy / mean busy - 1)"
+        )
+        rows = [{"what": n, **{f"rank {r}": v for r, v in row.items()}} for n, row in medians.iterrows()]
+        columns = [
+            Column("", "what"),
+            *(Column(f"rank {r}", f"rank {r}", ms, numeric=True) for r in medians.columns),
+        ]
+        parts.append(chart(svg, caption) + table(rows, columns))
+    return Section("ranks", "Ranks", "".join(parts))
+
+
 #: The page, in order. Later capabilities append theirs (each returns None without its data).
 SECTIONS: list[Renderer] = [
     summary_section,
@@ -407,6 +439,7 @@ SECTIONS: list[Renderer] = [
     roofline_section,
     memory_section,
     memory_scaling_section,
+    ranks_section,
 ]
 
 

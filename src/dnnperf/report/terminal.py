@@ -455,3 +455,59 @@ def ranks_tables(batch_size: int, ranks: Any) -> list[Table]:
             )
         tables.append(bucket)
     return tables
+
+
+def _ms3(seconds: Any) -> str:
+    """Milliseconds to three significant digits (a layer can take microseconds)."""
+    return "" if seconds is None or seconds != seconds else f"{seconds * 1e3:.3g}"
+
+
+def compare_table(frame: Any, a: str, b: str, top: int = 10) -> Table:
+    """``analysis.compare.compare_runs``: the step and stages of each batch size, then the layer phases
+    that were flagged or moved most beyond the common factor."""
+    table = Table(title=f"A = {a}\nB = {b}", title_justify="left")
+    for name, justify in (
+        ("batch", "right"), ("", "left"), ("phase", "left"), ("A ms", "right"), ("B ms", "right"),
+        ("change", "right"), ("beyond common", "right"), ("p", "right"), ("flag", "left"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    layers = frame[frame["kind"] == "layer"]
+    moved = layers.assign(size=layers["excess_rel"].abs()).sort_values(["flagged", "size"], ascending=False)
+    keep = list(frame.index[frame["kind"] != "layer"])
+    for _, group in moved.groupby(["batch_a", "batch_b"], sort=False):
+        keep += list((group[group["flagged"]] if group["flagged"].sum() > top else group.head(top)).index)
+    shown = frame.loc[sorted(keep)]
+    for row in shown.to_dict("records"):
+        a_b = (row["batch_a"], row["batch_b"])
+        batch = str(a_b[0]) if a_b[0] == a_b[1] else f"{a_b[0]}->{a_b[1]}"
+        flag = row["change"].upper() if row["flagged"] else row["change"]
+        table.add_row(
+            batch,
+            _text(row["name"]),
+            _text(row["phase"]),
+            _ms3(row["a_median_s"]),
+            _ms3(row["b_median_s"]),
+            _percent(row["delta_rel"]),
+            "" if row["kind"] == "step" else _percent(row["excess_rel"]),
+            "" if row["p_value"] != row["p_value"] else f"{row['p_value']:.2g}",
+            f"[bold red]{flag}[/]" if row["flagged"] else flag,
+        )
+    table.caption = (
+        "change: B's median against A's; beyond common: against A x the common factor (what the whole "
+        "run changed by). Flagged: beyond both runs' noise (see docs/reports.md). Layers: the "
+        f"{top} that moved most per batch size, or every flagged one."
+    )
+    return table
+
+
+def reproduction_table(reproduction: Any) -> Table:
+    """A reproduced paper: each claim, what was measured here, the verdict."""
+    table = Table(
+        title=f"seed {reproduction.seed}: {reproduction.title}", title_justify="left", show_lines=True
+    )
+    for name in ("the paper's claim", "measured here", "verdict"):
+        table.add_column(name, overflow="fold")
+    for claim in reproduction.claims:
+        style = "green" if claim.verdict == "holds" else "yellow"
+        table.add_row(claim.claim, claim.measured, f"[{style}]{claim.verdict}[/{style}]: {claim.why}")
+    return table
