@@ -218,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(compare, runs=True)
     compare.set_defaults(handler=cmd_compare)
+
+    memsave = commands.add_parser(
+        "memsave", help="plan offload/recompute per layer for a peak-memory budget, run it and the baselines"
+    )
+    from dnnperf.memsave.command import add_arguments as memsave_arguments
+
+    memsave_arguments(memsave, positive_int)
+    _common(memsave, runs=True)
+    memsave.set_defaults(handler=cmd_memsave)
     return parser
 
 
@@ -450,6 +459,11 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
     from dnnperf.report.terminal import layers_tables, memory_tables, points_table, stages_table
 
     out.print(points_table(record))
+    if record.memsave is not None:
+        from dnnperf.report.terminal import memsave_tables
+
+        for table in memsave_tables(record.memsave):
+            out.print(table)
     for point in record.points:
         stage_s = None
         if point.stages is not None and point.stages.wall_s:
@@ -574,6 +588,12 @@ def cmd_runs(args: argparse.Namespace, out: Output) -> int:
         else:
             out.print(runs_table(records))
     return 0
+
+
+def cmd_memsave(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.memsave.command import run
+
+    return run(args, out, command_line())
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from dnnperf.hardware import HardwareProfile
@@ -511,3 +512,106 @@ def reproduction_table(reproduction: Any) -> Table:
         style = "green" if claim.verdict == "holds" else "yellow"
         table.add_row(claim.claim, claim.measured, f"[{style}]{claim.verdict}[/{style}]: {claim.why}")
     return table
+
+
+def _spread(values: list[float]) -> str:
+    """p10-p90 of per-pair overheads, in percent."""
+    from dnnperf.stats import Samples
+
+    samples = Samples.of(values)
+    return f"{100 * samples.p10:+.0f}..{100 * samples.p90:+.0f}%"
+
+
+def memsave_plan_table(
+    rows: list[dict[str, Any]],
+    budget: int,
+    budget_text: str,
+    baseline_peak: int,
+    feasible: bool,
+    predicted_peak: int | None,
+    reason: str = "",
+) -> Table:
+    """``dnnperf memsave``'s plan: per unit its policy, saved bytes and predicted cost."""
+    verdict = f"predicted peak {human_count(predicted_peak, 'B')}" if feasible else "[bold red]infeasible[/]"
+    table = Table(
+        title=f"memsave plan for a budget of {escape(budget_text)} = {human_count(budget, 'B')} "
+        f"(unoptimised peak {human_count(baseline_peak, 'B')}): {verdict}",
+        title_justify="left",
+    )
+    for name in ("unit", "policy", "saved for backward", "forward ms", "predicted cost ms"):
+        table.add_column(name, justify="left" if name in ("unit", "policy") else "right")
+    for row in rows:
+        policy = str(row.get("policy", ""))
+        table.add_row(
+            escape(_text(row.get("unit"))),
+            policy if policy == "keep" else f"[bold]{policy}[/]",
+            human_count(row.get("saved_bytes"), "B"),
+            _ms3(row.get("forward_s")),
+            _ms3(row.get("predicted_cost_s")),
+        )
+    cost = sum(float(r.get("predicted_cost_s") or 0.0) for r in rows)
+    notes = [
+        f"predicted added time per step: {cost * 1e3:.3g} ms (recompute: forward time; offload: "
+        "exposed seconds per byte from the offload-everything run)"
+    ]
+    if not feasible:
+        notes.append(reason)
+    table.caption = "\n".join(notes)
+    return table
+
+
+def memsave_variants_table(result: Any) -> Table:
+    """``dnnperf memsave``: every variant's measured peak and overhead, beside the planner's prediction."""
+    from dnnperf.stats import Samples
+
+    table = Table(
+        title="memsave: measured peak and step time of each variant "
+        f"(budget {human_count(result.budget, 'B')})",
+        title_justify="left",
+    )
+    for name in (
+        "variant", "peak", "vs none", "in budget", "step ms", "plain ms", "overhead", "p10..p90",
+        "pred. peak", "pred. overhead", "to disk",
+    ):  # fmt: skip
+        table.add_column(name, justify="left" if name == "variant" else "right")
+    for v in result.variants:
+        pairs = [s / p - 1 for s, p in zip(v.step_s, v.plain_s, strict=False)]
+        within = "yes" if v.peak <= result.budget else "[red]no[/]"
+        table.add_row(
+            v.name,
+            human_count(v.peak, "B"),
+            _percent(v.peak / result.baseline_peak),
+            within,
+            milliseconds(Samples.of(v.step_s).median),
+            milliseconds(Samples.of(v.plain_s).median),
+            f"{100 * v.overhead:+.1f}%",
+            _spread(pairs) if pairs else "n/a",
+            human_count(v.predicted_peak, "B") if v.predicted_peak is not None else "",
+            f"{100 * v.predicted_overhead:+.1f}%" if v.predicted_overhead is not None else "",
+            human_count(v.bytes_written, "B") if v.bytes_written else "",
+        )
+    notes = [
+        "peak: the allocator's peak of one tracked step; overhead: median variant step / median of the "
+        f"plain steps interleaved with it - 1 ({len(result.variants[0].step_s)} pairs); p10..p90 of the "
+        "per-pair ratios"
+    ]
+    notes.append(
+        "the planner called the budget feasible" if result.feasible else f"no planner run: {result.reason}"
+    )
+    table.caption = "\n".join(notes)
+    return table
+
+
+def memsave_tables(result: Any) -> list[Table]:
+    """A ``memsave`` record section: the plan, then the variants."""
+    planned = next((v for v in result.variants if v.name == "planner"), None)
+    plan = memsave_plan_table(
+        result.plan_table,
+        result.budget,
+        result.budget_text,
+        result.baseline_peak,
+        result.feasible,
+        planned.predicted_peak if planned is not None else None,
+        result.reason,
+    )
+    return [plan, memsave_variants_table(result)]

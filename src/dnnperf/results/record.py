@@ -11,7 +11,7 @@ import platform
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -20,6 +20,9 @@ from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.stats import Samples
+
+if TYPE_CHECKING:
+    from dnnperf.memsave.run import MemsaveResult
 
 SCHEMA = "dnnperf.run"
 SCHEMA_VERSION = 1
@@ -95,6 +98,8 @@ class RunRecord:
     points: list[Point] = field(default_factory=list)
     #: The process that wrote the record (to tell a live "running" record from one whose process died).
     pid: int | None = None
+    #: ``dnnperf memsave``: the plan, the baselines and their measured peaks and overheads.
+    memsave: MemsaveResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         points = []
@@ -129,6 +134,7 @@ class RunRecord:
             "settings": self.settings,
             "environment": self.environment,
             "points": points,
+            **({"memsave": self.memsave.to_dict()} if self.memsave is not None else {}),
         }
         return json_safe(document)
 
@@ -182,6 +188,7 @@ class RunRecord:
             error=_optional_str(document, "error"),
             points=points,
             pid=document.get("pid") if isinstance(document.get("pid"), int) else None,
+            memsave=_memsave_from_dict(document.get("memsave")),
         )
 
 
@@ -323,6 +330,17 @@ def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
         return StepMemory.from_dict(data)
     except (KeyError, TypeError, ValueError) as error:
         raise RecordError(f"{where}: {error}") from None
+
+
+def _memsave_from_dict(data: Any) -> MemsaveResult | None:
+    if data is None:
+        return None
+    from dnnperf.memsave.run import MemsaveResult  # lazily: memsave imports the probes, not the reverse
+
+    try:
+        return MemsaveResult.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise RecordError(f"memsave: {error}") from None
 
 
 def _ranks_from_dict(data: Any, steps: int, where: str) -> RankBreakdown | None:
