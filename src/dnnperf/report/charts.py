@@ -218,3 +218,25 @@ def memory_scaling(
         _bytes(ax.yaxis)
         ax.legend(loc="upper left", frameon=False)
         return to_svg(fig)
+
+
+def memory_lines(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    budget: float | None = None,
+    colors: Mapping[str, str] | None = None,
+) -> str:
+    """Bytes against time in the step, one line per series (e.g. the memory saver's variants), with
+    an optional budget line."""
+    colors = colors or color_map(list(series))
+    with figure(height=3.4) as fig:
+        ax = fig.add_subplot()
+        for name, (times, values) in series.items():
+            ax.plot(times, values, drawstyle="steps-post", lw=1.2, label=name, color=colors.get(name))
+        if budget is not None:
+            ax.axhline(budget, color="#d62728", ls="--", lw=1, label="budget")
+        _milliseconds(ax.xaxis)
+        ax.set_xlabel("time in the step (ms)")
+        ax.set_ylabel("bytes allocated")
+        _bytes(ax.yaxis)
+        _legend_outside(ax)
+        return to_svg(fig)

@@ -431,6 +431,63 @@ def ranks_section(report: Report) -> Section | None:
     return Section("ranks", "Ranks", "".join(parts))
 
 
+def memsave_section(report: Report) -> Section | None:
+    """``dnnperf memsave``: every variant's tracked step as bytes against time (one line each, the
+    budget dashed), their measured peaks and overheads, and the plan's non-kept units."""
+    result = report.record.memsave
+    if result is None:
+        return None
+    lines = {v.name: ([t for t, _ in v.timeline], [b for _, b in v.timeline]) for v in result.variants}
+    svg = charts.memory_lines({k: v for k, v in lines.items() if v[0]}, budget=result.budget)
+    verdict = "the planner called it feasible" if result.feasible else f"no plan run: {result.reason}"
+    caption = (
+        f"Bytes allocated through one tracked step of each variant; budget {result.budget_text} = "
+        f"{count(result.budget, 'B')} of an unoptimised peak of {count(result.baseline_peak, 'B')}; {verdict}"
+    )
+    rows = [
+        {
+            "variant": v.name,
+            "peak": v.peak,
+            "share": v.peak / result.baseline_peak,
+            "step": float(np.median(v.step_s)),
+            "plain": float(np.median(v.plain_s)),
+            "overhead": v.overhead,
+            "predicted_peak": v.predicted_peak,
+            "predicted_overhead": v.predicted_overhead,
+            "written": v.bytes_written,
+        }
+        for v in result.variants
+    ]
+    columns = [
+        Column("variant", "variant"),
+        Column("measured peak", "peak", lambda v: count(v, "B"), numeric=True),
+        Column("vs none", "share", pct, numeric=True),
+        Column("step ms (median)", "step", ms, numeric=True),
+        Column("plain ms (median)", "plain", ms, numeric=True),
+        Column("overhead", "overhead", pct, numeric=True),
+        Column("predicted peak", "predicted_peak", lambda v: count(v, "B"), numeric=True),
+        Column("predicted overhead", "predicted_overhead", pct, numeric=True),
+        Column("written to disk", "written", lambda v: count(v, "B"), numeric=True),
+    ]
+    changed = [r for r in result.plan_table if r.get("policy") != "keep"]
+    plan = (
+        f"<h3>the plan: {len(changed)} of {len(result.plan_table)} units changed</h3>"
+        + table(
+            changed,
+            [
+                Column("unit", "unit"),
+                Column("policy", "policy"),
+                Column("saved for backward", "saved_bytes", lambda v: count(v, "B"), numeric=True),
+                Column("forward ms", "forward_s", ms, numeric=True),
+                Column("predicted cost ms", "predicted_cost_s", ms, numeric=True),
+            ],
+        )
+        if changed
+        else ""
+    )
+    return Section("memsave", "Memory saving", chart(svg, caption) + table(rows, columns) + plan)
+
+
 #: The page, in order. Later capabilities append theirs (each returns None without its data).
 SECTIONS: list[Renderer] = [
     summary_section,
@@ -440,6 +497,7 @@ SECTIONS: list[Renderer] = [
     memory_section,
     memory_scaling_section,
     ranks_section,
+    memsave_section,
 ]
 
 
