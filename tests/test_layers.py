@@ -222,11 +222,14 @@ def max_efficiency(profile, hw: hardware.HardwareProfile) -> float:
     busier understates the peak: above 100%, the peaks are measured again now and the higher of each
     pair is the peak, so a layer only fails against the best rate the machine has shown."""
     best = layers.layer_table(profile, hw)["efficiency"].dropna().max()
-    if best <= 1.0:
-        return best
-    again = {(c.op, c.precision): c for c in _full_size_peaks()}
-    curves = tuple(max(c, again.get((c.op, c.precision), c), key=lambda x: x.peak) for c in hw.compute)
-    return layers.layer_table(profile, dataclasses.replace(hw, compute=curves))["efficiency"].dropna().max()
+    for _ in range(3):  # the machine's best shows when it is quiet: a few tries, each peak the higher
+        if best <= 1.0:
+            break
+        again = {(c.op, c.precision): c for c in _full_size_peaks()}
+        curves = tuple(max(c, again.get((c.op, c.precision), c), key=lambda x: x.peak) for c in hw.compute)
+        hw = dataclasses.replace(hw, compute=curves)
+        best = layers.layer_table(profile, hw)["efficiency"].dropna().max()
+    return best
 
 
 def layered(name: str, preset: str, tmp_path, hw) -> RunRecord:
