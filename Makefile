@@ -35,6 +35,7 @@ bench: install
 	$(BIN)/python benchmarks/layer_benchmarks.py
 	$(BIN)/python benchmarks/memory_benchmarks.py
 	$(BIN)/python benchmarks/distributed_benchmarks.py
+	$(BIN)/python benchmarks/memsave_benchmarks.py --out memsave-benchmarks.json
 
 # The seed papers' experiments re-run with dnnperf's commands (about 20 minutes on 2 cores); rewrites
 # docs/reproductions.md with the claims beside the measurements and the commands behind them.
