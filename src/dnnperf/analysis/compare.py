@@ -9,9 +9,9 @@ on a shared machine a whole run can be slower than the next (on the 2-core machi
 on, repeated runs of one configuration differ by up to 45% in step time, with every stage and layer
 stretched alike). So, per batch size:
 
-- the **common factor** ``k`` is what the whole run changed by: B's median step over A's for the
-  stages (a stage is judged by its share of the step), B's summed layer medians over A's for the
-  layer phases (they come from other steps); one changed layer moves it by its share only;
+- the **common factor** ``k`` of a part is what the rest of the run changed by: for a stage, B's
+  median step over A's, this stage left out of both; for a layer phase (they come from other steps),
+  B's summed layer medians over A's, this one left out;
 - a **stage or layer** is flagged when it changed *relative to that factor*, B against k x A: the
   part that changed, whatever the machine did meanwhile;
 - the **step** is flagged on its own change, with ``min_run_relative`` (50%) in place of
@@ -150,11 +150,18 @@ def _parts(pa: Point, pb: Point) -> Iterator[tuple[str, str, str, list[float], l
                 yield "layer", module, phase, sa, sb
 
 
-def common_factor(parts: Sequence[tuple[Any, ...]]) -> float:
-    """The parts' total median time in B over A's, over the parts both runs measured (1.0 if none)."""
-    both = [(np.median(sa), np.median(sb)) for _, _, _, sa, sb in parts if sa and sb]
-    total_a = sum(a for a, _ in both)
-    return float(sum(b for _, b in both) / total_a) if total_a > 0 else 1.0
+def common_factor(total_a: float, total_b: float, a: Sequence[float], b: Sequence[float]) -> float:
+    """What the rest of the run changed by: the totals over A's and B's medians without this part's
+    own (a changed part must not move the yardstick it is measured against); 1.0 without a rest."""
+    rest_a = total_a - (float(np.median(a)) if len(a) and len(b) else 0.0)
+    rest_b = total_b - (float(np.median(b)) if len(a) and len(b) else 0.0)
+    return rest_b / rest_a if rest_a > 0 and rest_b > 0 else 1.0
+
+
+def _totals(parts: Sequence[tuple[Any, ...]]) -> tuple[float, float]:
+    """A's and B's summed medians over the parts both runs measured."""
+    both = [(float(np.median(sa)), float(np.median(sb))) for *_, sa, sb in parts if len(sa) and len(sb)]
+    return sum(a for a, _ in both), sum(b for _, b in both)
 
 
 def cpu_share(record: RunRecord, point: Point) -> float | None:
@@ -184,16 +191,17 @@ def compare_runs(a: RunRecord, b: RunRecord, settings: CompareSettings | None = 
     for pa, pb in paired_points(a, b):
         step_s = float(np.median(pa.step_s))
         parts = list(_parts(pa, pb))
-        # One factor per source of samples: stages are parts of the measured steps, layers of others.
-        factors = {
-            "stage": float(np.median(pb.step_s)) / step_s,
-            "layer": common_factor([p for p in parts if p[0] == "layer"]),
+        # One yardstick per source of samples: stages are parts of the measured steps (whose sum is
+        # the step), layers of other steps.
+        totals = {
+            "stage": (step_s, float(np.median(pb.step_s))),
+            "layer": _totals([p for p in parts if p[0] == "layer"]),
         }
         keys = {"batch_a": pa.batch_size, "batch_b": pb.batch_size}
         step = compare_samples(pa.step_s, pb.step_s, step_s, settings, min_relative=settings.min_run_relative)
         rows.append(keys | {"kind": "step", "name": "step", "phase": ""} | step)
         for kind, name, phase, sa, sb in parts:
-            row = compare_samples(sa, sb, step_s, settings, factors[kind])
+            row = compare_samples(sa, sb, step_s, settings, common_factor(*totals[kind], sa, sb))
             rows.append(keys | {"kind": kind, "name": name, "phase": phase} | row)
         starved = _starved(a, pa, b, pb, settings)
         if starved is not None:
