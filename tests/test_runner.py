@@ -120,9 +120,11 @@ def test_data_workers_are_stopped_when_a_step_fails(monkeypatch, sleepy, tmp_pat
 
     monkeypatch.setattr(SleepyTask, "step", broken)
     settings = BenchSettings("sleepy", steps=1, warmup=0, data="disk", workers=2, data_dir=tmp_path / "d")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other tests' helpers, not ours
     with pytest.raises(RunFailed):
         bench(settings, RunStore(tmp_path / "runs"))
-    _, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
+    ours = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(ours, timeout=10)
     assert alive == []
 
 
