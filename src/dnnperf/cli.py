@@ -188,6 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
     _common(show, runs=True)
     show.set_defaults(handler=cmd_show)
 
+    reproduce = commands.add_parser(
+        "reproduce", help="re-run a seed paper's experiment with dnnperf's commands; claims against results"
+    )
+    reproduce.add_argument("paper", help="tbd (004), training-phase (001), memory-subsystem (000), or all")
+    reproduce.add_argument(
+        "--size", default="default", help="smoke (seconds, a check) or default (minutes: the experiment)"
+    )
+    reproduce.add_argument(
+        "--output", type=Path, default=Path("docs/reproductions.md"), help="the markdown summary to update"
+    )
+    _common(reproduce, runs=True)
+    reproduce.set_defaults(handler=cmd_reproduce)
+
     report = commands.add_parser("report", help="write a run's self-contained HTML report (charts, tables)")
     report.add_argument("run", help="run id, unique id prefix, or path to a record file")
     report.add_argument("-o", "--output", type=Path, help="the HTML file (default: beside the record)")
@@ -587,6 +600,50 @@ def cmd_runs(args: argparse.Namespace, out: Output) -> int:
             out.print(f"no runs in {store.root}")
         else:
             out.print(runs_table(records))
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf import reproduce
+    from dnnperf.reproduce.base import SIZES
+    from dnnperf.results.store import default_runs_dir
+
+    modules = list(reproduce.PAPERS.values()) if args.paper == "all" else [reproduce.paper(args.paper)]
+    if args.size not in SIZES:
+        raise UsageError(f"unknown size {args.size!r}: choose one of {', '.join(SIZES)}")
+    if not args.output.parent.is_dir():
+        raise UsageError(f"--output {args.output}: no directory {args.output.parent}")
+    runs_dir = args.runs_dir or default_runs_dir()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for module in modules:
+        total = module.planned(args.size)
+        with out.progress(f"seed {module.SEED} ({module.KEY})", total=total) as advance:
+            session = reproduce.Session(runs_dir)
+            results.append(module.run(session, args.size, progress=lambda _: advance()))
+        reproduce.update_document(args.output, results[-1:])  # each paper kept as soon as it is done
+    if args.json:
+        out.json(
+            {
+                "output": str(args.output),
+                "reproductions": [
+                    {
+                        "paper": r.key,
+                        "seed": r.seed,
+                        "size": r.size,
+                        "claims": [vars(c) for c in r.claims],
+                        "tables": {title: frame.to_dict("records") for title, frame in r.tables},
+                    }
+                    for r in results
+                ],
+            }
+        )
+        return 0
+    from dnnperf.report.terminal import reproduction_table
+
+    for result in results:
+        out.print(reproduction_table(result))
+    out.print(f"summary: {args.output}")
     return 0
 
 

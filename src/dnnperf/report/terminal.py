@@ -369,6 +369,12 @@ def memory_tables(batch_size: int, memory: StepMemory, top: int = 8) -> list[Tab
         )
     if "device_utilisation" in sub:
         notes.append(f"device memory used: {_percent(sub['device_utilisation'])} of capacity")
+    for label, key in (("host to device", "host_to_device"), ("device to host", "device_to_host")):
+        if sub.get(f"{key}_bytes"):
+            notes.append(
+                f"{label}: {human_count(sub[f'{key}_bytes'], 'B')} in {sub[f'{key}_s'] * 1e3:.2f} ms "
+                f"({human_count(sub[f'{key}_bytes_per_s'], 'B/s')})"
+            )
     counters = sub.get("cache_counters")
     if isinstance(counters, str):
         notes.append(f"hardware cache counters: {counters}")
