@@ -158,7 +158,7 @@ def main() -> None:
         "",
         "Measured peak: torch's CPU allocator in the tracked step itself (the profiler's memory events)",
         "above its level at the start, plus the bytes alive at the start. Residual: allocations live at",
-        "that peak that match no tracked storage and are never released in the step (target at most",
+        "that peak that are still held after the step and are none of the categories (target at most",
         f"{100 * RESIDUAL_TARGET:.0f}%).",
         "Cross-check: the allocator's growth over the step (its peak above its level at the start)",
         "against the growth of the process's peak resident memory (VmHWM reset after returning free",
