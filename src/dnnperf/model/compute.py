@@ -1,0 +1,111 @@
+"""Per-operator time on one device: a roofline with calibrated rates, plus a per-call overhead.
+
+For each (module, phase, operator) row of a :class:`~dnnperf.model.graph.StepGraph`, per call:
+``t = combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products,
+convolutions, attention and RNN kernels is the machine's peak times its efficiency, or on a calibrated
+machine the measured curve at the call's FLOPs; every other family computes at the float32 peak (it is
+memory-bound in practice). The bandwidth is the machine's, or the calibrated triad curve at the
+call's bytes (working sets in cache run faster). ``combine`` is ``max`` (roofline) or ``sum``;
+overhead is the machine's dispatch cost per call (views and metadata operators excluded, they cost
+no kernel). The ablation of both choices is in docs/validation.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dnnperf.model.graph import StepGraph
+from dnnperf.model.machine import Machine
+
+#: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
+COMPUTE_FAMILIES = {"matmul": "matmul", "convolution": "convolution", "attention": "matmul", "rnn": "matmul"}
+#: Families that launch no kernel (views, metadata, allocation without initialisation).
+NO_KERNEL = ("free",)
+
+
+@dataclass(frozen=True)
+class ComputeOptions:
+    """Model variants, for the ablation: roofline max or sum of the two terms, overhead on or off."""
+
+    combine: str = "max"
+    overhead: bool = True
+
+    def __post_init__(self) -> None:
+        if self.combine not in ("max", "sum"):
+            raise ValueError(f"combine must be 'max' or 'sum', got {self.combine!r}")
+
+
+def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> pd.DataFrame:
+    """The graph's rows with seconds: ``compute_s`` (the roofline part), ``overhead_s`` and ``seconds``."""
+    ops = graph.ops
+    calls = np.maximum(ops["calls"].to_numpy(float), 1.0)
+    flops = ops["flops"].to_numpy(float)
+    nbytes = ops["bytes"].to_numpy(float)
+    families = ops["family"].to_numpy(str)
+    dtypes = ops["dtype"].to_numpy(str)
+    per_call_flops = flops / calls
+    rate = np.array([machine.peak(d) for d in dtypes])
+    for family, curve_name in COMPUTE_FAMILIES.items():
+        mask = families == family
+        if not mask.any():
+            continue
+        curve = machine.compute_curves.get(curve_name) or machine.compute_curves.get("matmul")
+        if curve is not None:
+            # The float32 curve, scaled to the dtype's peak where the dtype differs.
+            scale = rate[mask] / machine.peak("float32")
+            rate[mask] = curve(per_call_flops[mask]) * scale
+        else:
+            rate[mask] = rate[mask] * machine.efficiency.get(family, 1.0)
+    if machine.bandwidth_curve is not None:
+        bandwidth = machine.bandwidth_curve(nbytes / calls)
+    else:
+        bandwidth = np.full(len(ops), machine.memory_bandwidth)
+    compute = flops / rate
+    memory = nbytes / bandwidth
+    roofline = np.maximum(compute, memory) if options.combine == "max" else compute + memory
+    kernel = ~np.isin(families, NO_KERNEL)
+    overhead = calls * machine.dispatch_s * kernel if options.overhead else np.zeros(len(ops))
+    out = ops.copy()
+    out["compute_s"] = roofline
+    out["overhead_s"] = overhead
+    out["seconds"] = roofline + overhead
+    return out
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One device's step without parallelism, by phase, and the roofline/overhead split."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    data_s: float
+    compute_s: float  # roofline part of forward + backward + update
+    overhead_s: float  # per-call overhead of forward + backward + update
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.update_s + self.data_s
+
+
+def data_seconds(graph: StepGraph, machine: Machine) -> float:
+    """Taking a batch from the in-memory pool and placing it: one copy of the batch (read + write),
+    one call per tensor."""
+    return 2 * graph.batch_bytes / machine.memory_bandwidth
+
+
+def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:
+    """Forward + backward + update (+ the data stage) of one step on one device."""
+    times = op_times(graph, machine, options)
+    by_phase = times.groupby("phase")["seconds"].sum()
+    return StepTime(
+        forward_s=float(by_phase.get("forward", 0.0)),
+        backward_s=float(by_phase.get("backward", 0.0)),
+        update_s=float(by_phase.get("update", 0.0)),
+        data_s=data_seconds(graph, machine),
+        compute_s=float(times["compute_s"].sum()),
+        overhead_s=float(times["overhead_s"].sum()),
+    )

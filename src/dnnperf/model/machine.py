@@ -1,0 +1,278 @@
+"""What the model predicts on: a machine described by its peaks (presets with sources) or calibrated.
+
+A :class:`Machine` is a node type times a count: per device, compute peaks per dtype, memory bandwidth
+and capacity, per-operator overhead; between devices, the link inside a node and the link between
+nodes (alpha: latency in seconds, bandwidth in bytes/s), and the reduction rate of collectives.
+:func:`from_profile` builds one from ``dnnperf hw``'s calibration, keeping its curves: a matrix
+product's rate then depends on its size and a memory-bound operator's bandwidth on its working set.
+Sources of every preset number: docs/performance-model.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+
+from dnnperf.errors import UsageError
+from dnnperf.hardware import HardwareProfile, NotMeasuredError
+
+GB = 1e9
+#: Fields that must be positive numbers.
+_POSITIVE = (
+    "memory_bandwidth",
+    "memory_bytes",
+    "link_bandwidth",
+    "intra_bandwidth",
+    "reduce_bandwidth",
+)
+_NON_NEGATIVE = ("link_latency", "intra_latency", "dispatch_s")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A rate measured at a few sizes, interpolated in log(size), flat beyond the ends."""
+
+    sizes: tuple[float, ...]
+    rates: tuple[float, ...]
+
+    def __call__(self, size: np.ndarray) -> np.ndarray:
+        return np.interp(np.log(np.maximum(size, 1.0)), np.log(self.sizes), self.rates)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A node type (per device) and how many: validated on construction."""
+
+    name: str
+    #: dtype -> peak FLOP/s of matrix products and convolutions on one device.
+    peak_flops: dict[str, float]
+    memory_bandwidth: float  # bytes/s, one device
+    memory_bytes: float  # capacity of one device
+    link_bandwidth: float  # bytes/s per device between nodes
+    link_latency: float  # seconds, between nodes
+    intra_bandwidth: float  # bytes/s between devices of one node
+    intra_latency: float  # seconds
+    devices_per_node: int = 1
+    nodes: int = 1
+    #: Host overhead per operator call (eager dispatch, kernel launch), seconds.
+    dispatch_s: float = 5e-6
+    #: Bytes/s at which a collective reduces (its gamma is 1/this); default: memory bandwidth / 3.
+    reduce_bandwidth: float = 0.0
+    #: Fraction of the peak matrix products / convolutions reach (1.0: pure roofline).
+    efficiency: dict[str, float] = field(default_factory=dict)
+    #: Calibrated curves (from_profile): FLOPs per call -> FLOP/s per family; bytes per call -> bytes/s.
+    compute_curves: dict[str, Curve] = field(default_factory=dict)
+    bandwidth_curve: Curve | None = None
+    #: Largest message the backend sends in one piece (gloo: 1 MiB segments); 0 = no segmentation.
+    segment_bytes: int = 0
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.reduce_bandwidth == 0.0 and _finite_positive(self.memory_bandwidth):
+            object.__setattr__(self, "reduce_bandwidth", self.memory_bandwidth / 3)
+        validate(self)
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_node * self.nodes
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``, float32's when the dtype has none of its own."""
+        return self.peak_flops.get(dtype, self.peak_flops["float32"])
+
+    def with_axis(self, axis: str, value: float) -> Machine:
+        """This machine with one what-if axis changed (see AXES)."""
+        if axis not in AXES:
+            raise UsageError(f"unknown sweep axis {axis!r}: use one of {', '.join(AXES)}")
+        if axis == "nodes":
+            return dataclasses.replace(self, nodes=int(value))
+        if axis == "devices_per_node":
+            return dataclasses.replace(self, devices_per_node=int(value))
+        if axis == "link_gbps":
+            return dataclasses.replace(self, link_bandwidth=value * GB / 8)
+        if axis == "memory_gbs":
+            scale = value * GB / self.memory_bandwidth
+            curve = self.bandwidth_curve
+            if curve is not None:
+                curve = Curve(curve.sizes, tuple(r * scale for r in curve.rates))
+            return dataclasses.replace(self, memory_bandwidth=value * GB, bandwidth_curve=curve)
+        if axis == "tflops":  # node FLOP/s: every dtype's peak (and calibrated curve) scaled alike
+            scale = value * 1e12 / self.peak("float32")
+            curves = {
+                k: Curve(c.sizes, tuple(r * scale for r in c.rates)) for k, c in self.compute_curves.items()
+            }
+            peaks = {k: v * scale for k, v in self.peak_flops.items()}
+            return dataclasses.replace(self, peak_flops=peaks, compute_curves=curves)
+        raise AssertionError(axis)  # pragma: no cover
+
+
+#: What-if axes of ``sweep`` besides batch_size: node count, devices per node, link Gbit/s, memory
+#: GB/s and float32 TFLOP/s per device.
+AXES = ("nodes", "devices_per_node", "link_gbps", "memory_gbs", "tflops")
+
+
+def _finite_positive(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
+
+
+def validate(machine: Machine) -> None:
+    """UsageError naming the first missing or out-of-range field."""
+    where = f"machine {machine.name!r}"
+    if not isinstance(machine.peak_flops, dict) or not _finite_positive(machine.peak_flops.get("float32")):
+        raise UsageError(f"{where}: peak_flops needs a positive float32 entry (FLOP/s)")
+    for dtype, value in machine.peak_flops.items():
+        if not _finite_positive(value):
+            raise UsageError(f"{where}: peak_flops[{dtype!r}] must be a positive number, got {value!r}")
+    for name in _POSITIVE:
+        value = getattr(machine, name)
+        if not _finite_positive(value):
+            raise UsageError(f"{where}: {name} must be a positive number, got {value!r}")
+    for name in _NON_NEGATIVE:
+        value = getattr(machine, name)
+        if not (_finite_positive(value) or value == 0):
+            raise UsageError(f"{where}: {name} must be zero or a positive number, got {value!r}")
+    for name in ("devices_per_node", "nodes"):
+        value = getattr(machine, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{where}: {name} must be a positive integer, got {value!r}")
+    for family, value in machine.efficiency.items():
+        if not (_finite_positive(value) and value <= 1):
+            raise UsageError(f"{where}: efficiency[{family!r}] must be in (0, 1], got {value!r}")
+
+
+def from_dict(document: Any) -> Machine:
+    """A described machine (e.g. parsed JSON): every field of Machine but the curves; UsageError if a
+    field is missing, unknown or not a positive number."""
+    if not isinstance(document, dict):
+        raise UsageError("a machine description must be a JSON object")
+    required = {
+        "name",
+        "peak_flops",
+        "memory_bandwidth",
+        "memory_bytes",
+        "link_bandwidth",
+        "link_latency",
+        "intra_bandwidth",
+        "intra_latency",
+    }
+    missing = sorted(required - set(document))
+    if missing:
+        raise UsageError(f"machine description lacks {', '.join(missing)}")
+    allowed = {f.name for f in dataclasses.fields(Machine)} - {"compute_curves", "bandwidth_curve"}
+    unknown = sorted(set(document) - allowed)
+    if unknown:
+        raise UsageError(f"machine description has unknown fields {', '.join(unknown)}")
+    return Machine(**document)
+
+
+def from_profile(profile: HardwareProfile, link: dict[str, float] | None = None) -> Machine:
+    """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
+
+    ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
+    loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
+    curves: dict[str, Curve] = {}
+    peaks: dict[str, float] = {}
+    for op, family in (("matmul", "matmul"), ("conv2d", "convolution")):
+        for curve in profile.curves(op, "float32"):
+            if curve.usable and curve.points:
+                points = sorted((p.work, p.rate.median) for p in curve.points)
+                sizes, rates = _dedupe(points)
+                curves[family] = Curve(sizes, rates)
+    for dtype in ("float32", "bfloat16", "float16"):
+        try:
+            peaks[dtype] = profile.peak_flops(dtype)
+        except NotMeasuredError:
+            continue
+    bandwidth = profile.bandwidth_curve()
+    sizes, rates = _dedupe(sorted((p.params["footprint"], p.rate.median) for p in bandwidth.points))
+    link = link or {}
+    alpha = link.get("alpha", LOOPBACK_ALPHA)
+    beta_bandwidth = link.get("bandwidth", LOOPBACK_BANDWIDTH)
+    return Machine(
+        name=f"hw:{profile.device_key}",
+        peak_flops=peaks,
+        memory_bandwidth=profile.memory_bandwidth,
+        memory_bytes=float(psutil.virtual_memory().total),
+        link_bandwidth=beta_bandwidth,
+        link_latency=alpha,
+        intra_bandwidth=beta_bandwidth,
+        intra_latency=alpha,
+        dispatch_s=profile.dispatch_overhead_us * 1e-6,
+        reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
+        compute_curves=curves,
+        bandwidth_curve=Curve(sizes, rates),
+        segment_bytes=GLOO_SEGMENT,
+        sources={
+            "all": f"dnnperf hw calibration of {profile.created}",
+            "link": link.get("source", "default"),
+        },
+    )
+
+
+def _dedupe(points: list[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """One rate per size (the best: the calibration's peak convention), sizes increasing."""
+    best: dict[float, float] = {}
+    for size, rate in points:
+        best[size] = max(rate, best.get(size, 0.0))
+    sizes = tuple(sorted(best))
+    return sizes, tuple(best[s] for s in sizes)
+
+
+#: gloo over loopback on the project's 2-core machine (background.md: ~1.6 ms for 1 KiB, 0.66 GB/s at
+#: 16 MiB), used until collectives.calibrate has measured this machine.
+LOOPBACK_ALPHA = 1.6e-3 / 2
+LOOPBACK_BANDWIDTH = 0.66 * GB
+GLOO_SEGMENT = 1 << 20
+
+_A100 = {
+    "peak_flops": {"float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12},
+    "memory_bandwidth": 2039 * GB,
+    "memory_bytes": 80 * GB,
+    "intra_bandwidth": 300 * GB,  # NVLink 3: 600 GB/s bidirectional
+    "intra_latency": 2e-6,
+    "devices_per_node": 8,
+}
+_H100 = {
+    "peak_flops": {"float32": 67e12, "tf32": 494.5e12, "bfloat16": 989.5e12, "float16": 989.5e12},
+    "memory_bandwidth": 3350 * GB,
+    "memory_bytes": 80 * GB,
+    "intra_bandwidth": 450 * GB,  # NVLink 4: 900 GB/s bidirectional
+    "intra_latency": 2e-6,
+    "devices_per_node": 8,
+}
+#: Per-GPU network: DGX A100 has one 200 Gb/s HDR port per GPU, DGX H100 one 400 Gb/s NDR port per GPU;
+#: Ethernet: one 100 GbE port per node shared by its 8 GPUs. Latencies: IB ~ 5 us end to end (NCCL
+#: small-message figures), TCP over Ethernet ~ 25 us.
+PRESETS: dict[str, dict[str, Any]] = {
+    "a100-ib": {**_A100, "link_bandwidth": 25 * GB, "link_latency": 5e-6},
+    "a100-eth": {**_A100, "link_bandwidth": 12.5 * GB / 8, "link_latency": 25e-6},
+    "h100-ib": {**_H100, "link_bandwidth": 50 * GB, "link_latency": 5e-6},
+    "h100-eth": {**_H100, "link_bandwidth": 12.5 * GB / 8, "link_latency": 25e-6},
+    # Seed 002's simulator defaults: 4 TFLOP/s, 50 GB/s memory, 1 Gb/s links, 0.5 us latency.
+    "seed002": {
+        "peak_flops": {"float32": 4e12},
+        "memory_bandwidth": 50 * GB,
+        "memory_bytes": 16 * GB,
+        "intra_bandwidth": 1 * GB / 8,
+        "intra_latency": 0.5e-6,
+        "link_bandwidth": 1 * GB / 8,
+        "link_latency": 0.5e-6,
+        "devices_per_node": 1,
+    },
+}
+
+
+def preset(name: str, nodes: int = 1) -> Machine:
+    """A documented preset machine with ``nodes`` nodes."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown machine {name!r}: use hw, a JSON file or one of {', '.join(PRESETS)}")
+    return Machine(
+        name=name, nodes=nodes, sources={"all": "docs/performance-model.md#presets"}, **PRESETS[name]
+    )

@@ -1,0 +1,276 @@
+"""The Python API: ``predict`` one configuration, ``sweep`` many (what-if tables).
+
+``batch_size`` is the global batch of one step. Data parallel shards it over every device; pipeline
+parallel cuts each device group's batch into micro-batches; tensor parallel gives every rank of a
+group the whole batch. ``strategy="single"`` is one device. Multi-node pipeline and tensor
+parallelism are modelled within ``devices`` ranks as one group over the slowest link they span.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dnnperf.errors import UsageError
+from dnnperf.model import collectives, strategies
+from dnnperf.model.compute import COMPUTE_FAMILIES, ComputeOptions, data_seconds, op_times
+from dnnperf.model.graph import StepGraph, workload_graph
+from dnnperf.model.machine import AXES, Machine
+
+STRATEGIES = ("single", "dp", "pp", "tp")
+DEFAULT_OPTIONS = ComputeOptions()
+
+
+@dataclass
+class Prediction:
+    """One configuration's predicted step on the slowest device, split so that the parts add up."""
+
+    workload: str
+    machine: str
+    strategy: str
+    devices: int
+    batch_size: int
+    compute_s: float  # forward + backward + update on the critical path (roofline + per-call overhead)
+    communication_s: float  # exposed: not hidden behind compute
+    bubble_s: float  # pipeline fill and drain
+    other_s: float  # the data stage
+    memory_bytes: float  # per device: parameters, gradients, optimizer state, saved activations, batch
+    memory_capacity: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.communication_s + self.bubble_s + self.other_s
+
+    @property
+    def throughput(self) -> float:
+        return self.batch_size / self.step_s
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.memory_capacity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "step_s": self.step_s, "throughput": self.throughput, "fits": self.fits}
+
+
+def _graph_for(source: str | StepGraph, preset: str, batch: int, exact: bool) -> StepGraph:
+    if isinstance(source, StepGraph):
+        if batch != source.batch_size:
+            raise UsageError(
+                f"a described model predicts at its example batch ({source.batch_size} per device), "
+                f"not {batch}: describe it with an example batch of {batch}"
+            )
+        return source
+    return workload_graph(source, preset, batch, exact=exact)
+
+
+def _per_device(batch_size: int, ways: int, what: str) -> int:
+    if batch_size % ways:
+        raise UsageError(f"batch {batch_size} does not split evenly over {ways} {what}")
+    return batch_size // ways
+
+
+def _memory(graph: StepGraph, param_share: float = 1.0, activation_share: float = 1.0) -> float:
+    states = (2 * graph.param_bytes + graph.optimizer_state_bytes) * param_share
+    return states + graph.saved_bytes * activation_share + graph.batch_bytes
+
+
+def _link(machine: Machine, ranks: int) -> collectives.Link:
+    """The slowest link ``ranks`` consecutive devices span."""
+    inside = ranks <= machine.devices_per_node
+    return collectives.Link.of(
+        machine.intra_latency if inside else machine.link_latency,
+        machine.intra_bandwidth if inside else machine.link_bandwidth,
+        machine.reduce_bandwidth,
+        machine.segment_bytes,
+    )
+
+
+def predict(
+    source: str | StepGraph,
+    machine: Machine,
+    batch_size: int,
+    strategy: str = "single",
+    *,
+    preset: str = "small",
+    micro_batches: int | None = None,
+    schedule: str = "1f1b",
+    algorithm: str = "ring",
+    options: ComputeOptions = DEFAULT_OPTIONS,
+    exact: bool = True,
+) -> Prediction:
+    """Predict one step of ``source`` (a suite workload's name, or a :class:`StepGraph` from
+    ``describe_model``) on ``machine`` (all its devices for dp/pp/tp, one for single)."""
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    if schedule not in strategies.SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}: use one of {', '.join(strategies.SCHEDULES)}")
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise UsageError(f"batch size must be a positive integer, got {batch_size!r}")
+    batch_size = int(batch_size)
+    devices = 1 if strategy == "single" else machine.devices
+    name = source.name if isinstance(source, StepGraph) else source
+    common = dict(
+        workload=name,
+        machine=machine.name,
+        strategy=strategy,
+        devices=devices,
+        batch_size=batch_size,
+        memory_capacity=machine.memory_bytes,
+    )
+    if strategy in ("single", "dp"):
+        graph = _graph_for(source, preset, _per_device(batch_size, devices, "data-parallel ranks"), exact)
+        times = op_times(graph, machine, options)
+        compute = float(times["seconds"].sum())
+        exposed, detail = 0.0, {}
+        if devices > 1:
+            link = _link(machine, devices)
+            ready, sizes, backward_s = strategies.gradient_buckets(times, graph.module_param_bytes)
+            if machine.nodes > 1 and machine.devices_per_node > 1:
+                intra = _link(machine, 1)
+                costs = [
+                    collectives.hierarchical_allreduce(
+                        n, machine.devices_per_node, machine.nodes, intra, link, algorithm
+                    )
+                    for n in sizes
+                ]
+            else:
+                costs = [collectives.allreduce(n, devices, link, algorithm) for n in sizes]
+            exposed = strategies.bucket_overlap(ready, costs, backward_s)
+            detail = {"buckets": len(sizes), "allreduce_s": sum(costs), "backward_s": backward_s}
+        return Prediction(
+            **common,
+            compute_s=compute,
+            communication_s=exposed,
+            bubble_s=0.0,
+            other_s=data_seconds(graph, machine),
+            memory_bytes=_memory(graph),
+            detail=detail,
+        )
+    if strategy == "pp":
+        stages = devices
+        # Default: the most micro-batches up to 4 per stage that split the batch evenly.
+        m = micro_batches or max(d for d in range(1, min(batch_size, 4 * stages) + 1) if batch_size % d == 0)
+        graph = _graph_for(source, preset, _per_device(batch_size, m, "micro-batches"), exact)
+        times = op_times(graph, machine, options)
+        names = [layer.name for layer in graph.layers]
+        if stages < 2:
+            raise UsageError("pipeline parallelism needs at least 2 devices (use --nodes or a larger node)")
+        costs = strategies.layer_seconds(times, names)
+        starts = strategies.partition(costs, stages)
+        bounds = [*starts, len(names)]
+        stage_s = [float(costs[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+        boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
+        send = collectives.send_recv(boundary, _link(machine, devices))
+        pipe = strategies.pipeline_time(stage_s, m, send)
+        update = float(times.loc[times["phase"] == "update", "seconds"].sum())
+        params = [
+            sum(layer.param_bytes for layer in graph.layers[a:b]) for a, b in itertools.pairwise(bounds)
+        ]
+        share = max(params) / max(graph.param_bytes, 1)
+        in_flight = m if schedule == "gpipe" else min(m, stages)
+        heaviest = int(np.argmax(stage_s))
+        stage_share = stage_s[heaviest] / max(sum(stage_s), 1e-30)
+        memory = _memory(graph, share, in_flight * stage_share)
+        return Prediction(
+            **common,
+            compute_s=pipe.compute_s + update * share,
+            communication_s=pipe.communication_s,
+            bubble_s=pipe.bubble_s,
+            other_s=data_seconds(graph, machine) * m,
+            memory_bytes=memory,
+            detail={
+                "micro_batches": m,
+                "schedule": schedule,
+                "stage_s": stage_s,
+                "stage_starts": starts,
+                "bubble_share": (stages - 1) / m,
+            },
+        )
+    # tensor parallel
+    ways = devices
+    graph = _graph_for(source, preset, batch_size, exact)
+    times = op_times(graph, machine, options)
+    split = set(strategies.split_modules(times))
+    if not split:
+        raise UsageError(
+            f"{name} has no layer tensor parallelism can split (no matrix products or convolutions)"
+        )
+    divided = times["module"].isin(split) & times["family"].isin(tuple(COMPUTE_FAMILIES))
+    compute = float(times.loc[divided, "seconds"].sum()) / ways + float(times.loc[~divided, "seconds"].sum())
+    link = _link(machine, ways)
+    comm = 0.0
+    for module in split:
+        in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
+        comm += collectives.allgather(out_bytes, ways, link) + collectives.allreduce(
+            in_bytes, ways, link, algorithm
+        )
+    split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
+    share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)
+    return Prediction(
+        **common,
+        compute_s=compute,
+        communication_s=comm,
+        bubble_s=0.0,
+        other_s=data_seconds(graph, machine),
+        memory_bytes=_memory(graph, share),
+        detail={"split_modules": len(split)},
+    )
+
+
+def best_strategy(predictions: Sequence[Prediction]) -> Prediction | None:
+    """The fastest prediction that fits in memory (None when none does)."""
+    fitting = [p for p in predictions if p.fits]
+    return min(fitting, key=lambda p: p.step_s, default=None)
+
+
+def sweep(
+    source: str | StepGraph,
+    machine: Machine,
+    batch_size: int,
+    axes: Mapping[str, Sequence[float]],
+    strategies_: Sequence[str] = ("dp", "pp", "tp"),
+    **kwargs: Any,
+) -> pd.DataFrame:
+    """Every combination of the axes' values (``batch_size`` and machine.AXES) x strategy: one row each,
+    with the split, throughput, memory and ``reason`` where the strategy cannot apply. Batch sizes
+    between the counted ones are interpolated (FLOPs and bytes are affine in the batch)."""
+    for axis in axes:
+        if axis != "batch_size" and axis not in AXES:
+            raise UsageError(f"unknown sweep axis {axis!r}: use batch_size or one of {', '.join(AXES)}")
+    names = list(axes)
+    rows = []
+    for values in itertools.product(*(axes[a] for a in names)):
+        config = dict(zip(names, values, strict=True))
+        current, batch = machine, batch_size
+        for axis, value in config.items():
+            if axis == "batch_size":
+                batch = int(value)
+            else:
+                current = current.with_axis(axis, value)
+        for strategy in strategies_:
+            row: dict[str, Any] = {**config, "strategy": strategy, "devices": current.devices}
+            try:
+                p = predict(source, current, batch, strategy, exact=False, **kwargs)
+            except UsageError as error:
+                row["reason"] = str(error)
+            else:
+                row.update(
+                    step_s=p.step_s,
+                    compute_s=p.compute_s,
+                    communication_s=p.communication_s,
+                    bubble_s=p.bubble_s,
+                    other_s=p.other_s,
+                    throughput=p.throughput,
+                    memory_bytes=p.memory_bytes,
+                    fits=p.fits,
+                    reason=None,
+                )
+            rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,165 @@
+"""The performance model's formulas against hand-computed cases, and its refusals of bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+
+from dnnperf.errors import UsageError
+from dnnperf.model import collectives as c
+from dnnperf.model import strategies as s
+from dnnperf.model.compute import ComputeOptions, op_times
+from dnnperf.model.graph import StepGraph
+from dnnperf.model.machine import PRESETS, Machine, from_dict, preset
+
+LINK = c.Link(alpha=1e-5, beta=1e-9, gamma=5e-10)  # 10 us, 1 GB/s, 2 GB/s reduction
+
+
+def test_ring_allreduce_of_n_bytes_on_p_ranks() -> None:
+    # p=4, n=8 MB: 2*3 alphas + 2*(3/4)*8e6 bytes at 1 ns + (3/4)*8e6 reduced at 0.5 ns
+    assert c.allreduce(8e6, 4, LINK, "ring") == pytest.approx(6e-5 + 12e-3 + 3e-3)
+
+
+def test_other_allreduces_allgather_reduce_scatter_broadcast_send() -> None:
+    n, p = 8e6, 8
+    assert c.allreduce(n, p, LINK, "rabenseifner") == pytest.approx(6e-5 + 2 * 7 / 8 * 8e-3 + 7 / 8 * 4e-3)
+    assert c.allreduce(n, p, LINK, "recursive_doubling") == pytest.approx(3 * (1e-5 + 8e-3 + 4e-3))
+    assert c.allreduce(n, p, LINK, "tree") == pytest.approx(6 * (1e-5 + 8e-3) + 3 * 4e-3)
+    assert c.allgather(n, p, LINK) == pytest.approx(7e-5 + 7 / 8 * 8e-3)
+    assert c.reduce_scatter(n, p, LINK) == pytest.approx(7e-5 + 7 / 8 * 8e6 * 1.5e-9)
+    assert c.broadcast(n, 5, LINK) == pytest.approx(3 * (1e-5 + 8e-3))  # ceil(log2 5) = 3
+    assert c.send_recv(1e6, LINK) == pytest.approx(1e-5 + 1e-3)
+    assert c.allreduce(n, 1, LINK) == 0.0
+
+
+def test_segmentation_multiplies_the_latency_per_step() -> None:
+    seg = dataclasses.replace(LINK, segment_bytes=1 << 20)
+    # 16 MiB on 2 ranks: each of the 2 steps sends 8 MiB = 8 segments of 1 MiB
+    n = 16 * (1 << 20)
+    assert c.allreduce(n, 2, seg) - c.allreduce(n, 2, LINK) == pytest.approx(2 * 7 * 1e-5)
+
+
+def test_hierarchical_allreduce_sums_its_three_phases() -> None:
+    intra = c.Link(1e-6, 1e-11)
+    expected = c.reduce_scatter(8e6, 4, intra) + c.allreduce(2e6, 2, LINK) + c.allgather(8e6, 4, intra)
+    assert c.hierarchical_allreduce(8e6, 4, 2, intra, LINK) == pytest.approx(expected)
+    assert c.hierarchical_allreduce(8e6, 4, 1, intra, LINK) == c.allreduce(8e6, 4, intra)
+
+
+def test_pipeline_bubble_share_is_p_minus_1_over_m() -> None:
+    t = s.pipeline_time([1.0, 1.0, 1.0, 1.0], micro_batches=8, send_s=0.0)
+    assert t.step_s == pytest.approx(11.0)  # (m + p - 1) slots
+    assert t.bubble_s / t.compute_s == pytest.approx(3 / 8)
+    slow = s.pipeline_time([1.0, 2.0], micro_batches=4, send_s=0.25)
+    assert slow.step_s == pytest.approx(5 * 2.5)  # the slowest stage plus its two sends, 5 slots
+
+
+def test_ddp_bucket_overlap_on_a_toy_schedule() -> None:
+    # Backward lasts 10 s; buckets ready at 2, 5, 9 taking 2, 2, 3 s: ends 4, 7, 12 -> 2 s exposed.
+    assert s.bucket_overlap([2, 5, 9], [2, 2, 3], 10.0) == pytest.approx(2.0)
+    # A slow first bucket delays the others: ends 8, 10, 13 -> 3 s exposed.
+    assert s.bucket_overlap([2, 5, 9], [6, 2, 3], 10.0) == pytest.approx(3.0)
+    assert s.bucket_overlap([2, 5], [1, 1], 10.0) == 0.0
+
+
+def test_gradient_buckets_follow_backward_order_and_caps() -> None:
+    times = pd.DataFrame(
+        {
+            "phase": ["forward", "backward", "backward", "backward"],
+            "module": ["a", "c", "b", "a"],
+            "seconds": [5.0, 1.0, 2.0, 3.0],
+        }
+    )
+    mib = 1 << 20
+    ready, sizes, total = s.gradient_buckets(times, {"a": mib, "b": 2 * mib, "c": mib // 2})
+    # c ready at 1 (0.5 MiB, below the first cap), with b at 3 it passes 1 MiB; a at 6 closes the last.
+    assert (ready, sizes, total) == ([3.0, 6.0], [mib // 2 + 2 * mib, mib], 6.0)
+
+
+def test_partition_balances_contiguous_stages_and_refuses_too_many() -> None:
+    assert s.partition([1, 1, 1, 1, 4], 2) == [0, 4]
+    assert s.partition([3, 1, 1, 1, 3, 3], 3) == [0, 2, 5] or s.partition([3, 1, 1, 1, 3, 3], 3) == [0, 3, 5]
+    with pytest.raises(UsageError, match="needs at least 4 layers"):
+        s.partition([1, 2, 3], 4)
+
+
+def _machine(**changes: object) -> Machine:
+    base = dict(
+        name="toy",
+        peak_flops={"float32": 1e12},
+        memory_bandwidth=1e11,
+        memory_bytes=1e9,
+        link_bandwidth=1e9,
+        link_latency=1e-5,
+        intra_bandwidth=1e10,
+        intra_latency=1e-6,
+        dispatch_s=1e-6,
+    )
+    base.update(changes)
+    return Machine(**base)  # type: ignore[arg-type]
+
+
+def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward", "forward", "forward"],
+            "module": ["m", "m", "m"],
+            "op": ["aten.mm", "aten.add", "aten.view"],
+            "family": ["matmul", "elementwise", "free"],
+            "dtype": ["float32"] * 3,
+            "flops": [2e9, 1e6, 0.0],
+            "bytes": [1e8, 3e8, 0.0],
+            "calls": [2.0, 4.0, 5.0],
+        }
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = _machine(efficiency={"matmul": 0.5})
+    times = op_times(graph, machine)
+    # mm: max(2e9 / 0.5e12, 1e8 / 1e11) = 4 ms + 2 calls x 1 us; add: max(1 us, 3 ms) + 4 us; view: nothing
+    assert times["seconds"].tolist() == pytest.approx([4e-3 + 2e-6, 3e-3 + 4e-6, 0.0])
+    summed = op_times(graph, machine, ComputeOptions("sum", overhead=False))
+    assert summed["seconds"].tolist() == pytest.approx([5e-3, 3e-3 + 1e-6, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"memory_bandwidth": 0}, "memory_bandwidth must be a positive number"),
+        ({"link_bandwidth": -1.0}, "link_bandwidth must be a positive number"),
+        ({"peak_flops": {"float32": float("nan")}}, "peak_flops"),
+        ({"nodes": 0}, "nodes must be a positive integer"),
+        ({"link_latency": -1e-6}, "link_latency must be zero or a positive number"),
+        ({"efficiency": {"matmul": 1.5}}, r"efficiency\['matmul'\] must be in \(0, 1\]"),
+    ],
+)
+def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        _machine(**change)
+
+
+def test_described_machine_needs_every_field() -> None:
+    described = {
+        k: v
+        for k, v in dataclasses.asdict(_machine()).items()
+        if k not in ("compute_curves", "bandwidth_curve")
+    }
+    with pytest.raises(UsageError, match="lacks link_bandwidth"):
+        from_dict({k: v for k, v in described.items() if k != "link_bandwidth"})
+    with pytest.raises(UsageError, match="unknown fields bogus"):
+        from_dict({**described, "bogus": 1})
+    assert from_dict(described).memory_bandwidth == 1e11
+
+
+def test_presets_are_valid_and_axes_change_one_thing() -> None:
+    for name in PRESETS:
+        machine = preset(name, nodes=2)
+        assert machine.devices == 2 * PRESETS[name]["devices_per_node"]
+    a100 = preset("a100-ib")
+    assert a100.with_axis("link_gbps", 100).link_bandwidth == pytest.approx(12.5e9)
+    assert a100.with_axis("tflops", 39).peak("bfloat16") == pytest.approx(624e12)
+    with pytest.raises(UsageError, match="unknown sweep axis"):
+        a100.with_axis("colour", 1)
+    assert math.isclose(a100.reduce_bandwidth, a100.memory_bandwidth / 3)

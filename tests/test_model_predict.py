@@ -1,0 +1,79 @@
+"""predict on a described user model: the graph's counts, the split adding up, and refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from dnnperf.errors import UsageError
+from dnnperf.model import collectives
+from dnnperf.model.graph import describe_model
+from dnnperf.model.machine import preset
+from dnnperf.model.predict import predict, sweep
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return describe_model(model, torch.randn(4, 8), name="mlp")
+
+
+def test_graph_counts_match_hand_formulas(mlp_graph) -> None:
+    forward = mlp_graph.ops[(mlp_graph.ops.phase == "forward") & (mlp_graph.ops.family == "matmul")]
+    assert forward.flops.sum() == 2 * 4 * 8 * 16 + 2 * 4 * 16 * 4  # two addmm, bias not counted
+    assert mlp_graph.param_bytes == 4 * (8 * 16 + 16 + 16 * 4 + 4)
+    assert mlp_graph.optimizer_state_bytes == mlp_graph.param_bytes  # SGD momentum: one buffer
+    assert [layer.output_bytes for layer in mlp_graph.layers] == [4 * 4 * 16, 4 * 4 * 16, 4 * 4 * 4]
+    assert mlp_graph.module_io["0"] == [4 * 4 * 8, 4 * 4 * 16]
+    assert set(mlp_graph.ops.phase) == {"forward", "backward", "update"}
+
+
+def test_strategies_split_adds_up_and_dp_pays_its_allreduce(mlp_graph) -> None:
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=2)
+    single = predict(mlp_graph, machine, 4, "single")
+    assert single.step_s == pytest.approx(single.compute_s + single.other_s)
+    dp = predict(mlp_graph, machine, 8, "dp")  # 4 per rank, the graph's batch
+    link = collectives.Link.of(machine.intra_latency, machine.intra_bandwidth, machine.reduce_bandwidth)
+    allreduce = collectives.allreduce(mlp_graph.param_bytes, 2, link)  # one bucket below 1 MiB
+    assert dp.detail["buckets"] == 1 and dp.detail["allreduce_s"] == pytest.approx(allreduce)
+    # The only bucket is ready when backward ends, so all of it is exposed.
+    assert dp.communication_s == pytest.approx(allreduce)
+    pp = predict(mlp_graph, machine, 8, "pp", micro_batches=2)
+    assert pp.detail["bubble_share"] == pytest.approx(1 / 2)
+    assert pp.step_s == pytest.approx(pp.compute_s + pp.communication_s + pp.bubble_s + pp.other_s)
+    tp = predict(mlp_graph, machine, 4, "tp")
+    assert tp.detail["split_modules"] == 2 and tp.communication_s > 0
+
+
+def test_inapplicable_strategies_are_refused(mlp_graph) -> None:
+    four = dataclasses.replace(preset("seed002"), devices_per_node=4)
+    with pytest.raises(UsageError, match="needs at least 4 layers; the model has 3"):
+        predict(mlp_graph, four, 16, "pp", micro_batches=4)
+    flat = describe_model(nn.Sequential(Scale()), torch.randn(4, 8), name="scale")
+    with pytest.raises(UsageError, match="no layer tensor parallelism can split"):
+        predict(flat, dataclasses.replace(four, devices_per_node=2), 4, "tp")
+    with pytest.raises(UsageError, match="does not split evenly"):
+        predict(mlp_graph, four, 6, "dp")
+    with pytest.raises(UsageError, match="unknown strategy"):
+        predict(mlp_graph, four, 4, "zero")
+
+
+def test_sweep_marks_what_cannot_apply(mlp_graph) -> None:
+    frame = sweep(mlp_graph, preset("seed002"), 4, {"nodes": [1, 2]}, strategies_=("dp",))
+    assert pd.isna(frame.loc[0, "reason"]) and frame.loc[0, "devices"] == 1 and frame.loc[0, "step_s"] > 0
+    assert "does not split evenly" not in str(frame.loc[0, "reason"])
+    assert "predicts at its example batch" in frame.loc[1, "reason"]  # 2 per rank, the graph has 4
