@@ -19,7 +19,8 @@ import pandas as pd
 import torch
 
 from dnnperf import environment
-from dnnperf.hardware import load_profile
+from dnnperf.hardware import load_profile, read_profile
+from dnnperf.model.calibrate import measure_op_overhead
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
 from dnnperf.model.machine import from_profile
@@ -42,21 +43,34 @@ BATCHES = (4, 8, 16)
 VARIANTS = {
     "max+overhead": ComputeOptions("max", True),
     "sum+overhead": ComputeOptions("sum", True),
+    "max+hw dispatch": ComputeOptions("max", True),
     "max": ComputeOptions("max", False),
     "sum": ComputeOptions("sum", False),
 }
 
 
-def run(workloads: tuple[str, ...], batches: tuple[int, ...], preset: str, steps: int) -> pd.DataFrame:
-    profile = load_profile("cpu")
+def run(
+    workloads: tuple[str, ...], batches: tuple[int, ...], preset: str, steps: int, profile_path: str | None
+) -> pd.DataFrame:
+    profile = read_profile(profile_path) if profile_path else load_profile("cpu")
     if profile is None:
         sys.exit("no hardware profile: run `dnnperf hw` first")
-    machine = from_profile(profile)
+    if profile.threads != torch.get_num_threads():
+        sys.exit(
+            f"profile calibrated with {profile.threads} threads, this run has {torch.get_num_threads()}"
+        )
+    overhead = measure_op_overhead()
+    print(
+        f"op overhead (microbenchmark): {overhead * 1e6:.2f} us per call; hw dispatch: "
+        f"{profile.dispatch_overhead_us:.2f} us",
+        file=sys.stderr,
+    )
+    machines = {v: from_profile(profile, op_overhead_s=None if "hw" in v else overhead) for v in VARIANTS}
     rows = []
     for name in workloads:
         for batch in batches:
             graph = describe_workload(name, preset, batch)
-            predicted = {v: step_time(graph, machine, o).total_s for v, o in VARIANTS.items()}
+            predicted = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
             record = bench(
                 BenchSettings(
                     workload=name, preset=preset, batch_sizes=(batch,), steps=steps, warmup=3, device="cpu"
@@ -108,6 +122,7 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--json")
+    parser.add_argument("--profile", help="hardware profile JSON (default: this machine's cached one)")
     args = parser.parse_args()
     frame = run(
         tuple(args.workloads.split(",")),

@@ -240,6 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
     memsave_arguments(memsave, positive_int)
     _common(memsave, runs=True)
     memsave.set_defaults(handler=cmd_memsave)
+
+    predict = commands.add_parser(
+        "predict", help="predict step time, throughput and memory: one device, dp, pp, tp; what-if sweeps"
+    )
+    from dnnperf.model.command import add_arguments as predict_arguments
+
+    predict_arguments(predict, positive_int)
+    _common(predict)
+    predict.set_defaults(handler=cmd_predict)
     return parser
 
 
@@ -651,6 +660,12 @@ def cmd_memsave(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.memsave.command import run
 
     return run(args, out, command_line())
+
+
+def cmd_predict(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.model.command import run
+
+    return run(args, out)
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:

@@ -172,8 +172,13 @@ def from_dict(document: Any) -> Machine:
     return Machine(**document)
 
 
-def from_profile(profile: HardwareProfile, link: dict[str, float] | None = None) -> Machine:
+def from_profile(
+    profile: HardwareProfile, link: dict[str, float] | None = None, op_overhead_s: float | None = None
+) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
+
+    ``op_overhead_s``: the per-call overhead of an eager training step (calibrate.op_overhead); default
+    the profile's bare dispatch overhead, which leaves autograd and module calls out.
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
     loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
@@ -204,7 +209,7 @@ def from_profile(profile: HardwareProfile, link: dict[str, float] | None = None)
         link_latency=alpha,
         intra_bandwidth=beta_bandwidth,
         intra_latency=alpha,
-        dispatch_s=profile.dispatch_overhead_us * 1e-6,
+        dispatch_s=op_overhead_s if op_overhead_s is not None else profile.dispatch_overhead_us * 1e-6,
         reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),

@@ -621,3 +621,63 @@ def memsave_tables(result: Any) -> list[Table]:
         result.reason,
     )
     return [plan, memsave_variants_table(result)]
+
+
+def prediction_table(predictions: list[Any], refused: dict[str, str], best: Any = None) -> Table:
+    """Predicted steps (dnnperf.model.predict.Prediction), one row per strategy; refused ones say why."""
+    first = predictions[0] if predictions else None
+    title = "predicted step" + (
+        f": {first.workload}, batch {first.batch_size}, on {first.machine}" if first else ""
+    )
+    table = Table(title=title)
+    for column in (
+        "strategy",
+        "devices",
+        "step ms",
+        "compute",
+        "exposed comm",
+        "bubble",
+        "other",
+        "samples/s",
+        "memory/device",
+        "fits",
+    ):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for p in predictions:
+        mark = " (best)" if best is not None and p is best else ""
+        table.add_row(
+            f"{p.strategy}{mark}",
+            str(p.devices),
+            f"{p.step_s * 1e3:.3g}",
+            milliseconds(p.compute_s),
+            milliseconds(p.communication_s),
+            milliseconds(p.bubble_s),
+            milliseconds(p.other_s),
+            human_count(p.throughput),
+            human_count(p.memory_bytes, "B"),
+            "yes" if p.fits else "NO",
+        )
+    for strategy, reason in refused.items():
+        table.add_row(strategy, "", "", "", "", "", "", "", "", escape(reason))
+    return table
+
+
+def sweep_table(frame: Any, axes: list[str], title: str) -> Table:
+    """A what-if sweep: one row per combination of the axes, samples/s per strategy and the best one."""
+    strategies = list(dict.fromkeys(frame["strategy"]))
+    table = Table(title=f"what-if: {title} (samples/s per strategy; - cannot apply, * does not fit)")
+    for column in (*axes, *strategies, "best"):
+        table.add_column(column, justify="right")
+    for values, group in frame.groupby(axes, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        cells, best, best_rate = [], "-", 0.0
+        for strategy in strategies:
+            row = group[group["strategy"] == strategy].iloc[0]
+            if isinstance(row.get("reason"), str):
+                cells.append("-")
+                continue
+            cells.append(human_count(row["throughput"]) + ("" if row["fits"] else "*"))
+            if row["fits"] and row["throughput"] > best_rate:
+                best, best_rate = strategy, row["throughput"]
+        table.add_row(*(f"{v:g}" for v in values), *cells, best)
+    return table
