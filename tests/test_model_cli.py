@@ -1,0 +1,67 @@
+"""``dnnperf predict`` as a user meets it: one JSON document whose parts add up, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.conftest import run_cli
+
+from dnnperf.cli import main
+
+
+def test_predict_json_on_a_preset_machine(tmp_path: Path) -> None:
+    machine = {
+        "name": "two",
+        "peak_flops": {"float32": 1e12},
+        "memory_bandwidth": 1e11,
+        "memory_bytes": 1e9,
+        "link_bandwidth": 1e9,
+        "link_latency": 1e-5,
+        "intra_bandwidth": 1e10,
+        "intra_latency": 1e-6,
+        "devices_per_node": 2,
+    }
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(machine))
+    result = run_cli("predict", "basic_cnn", "--preset", "tiny", "-b", "8", "--machine", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    rows = {p["strategy"]: p for p in document["predictions"]}
+    assert set(rows) | set(document["refused"]) == {"dp", "pp", "tp"}
+    for p in rows.values():
+        parts = p["compute_s"] + p["communication_s"] + p["bubble_s"] + p["other_s"]
+        assert p["step_s"] == pytest.approx(parts)
+        assert p["throughput"] == pytest.approx(8 / p["step_s"])
+        assert p["devices"] == 2
+    fitting = [p for p in rows.values() if p["fits"]]
+    assert document["best"] == min(fitting, key=lambda p: p["step_s"])["strategy"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--machine", "nowhere-9000"], "is not hw, a preset"),
+        (["--sweep", "colour=1,2"], "unknown sweep axis 'colour'"),
+        (["--sweep", "nodes=1,x"], "values must be numbers"),
+        (["--sweep", "nodes"], "expects AXIS=V1,V2"),
+        (["--machine", "a100-ib", "--strategy", "dp", "-b", "3"], "does not split evenly"),
+        (["--preset", "medium"], "no preset 'medium'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture
+) -> None:
+    code = main(["predict", "basic_cnn", *args])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in captured.err
+
+
+def test_bad_machine_file_names_the_missing_field(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"name": "x", "peak_flops": {"float32": 1e12}}))
+    assert main(["predict", "basic_cnn", "--machine", str(path)]) == 2
+    assert "lacks intra_bandwidth, intra_latency, link_bandwidth" in capsys.readouterr().err
