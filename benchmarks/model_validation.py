@@ -20,7 +20,7 @@ import torch
 
 from dnnperf import environment
 from dnnperf.hardware import load_profile, read_profile
-from dnnperf.model.calibrate import measure_op_overhead
+from dnnperf.model.calibrate import family_efficiency, measure_op_overhead
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
 from dnnperf.model.machine import from_profile
@@ -40,12 +40,14 @@ WORKLOADS = (
     "neumf",
 )
 BATCHES = (4, 8, 16)
+#: The model and its ablation: roofline max or sum, per-call overhead (the training-step
+#: microbenchmark's, hw's bare dispatch, or none), per-family efficiencies from the layer zoo or none.
 VARIANTS = {
     "max+overhead": ComputeOptions("max", True),
     "sum+overhead": ComputeOptions("sum", True),
     "max+hw dispatch": ComputeOptions("max", True),
-    "max": ComputeOptions("max", False),
-    "sum": ComputeOptions("sum", False),
+    "max, no overhead": ComputeOptions("max", False),
+    "max+overhead, no efficiency": ComputeOptions("max", True),
 }
 
 
@@ -56,16 +58,23 @@ def run(
     if profile is None:
         sys.exit("no hardware profile: run `dnnperf hw` first")
     if profile.threads != torch.get_num_threads():
-        sys.exit(
-            f"profile calibrated with {profile.threads} threads, this run has {torch.get_num_threads()}"
-        )
+        sys.exit(f"profile calibrated with {profile.threads} threads, this run has {torch.get_num_threads()}")
     overhead = measure_op_overhead()
     print(
         f"op overhead (microbenchmark): {overhead * 1e6:.2f} us per call; hw dispatch: "
         f"{profile.dispatch_overhead_us:.2f} us",
         file=sys.stderr,
     )
-    machines = {v: from_profile(profile, op_overhead_s=None if "hw" in v else overhead) for v in VARIANTS}
+    efficiency = family_efficiency(from_profile(profile))
+    print(f"efficiency per family (layer zoo): {efficiency}", file=sys.stderr)
+    machines = {
+        v: from_profile(
+            profile,
+            op_overhead_s=None if "hw" in v else overhead,
+            efficiency=None if "no efficiency" in v else efficiency,
+        )
+        for v in VARIANTS
+    }
     rows = []
     for name in workloads:
         for batch in batches:
@@ -129,6 +138,7 @@ def main() -> None:
         tuple(int(b) for b in args.batches.split(",")),
         args.preset,
         args.steps,
+        args.profile,
     )
     if args.json:
         frame.to_json(args.json, orient="records", indent=1)

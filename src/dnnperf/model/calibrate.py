@@ -5,6 +5,12 @@
 kernel calls it dispatches is what one operator call of a training step costs on the host (dispatch,
 autograd bookkeeping, module calls). ``dnnperf hw``'s dispatch overhead times a bare ``torch.add``
 without autograd and is several times smaller.
+
+:func:`family_efficiency` runs a zoo of standard layers (convolutions from stem to late-stage shapes,
+batch and layer norm, ReLU, GELU, max pooling, linear, softmax, dropout), forward and backward, each
+operator timed (``OpCounter(timed=True)``), and compares the time with the machine's roofline for the
+same operators: per family and phase, the achieved fraction (predicted / measured seconds, summed)
+is the efficiency the model divides its roofline time by.
 """
 
 from __future__ import annotations
@@ -12,15 +18,21 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from collections.abc import Callable
 
+import pandas as pd
 import torch
 from torch import nn
 
-from dnnperf.analysis.opcount import OpCounter
+from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
-from dnnperf.model.compute import NO_KERNEL
+from dnnperf.model.compute import NO_KERNEL, ComputeOptions, op_times
+from dnnperf.model.graph import StepGraph
+from dnnperf.model.machine import Machine
 
 BLOCKS = 32
+#: Zoo operators shorter than this per call are left out of the efficiencies.
+MIN_CALL_S = 20e-6
 
 
 def _tiny_step() -> tuple[nn.Module, object]:
@@ -70,5 +82,102 @@ def op_overhead(refresh: bool = False) -> float:
     if isinstance(cached, (int, float)) and cached > 0 and not refresh:
         return float(cached)
     value = measure_op_overhead()
+    store.put(key, value)
+    return value
+
+
+def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
+    """(layer, input shape): shapes of the small presets' early, middle and late layers."""
+    return [
+        (nn.Conv2d(3, 32, 3, padding=1), (8, 3, 64, 64)),
+        (nn.Conv2d(32, 32, 3, padding=1), (8, 32, 32, 32)),
+        (nn.Conv2d(64, 64, 3, padding=1), (8, 64, 16, 16)),
+        (nn.Conv2d(128, 128, 3, padding=1), (8, 128, 8, 8)),
+        (nn.Conv2d(256, 256, 3, padding=1), (8, 256, 4, 4)),
+        (nn.Conv2d(64, 256, 1), (8, 64, 16, 16)),
+        (nn.BatchNorm2d(64), (8, 64, 32, 32)),
+        (nn.ReLU(), (8, 64, 32, 32)),
+        (nn.MaxPool2d(2), (8, 64, 32, 32)),
+        (nn.Linear(512, 512), (64, 512)),
+        (nn.Linear(256, 1024), (256, 256)),
+        (nn.LayerNorm(256), (64, 32, 256)),
+        (nn.GELU(), (64, 32, 256)),
+        (nn.Softmax(dim=-1), (64, 32, 256)),
+        (nn.Dropout(0.1), (64, 32, 256)),
+    ]
+
+
+def _timed_rows(layer: nn.Module, shape: tuple[int, ...], repeats: int) -> pd.DataFrame:
+    """Per operator of one forward + backward of ``layer``: counts and the median measured seconds."""
+    x = torch.randn(shape, requires_grad=True)
+    counter = OpCounter(layer, timed=True)
+    tables = []
+    with counter:
+        for i in range(repeats + 2):
+            layer(x).sum().backward()
+            table = counter.take_step()
+            if i >= 2:  # the first calls pay for primitive creation and page faults
+                tables.append(table)
+    rows = [
+        {
+            "phase": r.phase,
+            "module": r.module,
+            "op": r.name,
+            "family": r.family,
+            "dtype": r.dtype or "float32",
+            "flops": float(r.flops or 0),
+            "bytes": float(r.bytes_read + r.bytes_written),
+            "calls": float(r.calls),
+            "measured": r.seconds,
+        }
+        for table in tables
+        for r in table
+    ]
+    frame = pd.DataFrame(rows)
+    keys = ["phase", "module", "op", "family", "dtype"]
+    return frame.groupby(keys, as_index=False, sort=False).median()
+
+
+def family_efficiency(
+    machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Achieved fraction of ``machine``'s roofline per "family/phase" over the layer zoo, in (0, 1]."""
+    torch.manual_seed(0)
+    frames = []
+    for layer, shape in _zoo():
+        if progress is not None:
+            progress(f"{type(layer).__name__} {shape}")
+        frames.append(_timed_rows(layer, shape, repeats))
+    rows = pd.concat(frames, ignore_index=True)
+    # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
+    # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
+    # which the model counts separately). The harness's own operators (the loss sum) are left out too.
+    per_call = rows["measured"] / rows["calls"]
+    floor = float(per_call[(rows["bytes"] / rows["calls"]) <= 1024].median())
+    floor = floor if floor == floor else 0.0  # NaN when no such call ran
+    rows = rows.assign(measured=rows["measured"] - floor * rows["calls"])
+    keep = (
+        ~rows["family"].isin(NO_KERNEL) & (rows["module"] != NO_MODULE) & per_call.ge(2 * floor + MIN_CALL_S)
+    )
+    rows = rows[keep]
+    graph = StepGraph("zoo", 1, rows.drop(columns="measured").reset_index(drop=True), 0, {}, 0, 0, 0)
+    predicted = op_times(graph, machine, ComputeOptions(overhead=False))["compute_s"].to_numpy()
+    rows = rows.assign(predicted=predicted)
+    sums = rows.groupby(["family", "phase"])[["predicted", "measured"]].sum()
+    return {
+        f"{family}/{phase}": float(min(1.0, max(p / m, 1e-3)))
+        for (family, phase), (p, m) in sums.iterrows()
+        if m > 0
+    }
+
+
+def calibrated_efficiency(machine: Machine, refresh: bool = False) -> dict[str, float]:
+    """:func:`family_efficiency` of this host at the current thread count, measured once and cached."""
+    store = JsonCache("model-calibration")
+    key = f"efficiency/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    cached = store.get(key)
+    if isinstance(cached, dict) and cached and not refresh:
+        return {str(k): float(v) for k, v in cached.items()}
+    value = family_efficiency(machine)
     store.put(key, value)
     return value

@@ -84,12 +84,13 @@ def load_machine(spec: str) -> Machine:
 
     if spec == "hw":
         from dnnperf import hardware
-        from dnnperf.model.calibrate import op_overhead
+        from dnnperf.model.calibrate import calibrated_efficiency, op_overhead
 
         profile = hardware.load_profile("cpu")
         if profile is None:
             raise UsageError("--machine hw needs a calibrated profile: run `dnnperf hw` first")
-        return machines.from_profile(profile, op_overhead_s=op_overhead())
+        efficiency = calibrated_efficiency(machines.from_profile(profile))
+        return machines.from_profile(profile, op_overhead_s=op_overhead(), efficiency=efficiency)
     if spec in PRESETS:
         return machines.preset(spec)
     path = Path(spec)

@@ -2,10 +2,12 @@
 
 For each (module, phase, operator) row of a :class:`~dnnperf.model.graph.StepGraph`, per call:
 ``t = combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products,
-convolutions, attention and RNN kernels is the machine's peak times its efficiency, or on a calibrated
-machine the measured curve at the call's FLOPs; every other family computes at the float32 peak (it is
+convolutions, attention and RNN kernels is the machine's peak, or on a calibrated machine the measured
+curve at the call's FLOPs; every other family computes at the float32 peak (it is
 memory-bound in practice). The bandwidth is the machine's, or the calibrated triad curve at the
-call's bytes (working sets in cache run faster). ``combine`` is ``max`` (roofline) or ``sum``;
+call's bytes (working sets in cache run faster). The roofline time is divided by the machine's
+efficiency for the operator's family (``"family/phase"`` first, then ``"family"``; 1.0 when absent).
+``combine`` is ``max`` (roofline) or ``sum``;
 overhead is the machine's dispatch cost per call (views and metadata operators excluded, they cost
 no kernel). The ablation of both choices is in docs/validation.md.
 """
@@ -57,8 +59,6 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
             # The float32 curve, scaled to the dtype's peak where the dtype differs.
             scale = rate[mask] / machine.peak("float32")
             rate[mask] = curve(per_call_flops[mask]) * scale
-        else:
-            rate[mask] = rate[mask] * machine.efficiency.get(family, 1.0)
     if machine.bandwidth_curve is not None:
         bandwidth = machine.bandwidth_curve(nbytes / calls)
     else:
@@ -66,6 +66,14 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     compute = flops / rate
     memory = nbytes / bandwidth
     roofline = np.maximum(compute, memory) if options.combine == "max" else compute + memory
+    if machine.efficiency:
+        # Achieved fraction of the roofline per family (and phase), from calibration microbenchmarks.
+        phases = ops["phase"].to_numpy(str)
+        factor = [
+            machine.efficiency.get(f"{f}/{p}", machine.efficiency.get(f, 1.0))
+            for f, p in zip(families, phases, strict=True)
+        ]
+        roofline = roofline / np.array(factor)
     kernel = ~np.isin(families, NO_KERNEL)
     overhead = calls * machine.dispatch_s * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()

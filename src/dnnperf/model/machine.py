@@ -63,7 +63,8 @@ class Machine:
     dispatch_s: float = 5e-6
     #: Bytes/s at which a collective reduces (its gamma is 1/this); default: memory bandwidth / 3.
     reduce_bandwidth: float = 0.0
-    #: Fraction of the peak matrix products / convolutions reach (1.0: pure roofline).
+    #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
+    #: phase) achieves; absent: 1.0 (pure roofline). Calibrated: calibrate.family_efficiency.
     efficiency: dict[str, float] = field(default_factory=dict)
     #: Calibrated curves (from_profile): FLOPs per call -> FLOP/s per family; bytes per call -> bytes/s.
     compute_curves: dict[str, Curve] = field(default_factory=dict)
@@ -173,7 +174,10 @@ def from_dict(document: Any) -> Machine:
 
 
 def from_profile(
-    profile: HardwareProfile, link: dict[str, float] | None = None, op_overhead_s: float | None = None
+    profile: HardwareProfile,
+    link: dict[str, float] | None = None,
+    op_overhead_s: float | None = None,
+    efficiency: dict[str, float] | None = None,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -214,6 +218,7 @@ def from_profile(
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),
         segment_bytes=GLOO_SEGMENT,
+        efficiency=dict(efficiency or {}),
         sources={
             "all": f"dnnperf hw calibration of {profile.created}",
             "link": link.get("source", "default"),
@@ -222,12 +227,13 @@ def from_profile(
 
 
 def _dedupe(points: list[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """One rate per size (the best: the calibration's peak convention), sizes increasing."""
-    best: dict[float, float] = {}
+    """One rate per size (the median of the configurations of that size: a typical operator, not the
+    calibration's best case), sizes increasing."""
+    rates: dict[float, list[float]] = {}
     for size, rate in points:
-        best[size] = max(rate, best.get(size, 0.0))
-    sizes = tuple(sorted(best))
-    return sizes, tuple(best[s] for s in sizes)
+        rates.setdefault(size, []).append(rate)
+    sizes = tuple(sorted(rates))
+    return sizes, tuple(float(np.median(rates[s])) for s in sizes)
 
 
 #: gloo over loopback on the project's 2-core machine (background.md: ~1.6 ms for 1 KiB, 0.66 GB/s at
