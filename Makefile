@@ -36,6 +36,8 @@ bench: install
 	$(BIN)/python benchmarks/memory_benchmarks.py
 	$(BIN)/python benchmarks/distributed_benchmarks.py
 	$(BIN)/python benchmarks/memsave_benchmarks.py --out memsave-benchmarks.json
+	OMP_NUM_THREADS=1 $(BIN)/dnnperf hw -q --output model-hw-1thread.json
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/model_validation.py --profile model-hw-1thread.json --json model-validation.json
 
 # The seed papers' experiments re-run with dnnperf's commands (about 20 minutes on 2 cores); rewrites
 # docs/reproductions.md with the claims beside the measurements and the commands behind them.

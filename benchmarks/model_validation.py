@@ -20,7 +20,7 @@ import torch
 
 from dnnperf import environment
 from dnnperf.hardware import load_profile, read_profile
-from dnnperf.model.calibrate import family_efficiency, measure_op_overhead
+from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
 from dnnperf.model.machine import from_profile
@@ -40,15 +40,18 @@ WORKLOADS = (
     "neumf",
 )
 BATCHES = (4, 8, 16)
-#: The model and its ablation: roofline max or sum, per-call overhead (the training-step
-#: microbenchmark's, hw's bare dispatch, or none), per-family efficiencies from the layer zoo or none.
+#: The model (first) and its ablation: roofline max or sum; per-call overhead from the training-step
+#: microbenchmark, hw's bare dispatch, or none; per-family efficiencies from the layer zoo against
+#: hw's curves, none, or the zoo's own convolution/matmul curves.
 VARIANTS = {
-    "max+overhead": ComputeOptions("max", True),
-    "sum+overhead": ComputeOptions("sum", True),
-    "max+hw dispatch": ComputeOptions("max", True),
-    "max, no overhead": ComputeOptions("max", False),
-    "max+overhead, no efficiency": ComputeOptions("max", True),
+    "model": ComputeOptions("max", True),
+    "sum": ComputeOptions("sum", True),
+    "hw dispatch": ComputeOptions("max", True),
+    "no overhead": ComputeOptions("max", False),
+    "no efficiency": ComputeOptions("max", True),
+    "zoo curves": ComputeOptions("max", True),
 }
+ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 
 
 def run(
@@ -65,13 +68,15 @@ def run(
         f"{profile.dispatch_overhead_us:.2f} us",
         file=sys.stderr,
     )
-    efficiency = family_efficiency(from_profile(profile))
-    print(f"efficiency per family (layer zoo): {efficiency}", file=sys.stderr)
+    efficiency, curves = zoo_calibration(from_profile(profile))
+    print(f"layer zoo: efficiencies {efficiency}, curves {sorted(curves)}", file=sys.stderr)
+    gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
         v: from_profile(
             profile,
-            op_overhead_s=None if "hw" in v else overhead,
-            efficiency=None if "no efficiency" in v else efficiency,
+            op_overhead_s=None if v == "hw dispatch" else overhead,
+            efficiency={} if v == "no efficiency" else gemm_free if v == "zoo curves" else efficiency,
+            zoo_curves=curves if v == "zoo curves" else None,
         )
         for v in VARIANTS
     }
@@ -99,7 +104,7 @@ def run(
             rows.append(row)
             print(
                 f"{name} b{batch}: measured {measured * 1e3:.2f} ms, predicted "
-                f"{predicted['max+overhead'] * 1e3:.2f} ms",
+                f"{predicted['model'] * 1e3:.2f} ms",
                 file=sys.stderr,
             )
     return pd.DataFrame(rows)
@@ -142,9 +147,7 @@ def main() -> None:
     )
     if args.json:
         frame.to_json(args.json, orient="records", indent=1)
-    shown = frame.rename(
-        columns={"pred[max+overhead]": "pred_max_overhead", "err[max+overhead]": "err_max_overhead"}
-    )
+    shown = frame.rename(columns={"pred[model]": "pred_max_overhead", "err[model]": "err_max_overhead"})
     print(
         f"machine: {environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n"

@@ -77,3 +77,30 @@ def test_sweep_marks_what_cannot_apply(mlp_graph) -> None:
     assert pd.isna(frame.loc[0, "reason"]) and frame.loc[0, "devices"] == 1 and frame.loc[0, "step_s"] > 0
     assert "does not split evenly" not in str(frame.loc[0, "reason"])
     assert "predicts at its example batch" in frame.loc[1, "reason"]  # 2 per rank, the graph has 4
+
+
+def test_interpolated_batch_equals_the_counted_one() -> None:
+    def graph(batch: int):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        return describe_model(model, torch.randn(batch, 8))
+
+    two, four, eight = graph(2), graph(4), graph(8)
+    guessed = two.at_batch(four, 8)
+    keys = ["phase", "module", "op"]
+    merged = guessed.ops.merge(eight.ops, on=keys, suffixes=("", "_true"))
+    assert len(merged) == len(eight.ops)
+    for column in ("flops", "bytes", "calls"):
+        assert merged[column].tolist() == pytest.approx(merged[f"{column}_true"].tolist())
+    assert guessed.saved_bytes == eight.saved_bytes and guessed.batch_bytes == eight.batch_bytes
+    assert guessed.module_io == eight.module_io
+
+
+def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None:
+    from dnnperf.model.calibrate import family_efficiency
+
+    fast = dataclasses.replace(preset("h100-ib"), memory_bandwidth=1e15)  # no CPU op gets near this
+    slow = dataclasses.replace(preset("seed002"), peak_flops={"float32": 1e6}, memory_bandwidth=1e6)
+    quick = family_efficiency(fast, repeats=1)
+    assert quick and all(0 < v < 0.05 for v in quick.values())
+    assert set(family_efficiency(slow, repeats=1).values()) == {1.0}

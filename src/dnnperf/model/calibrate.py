@@ -28,7 +28,7 @@ from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.model.compute import NO_KERNEL, ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph
-from dnnperf.model.machine import Machine
+from dnnperf.model.machine import Curve, Machine, dedupe
 
 BLOCKS = 32
 #: Zoo operators shorter than this per call are left out of the efficiencies.
@@ -95,11 +95,16 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Conv2d(128, 128, 3, padding=1), (8, 128, 8, 8)),
         (nn.Conv2d(256, 256, 3, padding=1), (8, 256, 4, 4)),
         (nn.Conv2d(64, 256, 1), (8, 64, 16, 16)),
+        (nn.Conv2d(64, 64, 3, padding=1), (16, 64, 32, 32)),
+        (nn.Conv2d(128, 128, 3, padding=1), (16, 128, 16, 16)),
+        (nn.Conv2d(3, 64, 11, stride=4, padding=2), (8, 3, 128, 128)),
         (nn.BatchNorm2d(64), (8, 64, 32, 32)),
         (nn.ReLU(), (8, 64, 32, 32)),
         (nn.MaxPool2d(2), (8, 64, 32, 32)),
         (nn.Linear(512, 512), (64, 512)),
         (nn.Linear(256, 1024), (256, 256)),
+        (nn.Linear(1024, 1024), (512, 1024)),
+        (nn.Linear(64, 64), (32, 64)),
         (nn.LayerNorm(256), (64, 32, 256)),
         (nn.GELU(), (64, 32, 256)),
         (nn.Softmax(dim=-1), (64, 32, 256)),
@@ -138,10 +143,9 @@ def _timed_rows(layer: nn.Module, shape: tuple[int, ...], repeats: int) -> pd.Da
     return frame.groupby(keys, as_index=False, sort=False).median()
 
 
-def family_efficiency(
+def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
-) -> dict[str, float]:
-    """Achieved fraction of ``machine``'s roofline per "family/phase" over the layer zoo, in (0, 1]."""
+) -> tuple[dict[str, float], pd.DataFrame]:
     torch.manual_seed(0)
     frames = []
     for layer, shape in _zoo():
@@ -168,16 +172,46 @@ def family_efficiency(
         f"{family}/{phase}": float(min(1.0, max(p / m, 1e-3)))
         for (family, phase), (p, m) in sums.iterrows()
         if m > 0
-    }
+    }, rows
 
 
-def calibrated_efficiency(machine: Machine, refresh: bool = False) -> dict[str, float]:
-    """:func:`family_efficiency` of this host at the current thread count, measured once and cached."""
+def family_efficiency(
+    machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """Achieved fraction of ``machine``'s roofline per "family/phase" over the layer zoo, in (0, 1]."""
+    return _zoo_rows(machine, repeats, progress)[0]
+
+
+def zoo_calibration(machine: Machine, repeats: int = 7) -> tuple[dict[str, float], dict[str, Curve]]:
+    """Efficiencies per family and phase (against the machine's hw curves), and rate curves (FLOPs per
+    call -> FLOP/s) per phase of convolutions and matrix products measured on the zoo's shapes. The
+    model uses the efficiencies with the hw curves; the zoo curves (to be used without the
+    convolution/matmul efficiencies) are an ablation variant: a few noisy points, interpolated by FLOPs
+    alone, they rank shapes of equal FLOPs (a 3-channel stem, a 512-channel late layer) as one."""
+    efficiency, rows = _zoo_rows(machine, repeats)
+    curves: dict[str, Curve] = {}
+    for (family, phase), group in rows[rows["family"].isin(("convolution", "matmul"))].groupby(
+        ["family", "phase"]
+    ):
+        per_call = group["flops"] / group["calls"]
+        rate = group["flops"] / group["measured"]
+        points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
+        if points:
+            curves[f"{family}/{phase}"] = Curve(*dedupe(points))  # shapes of equal FLOPs: their median
+    return efficiency, curves
+
+
+def calibrated(machine: Machine, refresh: bool = False) -> tuple[dict[str, float], dict[str, Curve]]:
+    """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"efficiency/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
-    if isinstance(cached, dict) and cached and not refresh:
-        return {str(k): float(v) for k, v in cached.items()}
-    value = family_efficiency(machine)
-    store.put(key, value)
-    return value
+    if isinstance(cached, dict) and not refresh:
+        try:
+            curves = {k: Curve(tuple(v[0]), tuple(v[1])) for k, v in cached["curves"].items()}
+            return {str(k): float(v) for k, v in cached["efficiency"].items()}, curves
+        except (KeyError, TypeError, ValueError, IndexError):
+            pass
+    efficiency, curves = zoo_calibration(machine)
+    store.put(key, {"efficiency": efficiency, "curves": {k: [c.sizes, c.rates] for k, c in curves.items()}})
+    return efficiency, curves

@@ -84,12 +84,12 @@ def load_machine(spec: str) -> Machine:
 
     if spec == "hw":
         from dnnperf import hardware
-        from dnnperf.model.calibrate import calibrated_efficiency, op_overhead
+        from dnnperf.model.calibrate import calibrated, op_overhead
 
         profile = hardware.load_profile("cpu")
         if profile is None:
             raise UsageError("--machine hw needs a calibrated profile: run `dnnperf hw` first")
-        efficiency = calibrated_efficiency(machines.from_profile(profile))
+        efficiency, _ = calibrated(machines.from_profile(profile))
         return machines.from_profile(profile, op_overhead_s=op_overhead(), efficiency=efficiency)
     if spec in PRESETS:
         return machines.preset(spec)

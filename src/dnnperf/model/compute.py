@@ -50,15 +50,17 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     dtypes = ops["dtype"].to_numpy(str)
     per_call_flops = flops / calls
     rate = np.array([machine.peak(d) for d in dtypes])
+    phases = ops["phase"].to_numpy(str)
+    curves = machine.compute_curves
     for family, curve_name in COMPUTE_FAMILIES.items():
-        mask = families == family
-        if not mask.any():
-            continue
-        curve = machine.compute_curves.get(curve_name) or machine.compute_curves.get("matmul")
-        if curve is not None:
-            # The float32 curve, scaled to the dtype's peak where the dtype differs.
-            scale = rate[mask] / machine.peak("float32")
-            rate[mask] = curve(per_call_flops[mask]) * scale
+        for phase in np.unique(phases[families == family]):
+            mask = (families == family) & (phases == phase)
+            # The phase's own curve (calibrate.zoo_curves), else the operator's, else matmul's.
+            curve = curves.get(f"{curve_name}/{phase}") or curves.get(curve_name) or curves.get("matmul")
+            if curve is not None:
+                # The float32 curve, scaled to the dtype's peak where the dtype differs.
+                scale = rate[mask] / machine.peak("float32")
+                rate[mask] = curve(per_call_flops[mask]) * scale
     if machine.bandwidth_curve is not None:
         bandwidth = machine.bandwidth_curve(nbytes / calls)
     else:
@@ -68,7 +70,6 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     roofline = np.maximum(compute, memory) if options.combine == "max" else compute + memory
     if machine.efficiency:
         # Achieved fraction of the roofline per family (and phase), from calibration microbenchmarks.
-        phases = ops["phase"].to_numpy(str)
         factor = [
             machine.efficiency.get(f"{f}/{p}", machine.efficiency.get(f, 1.0))
             for f, p in zip(families, phases, strict=True)

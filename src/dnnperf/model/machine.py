@@ -178,6 +178,7 @@ def from_profile(
     link: dict[str, float] | None = None,
     op_overhead_s: float | None = None,
     efficiency: dict[str, float] | None = None,
+    zoo_curves: dict[str, Curve] | None = None,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -192,15 +193,16 @@ def from_profile(
         for curve in profile.curves(op, "float32"):
             if curve.usable and curve.points:
                 points = sorted((p.work, p.rate.median) for p in curve.points)
-                sizes, rates = _dedupe(points)
+                sizes, rates = dedupe(points)
                 curves[family] = Curve(sizes, rates)
     for dtype in ("float32", "bfloat16", "float16"):
         try:
             peaks[dtype] = profile.peak_flops(dtype)
         except NotMeasuredError:
             continue
+    curves.update(zoo_curves or {})  # per-phase curves of calibrate.zoo_calibration
     bandwidth = profile.bandwidth_curve()
-    sizes, rates = _dedupe(sorted((p.params["footprint"], p.rate.median) for p in bandwidth.points))
+    sizes, rates = dedupe(sorted((p.params["footprint"], p.rate.median) for p in bandwidth.points))
     link = link or {}
     alpha = link.get("alpha", LOOPBACK_ALPHA)
     beta_bandwidth = link.get("bandwidth", LOOPBACK_BANDWIDTH)
@@ -226,7 +228,7 @@ def from_profile(
     )
 
 
-def _dedupe(points: list[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def dedupe(points: list[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """One rate per size (the median of the configurations of that size: a typical operator, not the
     calibration's best case), sizes increasing."""
     rates: dict[float, list[float]] = {}
