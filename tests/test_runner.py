@@ -1,5 +1,7 @@
 """The runner against known truths: injected delays, injected out-of-memory, raw-sample statistics."""
 
+import os
+import signal
 import time
 
 import pytest
@@ -7,6 +9,7 @@ import torch
 from torch import nn
 
 from dnnperf.data.formats import ImageFormat
+from dnnperf.interrupts import stop_on_signals
 from dnnperf.results.store import RunStore, read_record
 from dnnperf.runner import BenchSettings, RunFailed, bench
 from dnnperf.workloads import registry
@@ -155,3 +158,27 @@ def test_a_data_dir_that_is_a_file_fails_before_anything_is_written(sleepy, tmp_
     with pytest.raises(UsageError, match="not a directory"):
         bench(BenchSettings("sleepy", data="disk", data_dir=blocker), RunStore(tmp_path / "runs"))
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+class _InterruptedWhileFinalising:
+    """Ctrl-C that lands in a finaliser: Python prints "Exception ignored" and carries on."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs (and its KeyboardInterrupt is swallowed) in here
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed one
+def test_a_swallowed_interrupt_still_stops_the_run_at_the_next_step(sleepy, tmp_path):
+    sleepy()
+
+    def after_step(batch_size: int, done: int, total: int) -> None:
+        if done == 3:
+            _InterruptedWhileFinalising()  # dropped at once: __del__ runs here
+
+    with stop_on_signals(), pytest.raises(KeyboardInterrupt):
+        bench(BenchSettings("sleepy", steps=200, warmup=1), RunStore(tmp_path), on_step=after_step)
+    [path] = list(tmp_path.glob("*.json"))
+    record = read_record(path)
+    assert record.status == "partial" and len(record.points[0].step_s) == 2  # 1 warm-up + 2 measured
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler came back

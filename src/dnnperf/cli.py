@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import dnnperf
 from dnnperf.errors import DnnperfError, UsageError
+from dnnperf.interrupts import stop_on_signals
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -247,8 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
     from dnnperf.model.command import add_arguments as predict_arguments
 
     predict_arguments(predict, positive_int)
-    _common(predict)
+    _common(predict, runs=True)
     predict.set_defaults(handler=cmd_predict)
+
+    validate = commands.add_parser(
+        "validate", help="predict single-process steps, run them for real, and print the errors"
+    )
+    from dnnperf.model.command import add_validate_arguments
+
+    add_validate_arguments(validate, positive_int)
+    _common(validate)
+    validate.set_defaults(handler=cmd_validate)
     return parser
 
 
@@ -480,7 +489,15 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
     """The terminal tables of a run: steps, then per batch size its stages and layers."""
     from dnnperf.report.terminal import layers_tables, memory_tables, points_table, stages_table
 
-    out.print(points_table(record))
+    if record.prediction is not None:
+        from dnnperf.model.whatif import crossovers
+        from dnnperf.report.terminal import crossover_table, sweep_table
+
+        p = record.prediction
+        out.print(sweep_table(p.frame(), list(p.axes), f"{p.workload}/{p.preset} on {p.machine}"))
+        out.print(crossover_table(crossovers(p.frame(), list(p.axes))))
+    if record.points:
+        out.print(points_table(record))
     if record.memsave is not None:
         from dnnperf.report.terminal import memsave_tables
 
@@ -668,6 +685,12 @@ def cmd_predict(args: argparse.Namespace, out: Output) -> int:
     return run(args, out)
 
 
+def cmd_validate(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.model.command import run_validate
+
+    return run_validate(args, out)
+
+
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.results.store import RunStore
 
@@ -817,10 +840,6 @@ def command_line() -> list[str]:
     return ["dnnperf", *sys.argv[1:]]
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -830,9 +849,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     out = Output(args.json, args.quiet)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM saves partial results like Ctrl-C
     try:
-        return handler(args, out)
+        with stop_on_signals():  # SIGTERM saves partial results like Ctrl-C
+            return handler(args, out)
     except DnnperfError as error:
         out.error(f"error: {error}")
         return EXIT_USAGE
@@ -844,8 +863,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         out.error(f"internal error: {type(error).__name__}: {error} (set DNNPERF_DEBUG=1 for the traceback)")
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from dnnperf.analysis.opcount import OpCounter, OpRecord
 from dnnperf.data.sources import BatchSource, open_source, pop_data_times
 from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
+from dnnperf.interrupts import stop_if_requested
 from dnnperf.probes.clock import StageClock, StepTiming, WallClock
 from dnnperf.probes.layers import CountingStages, LayerTimer, build_profile, with_outside_the_model
 from dnnperf.probes.memory import MemoryTracker
@@ -371,6 +372,7 @@ def timed_step(
 ) -> tuple[StepTiming, dict[str, float] | None, torch.Tensor]:
     """One training step as the runner measures it: fetch the batch, copy it to the device, step,
     synchronise. Returns the clock's timing, the data-making times the batch carried, and the loss."""
+    stop_if_requested()
     clock.begin_step()
     with clock("data_wait"):
         host_batch = next(source)

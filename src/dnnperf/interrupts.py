@@ -1,0 +1,41 @@
+"""Ctrl-C and SIGTERM that stop a run even when the first KeyboardInterrupt is swallowed.
+
+Python raises a signal's exception in whatever Python code runs when the handler fires. If that is a
+garbage-collector callback, a weakref callback or a ``__del__`` (the stage clock and the disk tier
+have such code), the interpreter prints "Exception ignored" and carries on: a 100,000-step run would
+not stop. The handler here also records the request, and the runner checks it before every step.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_requested = threading.Event()
+
+
+def _request_stop(signum: int, frame: Any) -> None:
+    _requested.set()
+    raise KeyboardInterrupt
+
+
+def stop_if_requested() -> None:
+    """Raise KeyboardInterrupt if a stop signal arrived whose own KeyboardInterrupt was swallowed."""
+    if _requested.is_set():
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt and are remembered; the previous handlers come back."""
+    previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    _requested.clear()
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        _requested.clear()
