@@ -20,11 +20,7 @@ import torch
 
 from dnnperf import environment
 from dnnperf.hardware import load_profile, read_profile
-from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
-from dnnperf.model.compute import ComputeOptions, step_time
-from dnnperf.model.graph import describe_workload
-from dnnperf.model.machine import from_profile
-from dnnperf.runner import BenchSettings, bench
+from dnnperf.model.validate import ablation, calibrated_machines, validate_single
 
 WORKLOADS = (
     "basic_cnn",
@@ -40,18 +36,6 @@ WORKLOADS = (
     "neumf",
 )
 BATCHES = (4, 8, 16)
-#: The model (first) and its ablation: roofline max or sum; per-call overhead from the training-step
-#: microbenchmark, hw's bare dispatch, or none; per-family efficiencies from the layer zoo against
-#: hw's curves, none, or the zoo's own convolution/matmul curves.
-VARIANTS = {
-    "model": ComputeOptions("max", True),
-    "sum": ComputeOptions("sum", True),
-    "hw dispatch": ComputeOptions("max", True),
-    "no overhead": ComputeOptions("max", False),
-    "no efficiency": ComputeOptions("max", True),
-    "zoo curves": ComputeOptions("max", True),
-}
-ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 
 
 def run(
@@ -60,54 +44,9 @@ def run(
     profile = read_profile(profile_path) if profile_path else load_profile("cpu")
     if profile is None:
         sys.exit("no hardware profile: run `dnnperf hw` first")
-    if profile.threads != torch.get_num_threads():
-        sys.exit(f"profile calibrated with {profile.threads} threads, this run has {torch.get_num_threads()}")
-    overhead = measure_op_overhead()
-    print(
-        f"op overhead (microbenchmark): {overhead * 1e6:.2f} us per call; hw dispatch: "
-        f"{profile.dispatch_overhead_us:.2f} us",
-        file=sys.stderr,
-    )
-    efficiency, curves = zoo_calibration(from_profile(profile))
-    print(f"layer zoo: efficiencies {efficiency}, curves {sorted(curves)}", file=sys.stderr)
-    gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
-    machines = {
-        v: from_profile(
-            profile,
-            op_overhead_s=None if v == "hw dispatch" else overhead,
-            efficiency={} if v == "no efficiency" else gemm_free if v == "zoo curves" else efficiency,
-            zoo_curves=curves if v == "zoo curves" else None,
-        )
-        for v in VARIANTS
-    }
-    rows = []
-    for name in workloads:
-        for batch in batches:
-            graph = describe_workload(name, preset, batch)
-            predicted = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
-            record = bench(
-                BenchSettings(
-                    workload=name, preset=preset, batch_sizes=(batch,), steps=steps, warmup=3, device="cpu"
-                )
-            )
-            point = record.points[0]
-            measured = point.step_time.median if point.step_s else float("nan")
-            row = {
-                "workload": name,
-                "batch": batch,
-                "measured_s": measured,
-                "calls": graph.ops["calls"].sum(),
-            }
-            for variant, seconds in predicted.items():
-                row[f"pred[{variant}]"] = seconds
-                row[f"err[{variant}]"] = seconds / measured - 1
-            rows.append(row)
-            print(
-                f"{name} b{batch}: measured {measured * 1e3:.2f} ms, predicted "
-                f"{predicted['model'] * 1e3:.2f} ms",
-                file=sys.stderr,
-            )
-    return pd.DataFrame(rows)
+    machines, figures = calibrated_machines(profile)
+    print(f"calibration: {figures}; efficiencies {machines['model'].efficiency}", file=sys.stderr)
+    return validate_single(workloads, batches, preset, steps, machines, lambda m: print(m, file=sys.stderr))
 
 
 def markdown(frame: pd.DataFrame) -> str:
@@ -121,11 +60,10 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def ablation(frame: pd.DataFrame) -> str:
+def ablation_markdown(frame: pd.DataFrame) -> str:
     lines = ["| variant | median abs error | max abs error |", "|---|---:|---:|"]
-    for variant in VARIANTS:
-        errors = frame[f"err[{variant}]"].abs()
-        lines.append(f"| {variant} | {errors.median():.1%} | {errors.max():.1%} |")
+    for r in ablation(frame).itertuples(index=False):
+        lines.append(f"| {r.variant} | {r.median_abs_error:.1%} | {r.max_abs_error:.1%} |")
     return "\n".join(lines)
 
 
@@ -154,7 +92,7 @@ def main() -> None:
     )
     print(markdown(shown))
     print()
-    print(ablation(frame))
+    print(ablation_markdown(frame))
 
 
 if __name__ == "__main__":

@@ -65,3 +65,45 @@ def test_bad_machine_file_names_the_missing_field(tmp_path: Path, capsys: pytest
     path.write_text(json.dumps({"name": "x", "peak_flops": {"float32": 1e12}}))
     assert main(["predict", "basic_cnn", "--machine", str(path)]) == 2
     assert "lacks intra_bandwidth, intra_latency, link_bandwidth" in capsys.readouterr().err
+
+
+def test_validate_json_errors_follow_from_its_own_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from dnnperf import hardware
+
+    path = hardware.save_profile(hardware.calibrate("cpu", quick=True), tmp_path / "hw.json")
+    code = main(
+        [
+            "validate",
+            "basic_cnn",
+            "--preset",
+            "tiny",
+            "--batch-sizes",
+            "2",
+            "--steps",
+            "2",
+            "--hw",
+            str(path),
+            "--json",
+        ]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (row,) = document["rows"]
+    assert row["workload"] == "basic_cnn" and row["batch"] == 2 and row["measured_s"] > 0
+    assert row["err[model]"] == pytest.approx(row["pred[model]"] / row["measured_s"] - 1)
+    model = next(a for a in document["ablation"] if a["variant"] == "model")
+    assert model["median_abs_error"] == pytest.approx(abs(row["err[model]"]))
+
+
+def test_validate_refuses_a_profile_of_another_thread_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from dnnperf import hardware
+
+    profile = hardware.calibrate("cpu", quick=True)
+    other = hardware.HardwareProfile(**{**profile.__dict__, "threads": profile.threads + 1})
+    path = hardware.save_profile(other, tmp_path / "hw.json")
+    assert main(["validate", "basic_cnn", "--preset", "tiny", "--hw", str(path)]) == 2
+    assert "calibrated with" in capsys.readouterr().err

@@ -118,7 +118,8 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
     machine = _machine(efficiency={"matmul/forward": 0.5, "matmul/backward": 0.25})
     times = op_times(graph, machine)
-    # mm: max(2e9 / 1e12, 1e8 / 1e11) / 0.5 = 4 ms + 2 calls x 1 us; add: max(1 us, 3 ms) + 4 us; view: nothing
+    # mm: max(2e9 / 1e12, 1e8 / 1e11) / 0.5 = 4 ms + 2 calls x 1 us; add: max(1 us, 3 ms) + 4 us;
+    # view: nothing
     assert times["seconds"].tolist() == pytest.approx([4e-3 + 2e-6, 3e-3 + 4e-6, 0.0])
     summed = op_times(graph, machine, ComputeOptions("sum", overhead=False))
     assert summed["seconds"].tolist() == pytest.approx([(2e-3 + 1e-3) / 0.5, 3e-3 + 1e-6, 0.0])

@@ -55,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
         metavar="AXIS=V1,V2,...",
         help=f"what-if axis (repeatable): batch_size or {', '.join(AXES)}",
     )
+    parser.add_argument(
+        "--no-report",
+        action="store_true",
+        help="a sweep: no HTML report (throughput along each axis, crossovers) beside its record",
+    )
 
 
 def parse_sweep(items: list[str]) -> dict[str, list[float]]:
@@ -105,7 +110,8 @@ def load_machine(spec: str) -> Machine:
 
 def run(args: argparse.Namespace, out: Any) -> int:
     from dnnperf.model.predict import best_strategy, predict, sweep
-    from dnnperf.report.terminal import prediction_table, sweep_table
+    from dnnperf.model.whatif import crossovers
+    from dnnperf.report.terminal import crossover_table, prediction_table, sweep_table
     from dnnperf.workloads import get_workload
 
     axes = parse_sweep(args.sweep)
@@ -130,6 +136,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
         chosen = ("single",) if machine.devices == 1 and not axes else ("dp", "pp", "tp")
     if axes:
         frame = sweep(workload.name, machine, batch, axes, strategies_=chosen, **options)
+        record_path, report_path = save_sweep(args, workload, machine.name, batch, axes, chosen, frame)
         if args.json:
             out.json(
                 {
@@ -137,10 +144,17 @@ def run(args: argparse.Namespace, out: Any) -> int:
                     "machine": machine.name,
                     "batch_size": batch,
                     "rows": frame.to_dict(orient="records"),
+                    "crossovers": crossovers(frame, list(axes)).to_dict(orient="records"),
+                    "record_path": str(record_path),
+                    "report_path": str(report_path) if report_path else None,
                 }
             )
         else:
             out.print(sweep_table(frame, list(axes), f"{workload.name}/{args.preset} on {machine.name}"))
+            out.print(crossover_table(crossovers(frame, list(axes))))
+            out.print(f"record: {record_path}")
+            if report_path is not None:
+                out.print(f"report: {report_path}")
         return 0
     predictions, refused = [], {}
     for strategy in chosen:
@@ -161,4 +175,113 @@ def run(args: argparse.Namespace, out: Any) -> int:
         )
     else:
         out.print(prediction_table(predictions, refused, best))
+    return 0
+
+
+def save_sweep(
+    args: argparse.Namespace,
+    workload: Any,
+    machine: str,
+    batch: int,
+    axes: dict[str, list[float]],
+    strategies: tuple[str, ...],
+    frame: Any,
+) -> tuple[Path, Path | None]:
+    """The sweep as a record of kind ``predict`` (its ``prediction`` section) and, unless
+    ``--no-report``, its HTML report beside it."""
+    from dnnperf import environment
+    from dnnperf.model.whatif import SweepResult
+    from dnnperf.report.html import default_path, write_report
+    from dnnperf.results.record import RunRecord, json_safe, new_run_id, utc_now
+    from dnnperf.results.store import RunStore
+    from dnnperf.runner import _describe_workload
+
+    result = SweepResult(
+        workload=workload.name,
+        preset=args.preset,
+        machine=machine,
+        batch_size=batch,
+        axes={k: list(v) for k, v in axes.items()},
+        strategies=list(strategies),
+        rows=json_safe(frame.astype(object).where(frame.notna(), None).to_dict(orient="records")),
+    )
+    record = RunRecord(
+        id=new_run_id(workload.name, args.preset),
+        kind="predict",
+        command=["dnnperf", *args.argv],
+        workload=_describe_workload(workload, args.preset),
+        settings={
+            "workload": workload.name,
+            "preset": args.preset,
+            "batch_sizes": [batch],
+            "device": f"predicted: {machine}",
+            "data": "none",
+            "machine": args.machine,
+            "strategies": list(strategies),
+            "sweep": list(args.sweep),
+        },
+        environment=environment.describe(),
+        status="complete",
+        prediction=result,
+    )
+    record.finished = utc_now()
+    store = RunStore(args.runs_dir)
+    path = store.save(record)
+    report = None if args.no_report else write_report(record, default_path(path))
+    return path, report
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
+    parser.add_argument(
+        "workloads", nargs="+", help="suite workloads to predict and run (see `dnnperf list`)"
+    )
+    parser.add_argument("--preset", default="small", help="tiny, small or full (default: small)")
+    parser.add_argument(
+        "--batch-sizes", default="4,8,16", help="comma-separated batch sizes, each predicted and run (4,8,16)"
+    )
+    parser.add_argument("--steps", type=positive_int, default=10, help="measured steps per run (10)")
+    parser.add_argument("--hw", type=Path, help="hardware profile (default: this machine's saved one)")
+
+
+def run_validate(args: argparse.Namespace, out: Any) -> int:
+    """Single process: calibrate from microbenchmarks, then predict and run every configuration."""
+    from dnnperf import hardware
+    from dnnperf.model.validate import ablation, calibrated_machines, validate_single
+    from dnnperf.report.terminal import validation_tables
+    from dnnperf.workloads import get_workload
+
+    names = [get_workload(name).name for name in args.workloads]  # unknown names: UsageError first
+    for name in names:
+        if args.preset not in get_workload(name).presets:
+            raise UsageError(f"{name} has no preset {args.preset!r}")
+    try:
+        batches = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--batch-sizes expects comma-separated integers, got {args.batch_sizes!r}"
+        ) from None
+    if any(b <= 0 for b in batches):
+        raise UsageError(f"--batch-sizes must be positive, got {args.batch_sizes!r}")
+    if args.hw is not None and not args.hw.exists():
+        raise UsageError(f"--hw {args.hw}: no such file")
+    profile = hardware.load_profile("cpu", args.hw)
+    if profile is None:
+        raise UsageError("validate needs a calibrated profile: run `dnnperf hw` first")
+    machines, figures = calibrated_machines(profile)
+    frame = validate_single(
+        names, batches, args.preset, args.steps, machines, out.error if not args.json else None
+    )
+    summary = ablation(frame)
+    if args.json:
+        out.json(
+            {
+                "calibration": figures,
+                "efficiency": machines["model"].efficiency,
+                "rows": frame.to_dict(orient="records"),
+                "ablation": summary.to_dict(orient="records"),
+            }
+        )
+    else:
+        for table in validation_tables(frame, summary):
+            out.print(table)
     return 0

@@ -240,3 +240,38 @@ def memory_lines(
         _bytes(ax.yaxis)
         _legend_outside(ax)
         return to_svg(fig)
+
+
+def strategy_lines(
+    axis: str,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[bool]]],
+    crossings: Sequence[tuple[float, float]] = (),
+) -> str:
+    """Predicted throughput along one what-if axis, one line per strategy (hollow markers where it
+    does not fit in memory), the crossovers of the best strategy as shaded spans between the two
+    values around them. Log scales where the values span more than a factor of 10."""
+    colors = color_map(list(series))
+    with figure(height=3.2) as fig:
+        ax = fig.add_subplot()
+        xs_all = [x for xs, _, _ in series.values() for x in xs]
+        ys_all = [y for _, ys, _ in series.values() for y in ys if y > 0]
+        if xs_all and min(xs_all) > 0 and max(xs_all) > 10 * min(xs_all):
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if ys_all and max(ys_all) > 10 * min(ys_all):
+            ax.set_yscale("log")  # matplotlib's log ticks are math text, which is off here: plain numbers
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        for name, (xs, ys, fits) in series.items():
+            color = colors[name]
+            ax.plot(xs, ys, lw=1.4, color=color, label=name)
+            ax.scatter(
+                xs, ys, s=18, zorder=3, edgecolors=color,
+                facecolors=[color if f else "none" for f in fits],
+            )  # fmt: skip
+        for low, high in crossings:
+            ax.axvspan(low, high, color="#999999", alpha=0.15, lw=0)
+        ax.set_xlabel(axis)
+        ax.set_ylabel("samples/s (predicted)")
+        _legend_outside(ax)
+        return to_svg(fig)

@@ -146,8 +146,14 @@ def summary_section(report: Report) -> Section:
             ("parameters", count(workload.get("parameters"))),
             ("status", record.effective_status() + (f": {record.error}" if record.error else "")),
             ("device", settings.get("device")),
-            ("data", f"{settings.get('data')}, {settings.get('workers')} workers"),
-            ("steps", f"{settings.get('steps')} measured after {settings.get('warmup')} warm-up"),
+            *(
+                []
+                if record.kind == "predict"  # nothing ran: no data, no steps
+                else [
+                    ("data", f"{settings.get('data')}, {settings.get('workers')} workers"),
+                    ("steps", f"{settings.get('steps')} measured after {settings.get('warmup')} warm-up"),
+                ]
+            ),
             ("created", f"{record.created} (finished {record.finished})"),
             ("command", " ".join(record.command) or "(from Python)"),
             (
@@ -186,7 +192,7 @@ def summary_section(report: Report) -> Section:
         Column("p90 ms", "p90", ms, numeric=True),
         Column(f"{unit}s/s", "rate", lambda v: f"{v:.1f}", numeric=True),
     ]
-    return Section("summary", "Summary", about + table(rows, columns))
+    return Section("summary", "Summary", about + (table(rows, columns) if rows else ""))
 
 
 def stages_section(report: Report) -> Section | None:
@@ -488,6 +494,100 @@ def memsave_section(report: Report) -> Section | None:
     return Section("memsave", "Memory saving", chart(svg, caption) + table(rows, columns) + plan)
 
 
+#: Charts per sweep axis: one per combination of the other axes' values, the first few (the table has all).
+MAX_HELD_CHARTS = 4
+
+
+def prediction_section(report: Report) -> Section | None:
+    """``dnnperf predict --sweep``: predicted throughput along each axis per strategy, where the best
+    strategy changes (data vs model parallelism), and every predicted row."""
+    from dnnperf.model.whatif import crossovers
+
+    result = report.record.prediction
+    if result is None:
+        return None
+    frame, axes = result.frame(), list(result.axes)
+    crossings = crossovers(frame, axes)
+    parts = [
+        f"<p>{esc(result.workload)} ({esc(result.preset)}), global batch {result.batch_size} unless swept, "
+        f"from the machine {esc(result.machine)}; predicted by the performance model, not measured.</p>"
+    ]
+    applies = frame[frame["reason"].isna()] if "reason" in frame else frame
+    for strategy in result.strategies:
+        refused = (
+            frame[(frame["strategy"] == strategy) & frame["reason"].notna()] if "reason" in frame else []
+        )
+        if len(refused):
+            parts.append(
+                f"<p>{esc(strategy)} cannot apply to {len(refused)} of "
+                f"{int((frame['strategy'] == strategy).sum())} configurations, e.g. "
+                f"{esc(refused['reason'].iloc[0])}.</p>"
+            )
+    for axis in (a for a in axes if len(result.axes[a]) > 1):
+        others = [a for a in axes if a != axis]
+        held_groups = list(applies.groupby(others, sort=True)) if others else [((), applies)]
+        for held, group in held_groups[:MAX_HELD_CHARTS]:
+            held = held if isinstance(held, tuple) else (held,)
+            label = ", ".join(f"{a}={v:g}" for a, v in zip(others, held, strict=True))
+            series = {}
+            for strategy, rows in group.groupby("strategy", sort=False):
+                rows = rows.sort_values(axis)
+                series[strategy] = (
+                    rows[axis].tolist(),
+                    rows["throughput"].tolist(),
+                    rows["fits"].eq(True).tolist(),
+                )
+            spans = crossings[(crossings["axis"] == axis) & (crossings["held"] == label)]
+            svg = charts.strategy_lines(axis, series, list(zip(spans["below"], spans["above"], strict=True)))
+            changes = "; ".join(
+                f"{r.before or 'none fits'} -> {r.after or 'none fits'} between {r.below:g} and {r.above:g}"
+                for r in spans.itertuples()
+            )
+            caption = (
+                f"along {axis}"
+                + (f" ({label})" if label else "")
+                + ": "
+                + (f"the best strategy changes: {changes} (shaded)" if changes else "no crossover")
+                + "; hollow markers do not fit in memory"
+            )
+            parts.append(chart(svg, caption))
+        if len(held_groups) > MAX_HELD_CHARTS:
+            parts.append(
+                f"<p>{len(held_groups) - MAX_HELD_CHARTS} more combinations along {esc(axis)}: "
+                "see the table.</p>"
+            )
+    if len(crossings):
+        parts.append(
+            "<h3>crossovers</h3>"
+            + table(
+                crossings.to_dict("records"),
+                [
+                    Column("axis", "axis"),
+                    Column("held", "held"),
+                    Column("below", "below", lambda v: f"{v:g}", numeric=True),
+                    Column("above", "above", lambda v: f"{v:g}", numeric=True),
+                    Column("best below", "before"),
+                    Column("best above", "after"),
+                ],
+            )
+        )
+    columns = [
+        *(Column(a, a, lambda v: f"{v:g}", numeric=True) for a in axes),
+        Column("strategy", "strategy"),
+        Column("step ms", "step_s", ms, numeric=True),
+        Column("compute ms", "compute_s", ms, numeric=True),
+        Column("exposed comm ms", "communication_s", ms, numeric=True),
+        Column("bubble ms", "bubble_s", ms, numeric=True),
+        Column("other ms", "other_s", ms, numeric=True),
+        Column("samples/s", "throughput", lambda v: count(v), numeric=True),
+        Column("memory/device", "memory_bytes", lambda v: count(v, "B"), numeric=True),
+        Column("fits", "fits", lambda v: "yes" if v else "no"),
+        Column("cannot apply", "reason"),
+    ]
+    parts.append("<h3>every configuration</h3>" + table(frame.to_dict("records"), columns))
+    return Section("prediction", "Predicted what-if", "".join(parts))
+
+
 #: The page, in order. Later capabilities append theirs (each returns None without its data).
 SECTIONS: list[Renderer] = [
     summary_section,
@@ -498,6 +598,7 @@ SECTIONS: list[Renderer] = [
     memory_scaling_section,
     ranks_section,
     memsave_section,
+    prediction_section,
 ]
 
 

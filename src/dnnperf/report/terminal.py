@@ -681,3 +681,40 @@ def sweep_table(frame: Any, axes: list[str], title: str) -> Table:
                 best, best_rate = strategy, row["throughput"]
         table.add_row(*(f"{v:g}" for v in values), *cells, best)
     return table
+
+
+def validation_tables(frame: Any, ablation: Any) -> list[Table]:
+    """dnnperf validate: measured against predicted per configuration, and the ablation's errors."""
+    runs = Table(title="measured vs predicted step (single process)")
+    for column in ("workload", "batch", "measured ms", "predicted ms", "error"):
+        runs.add_column(column, justify="left" if column == "workload" else "right")
+    for row in frame.to_dict(orient="records"):
+        runs.add_row(
+            row["workload"],
+            str(row["batch"]),
+            milliseconds(row["measured_s"]),
+            milliseconds(row["pred[model]"]),
+            _percent(row["err[model]"]),
+        )
+    variants = Table(title="ablation: absolute error over these runs")
+    for column in ("variant", "median", "max"):
+        variants.add_column(column, justify="left" if column == "variant" else "right")
+    for row in ablation.to_dict(orient="records"):
+        variants.add_row(row["variant"], _percent(row["median_abs_error"]), _percent(row["max_abs_error"]))
+    return [runs, variants]
+
+
+def crossover_table(crossings: Any) -> Table:
+    """Where the best predicted strategy changes along an axis (model.whatif.crossovers)."""
+    table = Table(title="crossovers: where the best strategy changes")
+    for column in ("axis", "held", "between", "best below", "best above"):
+        table.add_column(column)
+    for r in crossings.itertuples():
+        table.add_row(
+            r.axis,
+            r.held or "-",
+            f"{r.below:g} and {r.above:g}",
+            r.before or "none fits",
+            r.after or "none fits",
+        )
+    return table

@@ -23,6 +23,7 @@ from dnnperf.stats import Samples
 
 if TYPE_CHECKING:
     from dnnperf.memsave.run import MemsaveResult
+    from dnnperf.model.whatif import SweepResult
 
 SCHEMA = "dnnperf.run"
 SCHEMA_VERSION = 1
@@ -100,6 +101,8 @@ class RunRecord:
     pid: int | None = None
     #: ``dnnperf memsave``: the plan, the baselines and their measured peaks and overheads.
     memsave: MemsaveResult | None = None
+    #: ``dnnperf predict --sweep``: the what-if table the performance model predicted.
+    prediction: SweepResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         points = []
@@ -135,6 +138,7 @@ class RunRecord:
             "environment": self.environment,
             "points": points,
             **({"memsave": self.memsave.to_dict()} if self.memsave is not None else {}),
+            **({"prediction": self.prediction.to_dict()} if self.prediction is not None else {}),
         }
         return json_safe(document)
 
@@ -189,6 +193,7 @@ class RunRecord:
             points=points,
             pid=document.get("pid") if isinstance(document.get("pid"), int) else None,
             memsave=_memsave_from_dict(document.get("memsave")),
+            prediction=_prediction_from_dict(document.get("prediction")),
         )
 
 
@@ -341,6 +346,19 @@ def _memsave_from_dict(data: Any) -> MemsaveResult | None:
         return MemsaveResult.from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise RecordError(f"memsave: {error}") from None
+
+
+def _prediction_from_dict(data: Any) -> SweepResult | None:
+    if data is None:
+        return None
+    from dnnperf.model.whatif import SweepResult
+
+    if not isinstance(data, dict):
+        raise RecordError("prediction: not an object")
+    try:
+        return SweepResult.from_dict(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(f"prediction: {error}") from None
 
 
 def _ranks_from_dict(data: Any, steps: int, where: str) -> RankBreakdown | None:

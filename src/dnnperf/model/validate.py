@@ -1,0 +1,100 @@
+"""``dnnperf validate``: predict each configuration, run it for real, and tabulate the errors.
+
+Calibration comes from microbenchmarks only (``dnnperf hw``'s profile at this thread count, the
+per-call overhead of :mod:`~dnnperf.model.calibrate`, its layer zoo), measured before any run; the
+runs being predicted never feed the model. Besides the model, its ablation variants are predicted
+for the same runs (docs/validation.md). Single process only for now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+
+from dnnperf.errors import UsageError
+from dnnperf.hardware import HardwareProfile
+from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
+from dnnperf.model.compute import ComputeOptions, step_time
+from dnnperf.model.graph import describe_workload
+from dnnperf.model.machine import Machine, from_profile
+
+#: The model (first) and its ablation: roofline max or sum; per-call overhead from the training-step
+#: microbenchmark, hw's bare dispatch, or none; per-family efficiencies from the layer zoo against
+#: hw's curves, none, or the zoo's own convolution/matmul curves.
+VARIANTS = {
+    "model": ComputeOptions("max", True),
+    "sum": ComputeOptions("sum", True),
+    "hw dispatch": ComputeOptions("max", True),
+    "no overhead": ComputeOptions("max", False),
+    "no efficiency": ComputeOptions("max", True),
+    "zoo curves": ComputeOptions("max", True),
+}
+ZOO_CURVE_FAMILIES = ("convolution", "matmul")
+
+
+def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], dict[str, float]]:
+    """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures."""
+    if profile.threads != torch.get_num_threads():
+        raise UsageError(
+            f"the hardware profile was calibrated with {profile.threads} threads and this process has "
+            f"{torch.get_num_threads()}: run `dnnperf hw` with the same OMP_NUM_THREADS"
+        )
+    overhead = measure_op_overhead()
+    efficiency, curves = zoo_calibration(from_profile(profile))
+    gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
+    machines = {
+        v: from_profile(
+            profile,
+            op_overhead_s=None if v == "hw dispatch" else overhead,
+            efficiency={} if v == "no efficiency" else gemm_free if v == "zoo curves" else efficiency,
+            zoo_curves=curves if v == "zoo curves" else None,
+        )
+        for v in VARIANTS
+    }
+    return machines, {"op_overhead_s": overhead, "dispatch_s": profile.dispatch_overhead_us * 1e-6}
+
+
+def validate_single(
+    workloads: Sequence[str],
+    batches: Sequence[int],
+    preset: str,
+    steps: int,
+    machines: dict[str, Machine],
+    progress: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """One row per workload x batch: measured median step, each variant's prediction and error."""
+    from dnnperf.runner import BenchSettings, bench
+
+    rows = []
+    for name in workloads:
+        for batch in batches:
+            graph = describe_workload(name, preset, batch)
+            predicted = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
+            settings = BenchSettings(name, preset, (batch,), steps=steps, warmup=3, device="cpu")
+            point = bench(settings).points[0]
+            measured = point.step_time.median if point.step_s else float("nan")
+            row = {"workload": name, "batch": batch, "measured_s": measured}
+            for variant, seconds in predicted.items():
+                row[f"pred[{variant}]"] = seconds
+                row[f"err[{variant}]"] = seconds / measured - 1
+            rows.append(row)
+            if progress is not None:
+                model_ms = predicted["model"] * 1e3
+                progress(f"{name} b{batch}: measured {measured * 1e3:.2f} ms, predicted {model_ms:.2f} ms")
+    return pd.DataFrame(rows)
+
+
+def ablation(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median and max absolute error per variant."""
+    return pd.DataFrame(
+        [
+            {
+                "variant": v,
+                "median_abs_error": frame[f"err[{v}]"].abs().median(),
+                "max_abs_error": frame[f"err[{v}]"].abs().max(),
+            }
+            for v in VARIANTS
+        ]
+    )
