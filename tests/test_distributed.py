@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +76,8 @@ def test_dp_record_has_every_rank_and_every_gradient_byte(dp_run):
             # every gradient element is exchanged once per step, as float32
             assert sum(b["bytes"] for b in step) == 4 * parameters
             assert all(0 < b["seconds"] < wall for b in step)
+            for b in step:  # the wait's parts add up to it
+                assert b["skew_s"] + b["queued_s"] + b["allreduce_s"] == pytest.approx(b["seconds"], abs=1e-9)
         # the stages of each rank tile its step
         for i, wall in enumerate(rank.wall_s):
             assert sum(v[i] for v in rank.stages.values()) == pytest.approx(wall, rel=1e-6)
@@ -90,7 +94,8 @@ def test_rank_analyses_against_hand_made_breakdown():
                 {"wall_s": 1.0, "stages": {"forward": 0.4, "exchange": 0.5, "other": 0.1}, "buckets": [
                     {"index": 0, "bytes": 100, "seconds": 0.2 + step}]},
                 {"wall_s": 1.0, "stages": {"forward": 0.8, "exchange": 0.1, "other": 0.1}, "buckets": [
-                    {"index": 0, "bytes": 100, "seconds": 0.3}]},
+                    {"index": 0, "bytes": 100, "seconds": 0.3, "skew_s": 0.1 * step, "queued_s": 0.0,
+                     "allreduce_s": 0.3 - 0.1 * step}]},
             ]
         )  # fmt: skip
     medians = rank_medians(breakdown)
@@ -100,6 +105,9 @@ def test_rank_analyses_against_hand_made_breakdown():
     assert balance.loc[1, "excess"] == pytest.approx(0.9 / 0.7 - 1)
     buckets = bucket_table(breakdown)
     assert buckets.loc[0, "rank 0 s"] == pytest.approx(1.2) and buckets.loc[0, "steps"] == 3
+    assert buckets.loc[0, "rank 1 skew s"] == pytest.approx(0.1)
+    assert buckets.loc[0, "rank 1 allreduce s"] == pytest.approx(0.2)
+    assert "rank 0 skew s" not in buckets.columns  # rank 0 recorded no split
 
 
 def test_ranks_section_round_trip_and_validation(dp_run):
@@ -118,6 +126,10 @@ def test_ranks_section_round_trip_and_validation(dp_run):
     broken = json.loads(json.dumps(document))
     broken["points"][0]["ranks"]["per_rank"][0]["stages"]["forward"][0] = -1.0
     with pytest.raises(RecordError, match="not a non-negative number"):
+        RunRecord.from_dict(broken)
+    broken = json.loads(json.dumps(document))
+    broken["points"][0]["ranks"]["per_rank"][1]["buckets"][0][0]["skew_s"] = -0.5
+    with pytest.raises(RecordError, match=r"per_rank\[1\].buckets holds -0.5"):
         RunRecord.from_dict(broken)
 
 
@@ -208,18 +220,113 @@ def test_model_parallel_run_records_its_communication(strategy, extra, details):
     assert all(not b for rank in ranks.ranks for b in rank.buckets)  # no DDP buckets outside dp
 
 
-def test_a_bucket_waiting_behind_earlier_ones_is_split_into_queued_and_its_own_allreduce():
-    """A toy schedule: three buckets launched 0.1 s apart, completed in order at 0.5, 0.6 and 0.9 s."""
-    import threading
+def test_bucket_wait_split_against_a_hand_made_two_rank_schedule():
+    """Rank 0's view of three buckets; rank 1 launched bucket 0 at 0.30 s and was ready for each bucket
+    only then (its numbers arrive as ``latest``). One lane: bucket 1 also waits for bucket 0 to finish."""
+    from dnnperf.distributed.ddp import ready_times, split_wait
 
-    from dnnperf.distributed.ddp import BucketTimer
-
-    timer = BucketTimer.__new__(BucketTimer)
-    timer.cuda, timer._lock = False, threading.Lock()
-    timer._pending = [(1, 200, 0.1, 0.6), (0, 100, 0.0, 0.5), (2, 300, 0.2, 0.9)]
-    buckets = timer.take_step()
+    pending = [(1, 200, 0.10, 0.60), (0, 100, 0.00, 0.50), (2, 300, 0.20, 0.90)]
+    assert ready_times(pending, lanes=1) == {0: 0.0, 1: 0.5, 2: 0.6}
+    assert ready_times(pending, lanes=2) == {0: 0.0, 1: 0.1, 2: 0.5}
+    latest = {0: [0.30, 0.30], 1: [0.35, 0.50], 2: [0.40, 0.60]}  # [latest launch, latest ready]
+    buckets = split_wait(pending, latest, lanes=1)
     assert [b["index"] for b in buckets] == [0, 1, 2]
-    assert [round(b["seconds"], 9) for b in buckets] == [0.5, 0.5, 0.7]
-    assert [round(b["queued_s"], 9) for b in buckets] == [0.0, 0.4, 0.4]
-    assert [round(b["allreduce_s"], 9) for b in buckets] == [0.5, 0.1, 0.3]
-    assert timer.take_step() == []
+    assert [b["bytes"] for b in buckets] == [100, 200, 300]
+    expected = {  # seconds = skew + queued + own, by hand
+        "seconds": [0.5, 0.5, 0.7],
+        "skew_s": [0.3, 0.25, 0.2],
+        "queued_s": [0.0, 0.15, 0.2],
+        "allreduce_s": [0.2, 0.1, 0.3],
+    }
+    for name, values in expected.items():
+        assert [b[name] for b in buckets] == pytest.approx(values), name
+    # Alone (no peer known): no skew, and the split falls back to this rank's own queue.
+    alone = split_wait(pending, lanes=2)
+    assert [b["skew_s"] for b in alone] == [0.0, 0.0, 0.0]
+    assert [b["queued_s"] for b in alone] == pytest.approx([0.0, 0.0, 0.3])
+    assert [b["allreduce_s"] for b in alone] == pytest.approx([0.5, 0.5, 0.4])
+
+
+SKEW_WORKER = """
+import json, sys, time
+import torch, torch.distributed as dist
+from dnnperf.data.sources import MemorySource
+from dnnperf.distributed import ddp
+from dnnperf.distributed.worker import ShardSource
+from dnnperf.workloads import get_workload
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+delay, shift, out = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+w = get_workload("basic_cnn")
+torch.manual_seed(0)
+task = ddp.DataParallelTask(w.build("tiny", "cpu"), "basic_cnn", torch.device("cpu"), 0.05)
+source = ShardSource(MemorySource(w.data("tiny"), 8, seed=0), rank, world)
+steps = []
+for late in (None, 1, 0):  # a warm-up step (DDP rebuilds its buckets after it), then each rank late
+    batch = next(source)
+    dist.barrier()
+    loss = task.inner.loss_fn(task.model, batch)
+    slept = 0.0
+    if rank == late:  # the injected delay between forward and backward, measured
+        begin = time.perf_counter()
+        time.sleep(delay)
+        slept = time.perf_counter() - begin
+    loss.backward()
+    task.optimizer.step()
+    task.optimizer.zero_grad(set_to_none=True)
+    steps.append({"late": late, "slept": slept, "buckets": task.timer.take_step()})
+# Ranks on different machines: rank 1's clock reads `shift` seconds ahead and its boot id differs,
+# so the clock offsets must be estimated (only while the PeerClock is built).
+real_clock, real_boot = ddp.time.perf_counter, ddp._boot_id
+if rank == 1:
+    ddp.time = type("T", (), {"perf_counter": staticmethod(lambda: real_clock() + shift)})
+ddp._boot_id = lambda: 1000 + rank
+peers = ddp.PeerClock()
+ddp.time, ddp._boot_id = __import__("time"), real_boot
+result = {"steps": steps, "shared": task.timer.peers.shared, "lanes": task.timer.lanes,
+          "estimated": {"shared": peers.shared, "offsets": peers.offsets}}
+open(f"{out}.{rank}", "w").write(json.dumps(result))
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_launching_late_shows_as_skew_on_its_peer_not_in_the_allreduce(tmp_path):
+    """The truth: a measured sleep on one rank between forward and backward. Its peer launches every
+    bucket that much earlier, so the peer waits that long (``seconds``) as ``skew_s``, while the
+    collective's own time stays small; the late rank itself waits for nobody."""
+    delay, shift = 0.3, 1000.0
+    script = tmp_path / "skew_worker.py"
+    script.write_text(SKEW_WORKER)
+    out = tmp_path / "result"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+    result = subprocess.run(
+        [*argv, str(script), str(delay), str(shift), str(out)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
+    margin = 0.1  # basic_cnn tiny's compute differs between the ranks by milliseconds
+    for report in ranks:
+        assert report["shared"] is True and report["lanes"] >= 1
+    for step in (1, 2):
+        late = ranks[0]["steps"][step]["late"]
+        slept = ranks[late]["steps"][step]["slept"]
+        assert slept >= delay
+        early = 1 - late
+        waiting, late_buckets = ranks[early]["steps"][step]["buckets"], ranks[late]["steps"][step]["buckets"]
+        assert len(waiting) >= 2 and len(waiting) == len(late_buckets)  # several buckets at 0.05 MB
+        for bucket in waiting:
+            total = bucket["skew_s"] + bucket["queued_s"] + bucket["allreduce_s"]
+            assert total == pytest.approx(bucket["seconds"], abs=1e-9)
+            assert slept - margin < bucket["skew_s"] < slept + margin
+            assert bucket["allreduce_s"] < margin
+        for bucket in late_buckets:
+            assert bucket["skew_s"] < margin and bucket["allreduce_s"] < margin
+            assert bucket["seconds"] < margin
+    # The clock offset of ranks on different machines, estimated from barrier exits.
+    for report in ranks:
+        estimated = report["estimated"]
+        assert estimated["shared"] is False
+        assert estimated["offsets"][1] - estimated["offsets"][0] == pytest.approx(shift, abs=0.02)

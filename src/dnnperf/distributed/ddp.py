@@ -14,14 +14,17 @@ makes wait for every bucket's allreduce. Communication that overlapped the backw
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from dnnperf.distributed.gather import all_gather_rows
 from dnnperf.errors import UsageError
 from dnnperf.workloads.base import Batch, Stages, SupervisedTask, Task, no_stages
 
@@ -45,6 +48,118 @@ def check_divisible(batch_size: int, world: int) -> None:
         )
 
 
+def _boot_id() -> int:
+    """This kernel's boot id as an integer: processes with the same one read the same CLOCK_MONOTONIC
+    (``time.perf_counter`` on Linux); 0 where there is none to read."""
+    try:
+        return int(Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:15], 16)
+    except (OSError, ValueError):
+        return 0
+
+
+class PeerClock:
+    """Every rank's host-clock readings in this rank's clock, to put the ranks' bucket launches on one
+    time line. A collective (construct and call it on every rank, in the same order).
+
+    Ranks on one machine (same kernel boot id) read the same CLOCK_MONOTONIC: no offset. Across
+    machines the offset of every rank's clock from rank 0's is estimated once, at construction, as the
+    median over a few rounds of the difference of the clock readings taken right after a barrier
+    returns; its error is how unevenly a barrier releases the ranks (about one network latency)."""
+
+    ROUNDS = 7
+
+    def __init__(self) -> None:
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        boots = all_gather_rows(torch.tensor([[float(_boot_id())]], dtype=torch.float64))
+        self.shared = len({float(b[0, 0]) for b in boots}) == 1 and float(boots[0][0, 0]) != 0.0
+        self.offsets = [0.0] * self.world  # rank r's clock reads rank 0's plus offsets[r]
+        if not self.shared:
+            rounds = []
+            for _ in range(self.ROUNDS):
+                dist.barrier()
+                now = torch.tensor([[time.perf_counter()]], dtype=torch.float64)
+                rounds.append([float(r[0, 0]) for r in all_gather_rows(now)])
+            self.offsets = [statistics.median(row[r] - row[0] for row in rounds) for r in range(self.world)]
+
+    def gather(self, stamps: dict[int, list[float]]) -> list[dict[int, list[float]]]:
+        """``stamps``: this rank's clock readings per key (a bucket index; the same number of readings
+        for every key on every rank); every rank's, in rank order, shifted into this rank's clock."""
+        width = len(next(iter(stamps.values()), []))
+        rows = torch.tensor([[key, *values] for key, values in stamps.items()], dtype=torch.float64)
+        gathered = []
+        for peer, theirs in enumerate(all_gather_rows(rows.reshape(-1, 1 + width))):
+            shift = self.offsets[self.rank] - self.offsets[peer]
+            gathered.append({int(row[0]): [v + shift for v in row[1:]] for row in theirs.tolist()})
+        return gathered
+
+    def latest(self, stamps: dict[int, list[float]]) -> dict[int, list[float]]:
+        """For every key all ranks gave, the latest of the ranks' readings (each position apart), in
+        this rank's clock."""
+        gathered = self.gather(stamps)
+        common = set.intersection(*(set(g) for g in gathered))
+        return {
+            key: [max(values) for values in zip(*(g[key] for g in gathered), strict=True)] for key in common
+        }
+
+
+def process_group_lanes() -> int:
+    """How many collectives the default process group runs at once: gloo's worker threads (2 unless
+    set otherwise), 1 for others (NCCL runs a group's collectives one after another on its stream)."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return max(1, int(group._get_backend(torch.device("cpu")).options._threads))
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return 1
+
+
+def ready_times(pending: list[tuple[int, int, float, float]], lanes: int = 1) -> dict[int, float]:
+    """Per bucket index, when this rank's process group could start its collective: at its launch, or
+    later when every one of the group's ``lanes`` (collectives run at once, in launch order) was still
+    busy with earlier buckets, at the completion that freed one. ``pending``: (index, bytes, launch,
+    completion) on one clock."""
+    ready: dict[int, float] = {}
+    earlier: list[float] = []  # completions of the buckets launched before
+    previous_start = float("-inf")
+    for index, _, begin, end in sorted(pending, key=lambda b: b[2]):
+        free = sorted(earlier)[-lanes] if len(earlier) >= lanes else float("-inf")
+        previous_start = ready[index] = min(max(begin, free, previous_start), end)
+        earlier.append(end)
+    return ready
+
+
+def split_wait(
+    pending: list[tuple[int, int, float, float]], latest: dict[int, list[float]] | None = None, lanes: int = 1
+) -> list[dict[str, float]]:
+    """Each bucket's launch-to-completion wait on this rank, split in three that add up to it.
+
+    ``pending``: (index, bytes, launch, completion) in seconds on one clock; ``latest``: per index the
+    latest over all ranks of [launch, ready (:func:`ready_times`)] on the same clock (None: this rank
+    alone is known, as if every rank were this one).
+
+    - ``skew_s``: until the last rank launched it (a collective cannot complete before then);
+    - ``queued_s``: then until every rank's process group could start it (earlier buckets occupying
+      every lane);
+    - ``allreduce_s``: the collective's own time, from then to its completion here.
+    """
+    ready = ready_times(pending, lanes)
+    buckets = []
+    for index, size, begin, end in pending:
+        last_launch, last_ready = (latest or {}).get(index, [begin, ready[index]])
+        launched = min(max(begin, last_launch), end)
+        start = min(max(launched, ready[index], last_ready), end)
+        buckets.append(
+            {
+                "index": index,
+                "bytes": size,
+                "seconds": max(end - begin, 0.0),
+                "skew_s": max(launched - begin, 0.0),
+                "queued_s": max(start - launched, 0.0),
+                "allreduce_s": max(end - start, 0.0),
+            }
+        )
+    return sorted(buckets, key=lambda b: b["index"])
+
+
 class BucketTimer:
     """A DDP comm hook that averages gradients with one allreduce per bucket and times each one."""
 
@@ -55,6 +170,9 @@ class BucketTimer:
         self.launches = 0  # buckets launched so far (a progress count the heartbeat reports)
         self._lock = threading.Lock()  # gloo completes futures on its own threads
         self._pending: list[tuple[int, int, Any, Any]] = []
+        # Host clocks of all ranks on one time line (CPU: gloo completes on the host clock too).
+        self.peers = None if self.cuda else PeerClock()
+        self.lanes = process_group_lanes()
 
     def _stamp(self) -> Any:
         if not self.cuda:
@@ -74,8 +192,9 @@ class BucketTimer:
                 mark("exchange")
         index, size = bucket.index(), tensor.numel() * tensor.element_size()
         self.launches += 1
+        tensor.div_(self.world)  # averaging is the rank's own work, before the launch
         start = self._stamp()
-        work = dist.all_reduce(tensor.div_(self.world), async_op=True)
+        work = dist.all_reduce(tensor, async_op=True)
 
         def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             stop = self._stamp()
@@ -86,35 +205,27 @@ class BucketTimer:
         return work.get_future().then(done)
 
     def take_step(self) -> list[dict[str, float]]:
-        """The buckets of the step just finished (call after the device is synchronised): for each, its
-        bytes, ``seconds`` from launch to completion, and the split of that time into ``queued_s``
-        (waiting for the buckets launched before it: a process group runs its collectives in order)
-        and ``allreduce_s`` (its own allreduce: from when it could start to its completion)."""
+        """The buckets of the step just finished (call after the device is synchronised), each with its
+        bytes, ``seconds`` from launch to completion on this rank and that time split into
+        ``skew_s``, ``queued_s`` and ``allreduce_s`` (see :func:`split_wait`).
+
+        On CPU a collective: every rank calls it after every step (the ranks' launches are exchanged
+        to find each bucket's latest). On CUDA the launches are GPU events, which do not compare across
+        devices: ``skew_s`` is 0 there and the collective's own time includes waiting for peers."""
         with self._lock:
             pending, self._pending = self._pending, []
-        if not pending:
-            return []
-        origin = pending[0][2]
-
-        def at(stamp: Any) -> float:  # seconds since the first launch
-            return origin.elapsed_time(stamp) / 1e3 if self.cuda else stamp - origin
-
-        buckets = []
-        previous_end = float("-inf")
-        for index, size, start, stop in sorted(pending, key=lambda b: at(b[3])):  # completion order
-            begin, end = at(start), at(stop)
-            service_start = max(begin, previous_end)
-            previous_end = end
-            buckets.append(
-                {
-                    "index": index,
-                    "bytes": size,
-                    "seconds": max(end - begin, 0.0),
-                    "queued_s": max(service_start - begin, 0.0),
-                    "allreduce_s": max(end - service_start, 0.0),
-                }
-            )
-        return sorted(buckets, key=lambda b: b["index"])
+        if self.cuda:
+            if not pending:
+                return []
+            origin = pending[0][2]
+            seconds = [
+                (i, n, origin.elapsed_time(a) / 1e3, origin.elapsed_time(b) / 1e3) for i, n, a, b in pending
+            ]
+            return split_wait(seconds, lanes=self.lanes)
+        assert self.peers is not None
+        ready = ready_times(pending, self.lanes)
+        latest = self.peers.latest({index: [start, ready[index]] for index, _, start, _ in pending})
+        return split_wait(pending, latest, self.lanes)
 
 
 class DataParallelTask(Task):

@@ -38,3 +38,19 @@ def gather_json(document: Any, device: torch.device, dst: int = 0) -> list[Any] 
     if dist.get_rank() != dst:
         return None
     return [decode(buffer, int(n.item())) for buffer, n in zip(buffers, lengths, strict=True)]
+
+
+def all_gather_rows(rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``rows`` (a 2-D tensor; ranks may give different numbers of rows, the same number
+    of columns and dtype) on every rank, in rank order. Two all-gathers: row counts, then the rows
+    padded to the longest."""
+    world = dist.get_world_size()
+    count = torch.tensor([rows.shape[0]], dtype=torch.int64, device=rows.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    longest = int(max(n.item() for n in counts))
+    padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    padded[: rows.shape[0]] = rows
+    buffers = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(buffers, padded)
+    return [buffer[: int(n.item())] for buffer, n in zip(buffers, counts, strict=True)]

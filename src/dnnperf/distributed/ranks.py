@@ -21,6 +21,9 @@ from dnnperf.stats import Samples
 DETAIL_NAMES = ("compute", "send", "recv", "bubble", "collective")
 #: Stages that are waiting for other ranks rather than working.
 WAIT_STAGES = ("exchange",)
+#: Optional parts of a dp bucket's ``seconds`` (launch to completion), which they add up to: waiting
+#: for the last rank to launch it, for a free lane of the process group, and the collective itself.
+BUCKET_PARTS = ("skew_s", "queued_s", "allreduce_s")
 
 
 @dataclass
@@ -36,7 +39,8 @@ class RankSteps:
     stages: dict[str, list[float]] = field(default_factory=dict)
     #: A model-parallel task's ``last_step_detail()`` per step (send, recv, bubble, collective, compute).
     detail: dict[str, list[float]] = field(default_factory=dict)
-    #: Data parallelism: per step, each gradient bucket's allreduce {index, bytes, seconds}.
+    #: Data parallelism: per step, each gradient bucket's allreduce {index, bytes, seconds} (launch to
+    #: completion on this rank) and its parts ``BUCKET_PARTS`` where recorded.
     buckets: list[list[dict[str, float]]] = field(default_factory=list)
 
     def add(self, step: dict[str, Any]) -> None:
@@ -156,7 +160,8 @@ def _rank_from_dict(item: Any, index: int, steps: int) -> RankSteps:
         for bucket in step if isinstance(step, list) else [None]:
             if not isinstance(bucket, dict) or not {"index", "bytes", "seconds"} <= bucket.keys():
                 raise ValueError(f"{where}.buckets holds {bucket!r}, not an {{index, bytes, seconds}} object")
-            _seconds([bucket["seconds"], bucket["bytes"]], f"{where}.buckets", 2)
+            parts = [bucket[k] for k in ("seconds", "bytes", *BUCKET_PARTS) if k in bucket]
+            _seconds(parts, f"{where}.buckets", len(parts))
     return RankSteps(
         rank=index,
         host=str(item.get("host", "")),
@@ -205,25 +210,28 @@ def rank_balance(breakdown: RankBreakdown) -> pd.DataFrame:
 
 
 def bucket_table(breakdown: RankBreakdown) -> pd.DataFrame:
-    """Data parallelism: per gradient bucket, its size and the median seconds of its allreduce (launch
-    to completion, and its own allreduce after waiting for earlier buckets, where recorded) on every
-    rank, over the measured steps."""
+    """Data parallelism: per gradient bucket, its size and, on every rank, the median seconds over the
+    measured steps of what the rank waited for its allreduce (launch to completion), of the part spent
+    waiting for the last rank to launch it (skew) and of the collective's own time, where recorded."""
     rows: dict[tuple[int, int], dict[str, float]] = {}
+    parts = (("skew_s", "skew s"), ("allreduce_s", "allreduce s"))
     for rank in breakdown.ranks:
         seconds: dict[tuple[int, int], list[float]] = {}
-        own: dict[tuple[int, int], list[float]] = {}
+        split: dict[str, dict[tuple[int, int], list[float]]] = {name: {} for name, _ in parts}
         for step in rank.buckets:
             for bucket in step:
                 key = (int(bucket["index"]), int(bucket["bytes"]))
                 seconds.setdefault(key, []).append(float(bucket["seconds"]))
-                if "allreduce_s" in bucket:
-                    own.setdefault(key, []).append(float(bucket["allreduce_s"]))
+                for name, _ in parts:
+                    if name in bucket:
+                        split[name].setdefault(key, []).append(float(bucket[name]))
         for key, values in seconds.items():
             row = rows.setdefault(key, {"steps": 0})
             row["steps"] = max(row["steps"], len(values))
             row[f"rank {rank.rank} s"] = Samples.of(values).median
-            if own.get(key):
-                row[f"rank {rank.rank} allreduce s"] = Samples.of(own[key]).median
+            for name, label in parts:
+                if split[name].get(key):
+                    row[f"rank {rank.rank} {label}"] = Samples.of(split[name][key]).median
     return pd.DataFrame(
         [{"bucket": index, "bytes": size, **values} for (index, size), values in sorted(rows.items())]
     )
