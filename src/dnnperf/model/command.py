@@ -94,8 +94,12 @@ def load_machine(spec: str) -> Machine:
         profile = hardware.load_profile("cpu")
         if profile is None:
             raise UsageError("--machine hw needs a calibrated profile: run `dnnperf hw` first")
+        from dnnperf.model.collective_calibration import link_calibration
+
         efficiency, _ = calibrated(machines.from_profile(profile))
-        return machines.from_profile(profile, op_overhead_s=op_overhead(), efficiency=efficiency)
+        return machines.from_profile(
+            profile, link=link_calibration(), op_overhead_s=op_overhead(), efficiency=efficiency
+        )
     if spec in PRESETS:
         return machines.preset(spec)
     path = Path(spec)
@@ -233,7 +237,13 @@ def save_sweep(
 
 def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
     parser.add_argument(
-        "workloads", nargs="+", help="suite workloads to predict and run (see `dnnperf list`)"
+        "workloads", nargs="*", help="suite workloads to predict and run single-process (see `dnnperf list`)"
+    )
+    parser.add_argument(
+        "--collectives",
+        action="store_true",
+        help="time gloo's collectives on 2 local ranks (1 KiB-64 MiB), fit alpha/beta per operation on every "
+        "other size, and print measured vs predicted for all (the fit is cached for --machine hw)",
     )
     parser.add_argument("--preset", default="small", help="tiny, small or full (default: small)")
     parser.add_argument(
@@ -250,6 +260,8 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
     from dnnperf.report.terminal import validation_tables
     from dnnperf.workloads import get_workload
 
+    if not args.workloads and not args.collectives:
+        raise UsageError("validate needs workloads to run, --collectives, or both")
     names = [get_workload(name).name for name in args.workloads]  # unknown names: UsageError first
     for name in names:
         if args.preset not in get_workload(name).presets:
@@ -264,24 +276,42 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         raise UsageError(f"--batch-sizes must be positive, got {args.batch_sizes!r}")
     if args.hw is not None and not args.hw.exists():
         raise UsageError(f"--hw {args.hw}: no such file")
-    profile = hardware.load_profile("cpu", args.hw)
-    if profile is None:
-        raise UsageError("validate needs a calibrated profile: run `dnnperf hw` first")
-    machines, figures = calibrated_machines(profile)
-    frame = validate_single(
-        names, batches, args.preset, args.steps, machines, out.error if not args.json else None
-    )
-    summary = ablation(frame)
-    if args.json:
-        out.json(
-            {
-                "calibration": figures,
-                "efficiency": machines["model"].efficiency,
-                "rows": frame.to_dict(orient="records"),
-                "ablation": summary.to_dict(orient="records"),
-            }
+    document: dict[str, Any] = {}
+    if args.collectives:
+        document["collectives"] = _validate_collectives(out, args.json)
+    if names:
+        profile = hardware.load_profile("cpu", args.hw)
+        if profile is None:
+            raise UsageError("validate needs a calibrated profile: run `dnnperf hw` first")
+        machines, figures = calibrated_machines(profile)
+        frame = validate_single(
+            names, batches, args.preset, args.steps, machines, out.error if not args.json else None
         )
-    else:
-        for table in validation_tables(frame, summary):
-            out.print(table)
+        summary = ablation(frame)
+        document.update(
+            calibration=figures,
+            efficiency=machines["model"].efficiency,
+            rows=frame.to_dict(orient="records"),
+            ablation=summary.to_dict(orient="records"),
+        )
+        if not args.json:
+            for table in validation_tables(frame, summary):
+                out.print(table)
+    if args.json:
+        out.json(document)
     return 0
+
+
+def _validate_collectives(out: Any, as_json: bool) -> dict[str, Any]:
+    """Measure, fit, compare; the fit replaces the cached one that ``--machine hw`` uses."""
+    from dnnperf.cache import JsonCache
+    from dnnperf.model import collective_calibration as cc
+    from dnnperf.report.terminal import collectives_table
+
+    with out.progress_fraction("timing gloo collectives on 2 ranks (about 30 s)"):
+        link, table = cc.calibrate()
+    JsonCache("model-calibration").put(cc.cache_key(), link)
+    summary = cc.summary(table)
+    if not as_json:
+        out.print(collectives_table(table, summary))
+    return {"link": link, "rows": table.to_dict(orient="records"), "summary": summary}

@@ -71,6 +71,10 @@ class Machine:
     bandwidth_curve: Curve | None = None
     #: Largest message the backend sends in one piece (gloo: 1 MiB segments); 0 = no segmentation.
     segment_bytes: int = 0
+    #: Per collective ("allreduce", "allgather", "broadcast", "send_recv"), the backend's own fit inside
+    #: a node: {"alpha": s, "bandwidth": bytes/s, "reduce_bandwidth": bytes/s} (collective_calibration);
+    #: a collective without one uses intra_latency / intra_bandwidth.
+    collectives: dict[str, dict[str, float]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -143,6 +147,15 @@ def validate(machine: Machine) -> None:
         value = getattr(machine, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UsageError(f"{where}: {name} must be a positive integer, got {value!r}")
+    for op, fit in machine.collectives.items():
+        if not isinstance(fit, dict) or not _finite_positive(fit.get("bandwidth")):
+            raise UsageError(f"{where}: collectives[{op!r}] needs a positive bandwidth")
+        for key in ("alpha", "reduce_bandwidth"):
+            value = fit.get(key, 0.0)
+            if not (_finite_positive(value) or value == 0):
+                raise UsageError(
+                    f"{where}: collectives[{op!r}].{key} must be zero or positive, got {value!r}"
+                )
     for family, value in machine.efficiency.items():
         if not (_finite_positive(value) and value <= 1):
             raise UsageError(f"{where}: efficiency[{family!r}] must be in (0, 1], got {value!r}")
@@ -220,6 +233,7 @@ def from_profile(
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),
         segment_bytes=GLOO_SEGMENT,
+        collectives=dict(link.get("ops", {})),
         efficiency=dict(efficiency or {}),
         sources={
             "all": f"dnnperf hw calibration of {profile.created}",

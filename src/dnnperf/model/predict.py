@@ -81,9 +81,15 @@ def _memory(graph: StepGraph, param_share: float = 1.0, activation_share: float 
     return states + graph.saved_bytes * activation_share + graph.batch_bytes
 
 
-def _link(machine: Machine, ranks: int) -> collectives.Link:
-    """The slowest link ``ranks`` consecutive devices span."""
+def _link(machine: Machine, ranks: int, op: str = "allreduce") -> collectives.Link:
+    """The slowest link ``ranks`` consecutive devices span; inside a node, the backend's own fit of
+    ``op`` where the machine was calibrated with one."""
     inside = ranks <= machine.devices_per_node
+    fit = machine.collectives.get(op) if inside else None
+    if fit is not None:
+        return collectives.Link.of(
+            fit.get("alpha", 0.0), fit["bandwidth"], fit.get("reduce_bandwidth", 0.0), machine.segment_bytes
+        )
     return collectives.Link.of(
         machine.intra_latency if inside else machine.link_latency,
         machine.intra_bandwidth if inside else machine.link_bandwidth,
@@ -167,7 +173,7 @@ def predict(
         bounds = [*starts, len(names)]
         stage_s = [float(costs[a:b].sum()) for a, b in itertools.pairwise(bounds)]
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
-        send = collectives.send_recv(boundary, _link(machine, devices))
+        send = collectives.send_recv(boundary, _link(machine, devices, "send_recv"))
         pipe = strategies.pipeline_time(stage_s, m, send)
         update = float(times.loc[times["phase"] == "update", "seconds"].sum())
         params = [
@@ -204,12 +210,12 @@ def predict(
         )
     divided = times["module"].isin(split) & times["family"].isin(tuple(COMPUTE_FAMILIES))
     compute = float(times.loc[divided, "seconds"].sum()) / ways + float(times.loc[~divided, "seconds"].sum())
-    link = _link(machine, ways)
+    gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
     comm = 0.0
     for module in split:
         in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
-        comm += collectives.allgather(out_bytes, ways, link) + collectives.allreduce(
-            in_bytes, ways, link, algorithm
+        comm += collectives.allgather(out_bytes, ways, gather_link) + collectives.allreduce(
+            in_bytes, ways, reduce_link, algorithm
         )
     split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
     share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)

@@ -718,3 +718,27 @@ def crossover_table(crossings: Any) -> Table:
             r.after or "none fits",
         )
     return table
+
+
+def collectives_table(table: Any, summary: dict[str, float]) -> Table:
+    """dnnperf validate --collectives: each operation and size, measured against the fitted model."""
+    out = Table(
+        title=(
+            f"gloo collectives, 2 ranks: measured vs predicted (>= 64 KiB: median |error| "
+            f"{summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}; sizes the fit never "
+            f"saw: median {summary['held_out_median_abs_error']:.1%}, "
+            f"max {summary['held_out_max_abs_error']:.1%})"
+        )
+    )
+    for column in ("operation", "bytes", "measured ms (p10-p90)", "predicted ms", "error", "fit on"):
+        out.add_column(column, justify="left" if column in ("operation", "fit on") else "right")
+    for r in table.itertuples():
+        out.add_row(
+            r.op,
+            human_count(r.bytes, "B"),
+            f"{r.median_s * 1e3:.3g} ({r.p10_s * 1e3:.3g}-{r.p90_s * 1e3:.3g})",
+            f"{r.predicted_s * 1e3:.3g}",
+            _percent(r.error),
+            "held out" if r.held_out else "fit",
+        )
+    return out

@@ -1,0 +1,99 @@
+"""The collective calibration: the fit recovers known alpha and beta from the model's own formulas, the
+microbenchmark runs real gloo ranks and leaves nothing behind, and a calibrated machine uses each
+operation's own fit inside a node only."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from dnnperf.errors import UsageError
+from dnnperf.model import collective_calibration as cc
+from dnnperf.model import collectives
+from dnnperf.model.machine import GLOO_SEGMENT, Machine
+from dnnperf.model.predict import _link
+
+
+def _known(alpha: float, bandwidth: float, gamma: float, noise: float = 0.0) -> pd.DataFrame:
+    link = collectives.Link.of(alpha, bandwidth, 1 / gamma, GLOO_SEGMENT)
+    rows = []
+    for i, (op, n) in enumerate((op, n) for op in cc.OPS for n in cc.SIZES):
+        wobble = 1 + noise * (1 if i % 2 else -1)
+        rows.append({"op": op, "bytes": n, "median_s": cc.predict_op(op, n, 2, link) * wobble})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("op", cc.OPS)
+def test_the_fit_recovers_alpha_and_bandwidth_from_the_formulas(op: str) -> None:
+    alpha, bandwidth, gamma = 150e-6, 1.3e9, 1 / 4e9
+    fit = cc.fit_op(_known(alpha, bandwidth, gamma), op, 2, gamma)
+    assert fit["alpha"] == pytest.approx(alpha, rel=1e-6)
+    assert fit["bandwidth"] == pytest.approx(bandwidth, rel=1e-6)
+    assert fit["reduce_bandwidth"] == pytest.approx(1 / gamma)
+
+
+def test_the_comparison_is_exact_without_noise_and_sees_injected_noise() -> None:
+    alpha, bandwidth, gamma = 200e-6, 0.8e9, 1 / 3e9
+    exact = _known(alpha, bandwidth, gamma)
+    links = {op: cc.fit_op(exact, op, 2, gamma) for op in cc.OPS}
+    table = cc.compare(exact, links, 2)
+    assert table["error"].abs().max() < 1e-9
+    # +-5% alternating noise: a least-squares fit cannot follow it, errors stay near 5%.
+    noisy = _known(alpha, bandwidth, gamma, noise=0.05)
+    links = {op: cc.fit_op(noisy, op, 2, gamma) for op in cc.OPS}
+    summary = cc.summary(cc.compare(noisy, links, 2))
+    assert 0.02 < summary["median_abs_error"] < 0.08
+    assert sorted(cc.held_out(cc.SIZES)) == list(cc.SIZES[1::2])
+
+
+def _leftovers() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("dnnperf-collectives-*")}
+
+
+def test_measure_runs_two_gloo_ranks_and_leaves_nothing_behind() -> None:
+    before_dirs, before_children = _leftovers(), {p.pid for p in psutil.Process().children(recursive=True)}
+    frame = cc.measure(2, sizes=(4096, 65536), rounds=2)
+    assert sorted(zip(frame["op"], frame["bytes"], strict=True)) == sorted(
+        (op, n) for op in cc.OPS for n in (4096, 65536)
+    )
+    assert (frame["median_s"] > 0).all() and (frame["p10_s"] <= frame["p90_s"]).all()
+    assert _leftovers() == before_dirs
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
+    assert after <= before_children
+
+
+def _machine(**changes: object) -> Machine:
+    base: dict = dict(
+        name="two-per-node",
+        peak_flops={"float32": 1e12},
+        memory_bandwidth=1e11,
+        memory_bytes=1e9,
+        link_bandwidth=1e9,
+        link_latency=1e-5,
+        intra_bandwidth=1e10,
+        intra_latency=1e-6,
+        devices_per_node=2,
+        nodes=2,
+    )
+    base.update(changes)
+    return Machine(**base)
+
+
+def test_a_calibrated_machine_uses_each_operations_fit_inside_a_node_only() -> None:
+    fits = {"send_recv": {"alpha": 3e-4, "bandwidth": 2e9, "reduce_bandwidth": 0.0}}
+    machine = _machine(collectives=fits)
+    inside = _link(machine, 2, "send_recv")
+    assert (inside.alpha, inside.beta) == pytest.approx((3e-4, 1 / 2e9))
+    other = _link(machine, 2, "allgather")  # no fit of its own: the node's link
+    assert (other.alpha, other.beta) == pytest.approx((1e-6, 1 / 1e10))
+    across = _link(machine, 4, "send_recv")  # between nodes: the described link, not the local fit
+    assert (across.alpha, across.beta) == pytest.approx((1e-5, 1 / 1e9))
+
+
+def test_a_collective_fit_without_a_bandwidth_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"collectives\['allreduce'\] needs a positive bandwidth"):
+        _machine(collectives={"allreduce": {"alpha": 1e-4}})
