@@ -107,3 +107,53 @@ def test_validate_refuses_a_profile_of_another_thread_count(
     path = hardware.save_profile(other, tmp_path / "hw.json")
     assert main(["validate", "basic_cnn", "--preset", "tiny", "--hw", str(path)]) == 2
     assert "calibrated with" in capsys.readouterr().err
+
+
+def test_ranking_agreement_on_a_hand_made_table() -> None:
+    import pandas as pd
+
+    from dnnperf.model.validate import ranking_agrees
+
+    rows = [
+        ("a", 8, "dp", 0.010, 0.012),
+        ("a", 8, "pp", 0.030, 0.020),
+        ("a", 8, "tp", 0.020, 0.025),
+        ("b", 8, "dp", 0.010, 0.011),
+        ("b", 8, "pp", 0.020, 0.021),
+    ]
+    frame = pd.DataFrame(rows, columns=["workload", "batch", "strategy", "measured_s", "predicted_s"])
+    frame["reason"] = None
+    ranking = ranking_agrees(frame).set_index("workload")
+    assert ranking.loc["a", "measured"] == "dp < tp < pp" and ranking.loc["a", "predicted"] == "dp < pp < tp"
+    assert not ranking.loc["a", "agrees"] and ranking.loc["b", "agrees"]
+
+
+def test_validate_distributed_runs_two_ranks_and_reports_its_own_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from dnnperf import hardware
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # a profile of one thread, like each rank
+    path = hardware.save_profile(hardware.calibrate("cpu", quick=True), tmp_path / "hw.json")
+    argv = ["validate", "basic_cnn", "--preset", "tiny", "--batch-sizes", "4", "--steps", "2"]
+    code = main([*argv, "--distributed", "dp", "--hw", str(path), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (row,) = document["distributed"]["rows"]
+    assert row["strategy"] == "dp" and row["measured_s"] > 0
+    assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ([], "needs workloads to run, --collectives, or both"),
+        (["basic_cnn", "--distributed", "dp,zz"], "--distributed takes strategies among dp, pp, tp"),
+    ],
+)
+def test_validate_bad_input_is_one_line(args: list[str], needle: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]

@@ -251,6 +251,12 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
     )
     parser.add_argument("--steps", type=positive_int, default=10, help="measured steps per run (10)")
     parser.add_argument("--hw", type=Path, help="hardware profile (default: this machine's saved one)")
+    parser.add_argument(
+        "--distributed",
+        metavar="dp,pp,tp",
+        help="instead of single-process runs, these strategies on 2 local ranks (gloo, one thread each: "
+        "the profile must be calibrated at one thread, OMP_NUM_THREADS=1 dnnperf hw)",
+    )
 
 
 def run_validate(args: argparse.Namespace, out: Any) -> int:
@@ -279,7 +285,10 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
     document: dict[str, Any] = {}
     if args.collectives:
         document["collectives"] = _validate_collectives(out, args.json)
-    if names:
+    strategies = _strategies(args.distributed)
+    if names and strategies:
+        document["distributed"] = _validate_distributed(args, names, batches, strategies, out)
+    elif names:
         profile = hardware.load_profile("cpu", args.hw)
         if profile is None:
             raise UsageError("validate needs a calibrated profile: run `dnnperf hw` first")
@@ -300,6 +309,58 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
     if args.json:
         out.json(document)
     return 0
+
+
+def _strategies(text: str | None) -> list[str]:
+    if text is None:
+        return []
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - {"dp", "pp", "tp"})
+    if not chosen or unknown:
+        raise UsageError(f"--distributed takes strategies among dp, pp, tp, got {text!r}")
+    return chosen
+
+
+def _validate_distributed(
+    args: argparse.Namespace, names: list[str], batches: list[int], strategies: list[str], out: Any
+) -> dict[str, Any]:
+    """2 local ranks per configuration against the model calibrated at one thread per rank."""
+    import torch
+
+    from dnnperf import hardware
+    from dnnperf.model.collective_calibration import link_calibration
+    from dnnperf.model.machine import from_profile
+    from dnnperf.model.validate import calibrated_machines, ranking_agrees, validate_distributed
+    from dnnperf.report.terminal import distributed_validation_table
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what each rank runs with: the calibration must match it
+    try:
+        profile = hardware.load_profile("cpu", args.hw)
+        if profile is None:
+            raise UsageError("validate needs a calibrated profile: run `OMP_NUM_THREADS=1 dnnperf hw` first")
+        machines, figures = calibrated_machines(profile)
+    finally:
+        torch.set_num_threads(threads)
+    model = machines["model"]
+    machine = from_profile(
+        profile,
+        link=link_calibration(),
+        op_overhead_s=model.dispatch_s,
+        efficiency=model.efficiency,
+    )
+    frame = validate_distributed(
+        names, batches, strategies, args.preset, args.steps, machine, out.error if not args.json else None
+    )
+    ranking = ranking_agrees(frame)
+    if not args.json:
+        out.print(distributed_validation_table(frame, ranking))
+    return {
+        "calibration": figures,
+        "link": machine.collectives,
+        "rows": frame.to_dict(orient="records"),
+        "ranking": ranking.to_dict(orient="records"),
+    }
 
 
 def _validate_collectives(out: Any, as_json: bool) -> dict[str, Any]:

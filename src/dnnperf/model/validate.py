@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -98,3 +99,92 @@ def ablation(frame: pd.DataFrame) -> pd.DataFrame:
             for v in VARIANTS
         ]
     )
+
+
+def validate_distributed(
+    workloads: Sequence[str],
+    batches: Sequence[int],
+    strategies: Sequence[str],
+    preset: str,
+    steps: int,
+    machine: Machine,
+    progress: Callable[[str], None] | None = None,
+    micro_batches: int = 4,
+) -> pd.DataFrame:
+    """One row per workload x global batch x strategy on 2 local ranks (gloo, one thread each): the
+    median measured step of ``dnnperf profile --nproc 2`` (a fresh launch, as a user runs it) and the
+    model's prediction on ``machine`` with 2 devices in one node."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from dnnperf.model.predict import predict
+
+    two = dataclasses.replace(machine, devices_per_node=2, nodes=1)
+    rows = []
+    for name in workloads:
+        for batch in batches:
+            for strategy in strategies:
+                row: dict = {"workload": name, "batch": batch, "strategy": strategy}
+                try:
+                    p = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
+                except UsageError as error:
+                    row["reason"] = str(error)
+                    rows.append(row)
+                    continue
+                with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
+                    argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
+                    argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy, "--steps", str(steps)]
+                    argv += [
+                        "--warmup",
+                        "3",
+                        "--microbatches",
+                        str(micro_batches),
+                        "--runs-dir",
+                        runs,
+                        "--json",
+                    ]
+                    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                    raise UsageError(f"{name} {strategy} batch {batch}: the 2-rank run failed: {last}")
+                step_s = json.loads(done.stdout)["record"]["points"][0]["step_s"]
+                measured = float(np.median(step_s))
+                row.update(
+                    measured_s=measured,
+                    predicted_s=p.step_s,
+                    error=p.step_s / measured - 1,
+                    compute_s=p.compute_s,
+                    communication_s=p.communication_s,
+                    bubble_s=p.bubble_s,
+                    reason=None,
+                )
+                rows.append(row)
+                if progress is not None:
+                    progress(
+                        f"{name} {strategy} b{batch}: measured {measured * 1e3:.1f} ms, "
+                        f"predicted {p.step_s * 1e3:.1f} ms"
+                    )
+    return pd.DataFrame(rows)
+
+
+def ranking_agrees(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per workload and batch: the strategies fastest first, measured and predicted, and whether they
+    agree."""
+    rows = []
+    ran = frame[frame["reason"].isna()] if "reason" in frame else frame
+    for (name, batch), group in ran.groupby(["workload", "batch"], sort=False):
+        measured = group.sort_values("measured_s")["strategy"].tolist()
+        predicted = group.sort_values("predicted_s")["strategy"].tolist()
+        rows.append(
+            {
+                "workload": name,
+                "batch": batch,
+                "measured": " < ".join(measured),
+                "predicted": " < ".join(predicted),
+                "agrees": measured == predicted,
+            }
+        )
+    return pd.DataFrame(rows)

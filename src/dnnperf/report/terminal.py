@@ -742,3 +742,45 @@ def collectives_table(table: Any, summary: dict[str, float]) -> Table:
             "held out" if r.held_out else "fit",
         )
     return out
+
+
+def distributed_validation_table(frame: Any, ranking: Any) -> Table:
+    """dnnperf validate --distributed: 2-rank runs against the model, and the strategies' ranking."""
+    ran = frame[frame["reason"].isna()] if "reason" in frame else frame
+    errors = ran["error"].abs()
+    agree = int(ranking["agrees"].sum()) if len(ranking) else 0
+    table = Table(
+        title=(
+            f"2 ranks, measured vs predicted step: median |error| {errors.median():.1%}, "
+            f"max {errors.max():.1%}; "
+            f"ranking of the strategies agrees in {agree} of {len(ranking)}"
+        )
+    )
+    for column in (
+        "workload",
+        "batch",
+        "strategy",
+        "measured ms",
+        "predicted ms",
+        "error",
+        "comm ms",
+        "bubble ms",
+    ):
+        table.add_column(column, justify="left" if column in ("workload", "strategy") else "right")
+    for row in frame.to_dict(orient="records"):
+        if isinstance(row.get("reason"), str):
+            table.add_row(
+                row["workload"], str(row["batch"]), row["strategy"], "", "", "", "", escape(row["reason"])
+            )
+            continue
+        table.add_row(
+            row["workload"],
+            str(row["batch"]),
+            row["strategy"],
+            milliseconds(row["measured_s"]),
+            milliseconds(row["predicted_s"]),
+            _percent(row["error"]),
+            milliseconds(row["communication_s"]),
+            milliseconds(row["bubble_s"]),
+        )
+    return table
