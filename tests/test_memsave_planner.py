@@ -8,7 +8,10 @@ import torch
 from torch import nn
 
 from dnnperf.errors import UsageError
+from dnnperf.memsave.planner import MemoryModel, UnitCost, plan_budget, read_ahead_window
+from dnnperf.memsave.policy import RECOMPUTE, Unit
 from dnnperf.memsave.run import MemsaveResult, memsave, parse_budget
+from dnnperf.memsave.storages import Pack, Storage, StorageProfile, profile_storages
 from dnnperf.workloads.base import SupervisedTask
 
 
@@ -39,13 +42,15 @@ def conv_task() -> tuple[SupervisedTask, dict]:
 @pytest.fixture(scope="module")
 def feasible() -> MemsaveResult:
     task, batch = conv_task()
-    return memsave(task, batch, torch.device("cpu"), "85%", pairs=1, min_bytes=0)
+    # Every measured variant of this model peaks near 96% (a convolution's backward workspace, which
+    # the calibrated model respects): 99% needs a change and is within reach.
+    return memsave(task, batch, torch.device("cpu"), "99%", pairs=1, min_bytes=0)
 
 
 def test_feasible_budget_holds_when_measured(feasible):
     assert feasible.feasible, feasible.reason
     planned = feasible.variant("planner")
-    assert feasible.budget == int(0.85 * feasible.baseline_peak)
+    assert feasible.budget == int(0.99 * feasible.baseline_peak)
     assert planned.predicted_peak <= feasible.budget
     assert planned.peak <= feasible.budget  # measured by the allocator, not predicted
     assert feasible.plan.policies  # something had to change
@@ -77,3 +82,83 @@ def test_budget_parsing():
     for bad in ("0%", "150%", "lots", "-3"):
         with pytest.raises(UsageError):
             parse_budget(bad, 1000)
+
+
+# A Sequential of conv (a), relu (b), conv (c), relu (d): b saves its output B, and c saves the same
+# storage as its input. X is the input batch (alive anyway), A, C, D the other outputs.
+X, A, B, C, D = range(5)
+SIZES = [100, 800, 1000, 400, 3000]
+UNITS = [Unit(f"s.{i}", "s", i) for i in range(4)]
+
+
+def shared_profile() -> StorageProfile:
+    return StorageProfile(
+        storages=[Storage(size, external=k == X) for k, size in enumerate(SIZES)],
+        packs=[
+            Pack(0, X, 100),
+            Pack(0, None, 50),
+            Pack(1, B, 1000),
+            Pack(2, B, 1000),
+            Pack(2, None, 50),
+            Pack(3, D, 3000),
+        ],
+        inputs=[(X,), (A,), (B,), (C,)],
+        outputs=[(A,), (B,), (C,), (D,)],
+        packs_before=[0, 2, 3, 5],
+    )
+
+
+def shared_costs(profile: StorageProfile) -> list[UnitCost]:
+    forward = [1e-3, 1e-3, 5e-3, 1e-3]
+    saved = profile.first_saver_bytes(4)
+    assert saved == [0, 1000, 0, 3000]  # B given to b only, as the memory profiler gives it
+    return [UnitCost(u.name, s, 0, f, 0) for u, s, f in zip(UNITS, saved, forward, strict=True)]
+
+
+def recompute(*names: str) -> tuple[dict[str, str], list[list[str]]]:
+    return dict.fromkeys(names, RECOMPUTE), [list(names)]
+
+
+def test_a_storage_kept_by_the_unit_after_a_segment_is_not_freed_by_recomputing_it():
+    profile = shared_profile()
+    model = MemoryModel(UNITS, shared_costs(profile), 10_000, 0.0, 3000, profile=profile)
+    # By hand: the peak is d's backward: B and D kept, D's gradient and C's: 1000 + 3000 + 3000 + 400.
+    assert model.rest == 10_000 - 7400
+    assert model.peak({}, []) == 10_000
+    # Recomputing a..b drops b's B, but c still keeps it until its own backward: nothing gained.
+    assert model.peak(*recompute("s.0", "s.1")) == 10_000
+    # a..c recomputed: B is kept by nobody; d's backward holds D, its gradient and C's: 6400.
+    assert model.peak(*recompute("s.0", "s.1", "s.2")) == 2600 + 6400
+
+
+def test_the_planner_recomputes_every_unit_that_saves_the_storage():
+    profile = shared_profile()
+    result = plan_budget(
+        UNITS, shared_costs(profile), 10_000, 9000, 0.0, min_bytes=0, allow=(RECOMPUTE,), margin=0,
+        profile=profile,
+    )  # fmt: skip
+    assert result.feasible
+    # Recomputing b alone (1 ms) would look enough if B were b's alone; a..c (7 ms) is what frees it.
+    assert result.plan.segments == [["s.0", "s.1", "s.2"]]
+    assert result.predicted_peak == 9000
+    assert result.predicted_overhead_s == pytest.approx(7e-3)
+
+
+def test_read_ahead_window_is_one_units_worth_on_the_hooks_clock():
+    profile = shared_profile()
+    # Offloadable packs per unit (parameters, None, never count): a 100, b 1000, c 1000, d 3000.
+    assert read_ahead_window(profile, min_bytes=0) == 3000
+    assert read_ahead_window(profile, min_bytes=2000) == 3000
+    assert read_ahead_window(profile, min_bytes=5000) == 0
+
+
+def test_profiled_savers_match_the_model(tmp_path):
+    """A real Sequential: each ReLU's output is saved by the ReLU and by the convolution after it."""
+    task, batch = conv_task()
+    model = task.model
+    units = [Unit(f"{i}", "", i) for i in range(len(model))]
+    profile = profile_storages(model, units, lambda: task.step(batch), batch)
+    savers = {tuple(profile.savers(k)) for k in range(len(profile.storages))}
+    assert (2, 3) in savers and (4, 5) in savers  # relu -> conv, relu -> maxpool
+    assert profile.inputs[3] == profile.outputs[2]  # conv 3 takes relu 2's output
+    assert profile.storages[profile.inputs[0][0]].external  # the batch

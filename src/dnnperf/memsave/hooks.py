@@ -68,18 +68,19 @@ class SavedTensorHook:
     ) -> None:
         self.policy_now, self.store, self.protected, self.min_bytes = policy_now, store, protected, min_bytes
         self._seen: dict[tuple[Any, ...], tuple[weakref.ref, Any, int]] = {}
-        self._position = 0  # bytes saved so far this step (every tensor): a clock of forward
+        self._position = 0  # bytes saved so far this step that could be offloaded: forward's clock
         self.offloaded_bytes = 0  # distinct storages handed to the store
         self.offloaded_tensors = 0
 
     def pack(self, tensor: torch.Tensor) -> Any:
         if self.store is None:
             return tensor
+        # The clock counts what could be offloaded (the planner's model counts the same: its
+        # ``read_ahead_window`` is in these bytes); parameters never move the read-ahead.
         position = self._position
-        if tensor.device.type != "meta":
-            self._position += tensor.untyped_storage().nbytes()
         if not self._may_offload(tensor):
             return Kept(tensor, position)
+        self._position += tensor.untyped_storage().nbytes()
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         view = (tensor.dtype, tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))

@@ -23,13 +23,15 @@ are no longer needed; it is repeated with several caps on a segment's size and t
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from dnnperf.memsave.policy import KEEP, OFFLOAD, RECOMPUTE, Plan, Unit, segments_of
+from dnnperf.memsave.storages import StorageProfile, profile_from_units
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,19 @@ class PlanResult:
     table: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
+def read_ahead_window(profile: StorageProfile, min_bytes: int) -> int:
+    """How far backward reads ahead, in bytes of the saved-tensor hook's clock: one unit's worth (the
+    most any unit packs that could be offloaded). Enough to read the next unit's tensors back while
+    this one's backward runs, without bringing back so much at once that backward's start recreates
+    the peak. The one definition: the offload-everything run that calibrates the planner and the
+    planner's own plans (and its model of them) all use it."""
+    per_unit: dict[int, int] = {}
+    for p in profile.packs:
+        if p.unit is not None and p.storage is not None and p.nbytes >= min_bytes:
+            per_unit[p.unit] = per_unit.get(p.unit, 0) + p.nbytes
+    return max(per_unit.values(), default=0)
+
+
 class MemoryModel:
     """Predicted peak and overhead of a plan over profiled units (see the module doc)."""
 
@@ -66,76 +81,175 @@ class MemoryModel:
         offload_s_per_byte: float,
         prefetch_bytes: int,
         recompute_factor: float = 1.0,
+        profile: StorageProfile | None = None,
+        min_bytes: int = 0,
+        calibration: Sequence[tuple[Plan, int]] = (),
     ) -> None:
         self.units, self.costs = list(units), list(costs)
         self.offload_s_per_byte, self.prefetch_bytes = offload_s_per_byte, prefetch_bytes
-        self.recompute_factor = recompute_factor
-        self._outputs = [c.inputs for c in self.costs[1:]] + [0]  # a unit's output: the next one's input
-        self._position = [0]  # bytes saved before each unit in forward (the stores' clock)
-        for c in self.costs:
-            self._position.append(self._position[-1] + c.saved)
-        keep_all = self._alive_peak({}, [])
-        self.rest = measured_peak - keep_all
+        self.recompute_factor, self.min_bytes = recompute_factor, min_bytes
+        if profile is None:
+            profile = profile_from_units([c.saved for c in costs], [c.inputs for c in costs])
+        self.profile = profile
+        n = len(self.costs)
+        self._index = {c.name: i for i, c in enumerate(self.costs)}
+        size = [s.nbytes for s in profile.storages]
+        self._size = size
+        self._external = [s.external for s in profile.storages]
+        # Per unit: the storages its forward saves (each once, in order).
+        self._saves: list[list[int]] = [[] for _ in range(n)]
+        for p in profile.packs:
+            if p.unit is not None and p.storage is not None and p.storage not in self._saves[p.unit]:
+                self._saves[p.unit].append(p.storage)
 
-    def cost(self, policies: dict[str, str]) -> float:
-        total = 0.0
-        for c in self.costs:
+        def live(storages: Iterable[int]) -> int:
+            return sum(size[k] for k in storages if not self._external[k])
+
+        # Backward at unit j holds the gradient of its output, then also that of its input (which a
+        # recomputation before it does not overlap: its temporaries are gone by then).
+        self._output_gradient = [live(profile.outputs[j]) for j in range(n)]
+        self._input_gradient = [live(set(profile.inputs[j]) - set(profile.outputs[j])) for j in range(n)]
+        self._gradient_suffix = [0] * (n + 1)
+        for j in range(n - 1, -1, -1):
+            self._gradient_suffix[j] = self._gradient_suffix[j + 1] + self.costs[j].gradients
+        # ``rest`` (parameters, optimizer state, input, workspace, what the model leaves out) is fitted
+        # so that no measured plan is predicted below its measured peak: the unoptimised step, and the
+        # baselines measured before planning (their peaks fall where this one's do not: at an early
+        # layer's backward, whose temporaries the model does not see).
+        self.rest = measured_peak - self._simulate({}, [])[0]
+        for plan, peak in calibration:
+            self.rest = max(self.rest, peak - self._simulate(plan.policies, plan.segments)[0])
+
+    # -- the model -----------------------------------------------------------------------------------
+
+    def _simulate(self, policies: dict[str, str], segments: list[list[str]]) -> tuple[int, list[int]]:
+        """The predicted alive bytes at the peak (less ``rest``) and the bytes each unit writes."""
+        profile, size, external = self.profile, self._size, self._external
+        n = len(self.costs)
+        recompute = [policies.get(c.name, KEEP) == RECOMPUTE for c in self.costs]
+        offload = [policies.get(c.name, KEEP) == OFFLOAD for c in self.costs]
+        spans = [(self._index[seg[0]], self._index[seg[-1]]) for seg in segments]
+        # A checkpointed segment saves its input through the hook (as kept) where its forward starts.
+        inserted: dict[int, list[tuple[int, int]]] = {}
+        for start, _ in spans:
+            for k in profile.inputs[start]:
+                inserted.setdefault(profile.packs_before[start], []).append((start, k))
+        inf = math.inf
+        hold: dict[int, int] = {}  # storage -> the earliest unit keeping it (alive until its backward)
+        handle_end: dict[int, int] = {}  # offloaded storage -> where it ends on the hook's clock
+        users: dict[int, list[int]] = {}  # offloaded storage -> [earliest, latest] unit using it
+        order: list[int] = []
+        written = [0] * n
+        first_position = [inf] * (n + 1)  # per unit (n: outside units): its first pack on the clock
+        clock = 0
+
+        def pack(u: int, k: int | None, nbytes: int, may_write: bool) -> None:
+            nonlocal clock
+            offloadable = k is not None and nbytes >= self.min_bytes
+            position = clock
+            if offloadable:
+                clock += nbytes
+            first_position[u] = min(first_position[u], position)
+            if k is None:
+                return
+            if offloadable and k in handle_end:  # saved again after it was offloaded: the handle
+                pair = users[k]
+                pair[0], pair[1] = min(pair[0], u), max(pair[1], u)
+            elif offloadable and may_write:
+                handle_end[k] = position + nbytes
+                users[k] = [u, u]
+                order.append(k)
+                written[u] += nbytes
+            else:
+                hold[k] = min(hold.get(k, n), u)
+
+        for i, p in enumerate(profile.packs):
+            for start, k in inserted.get(i, ()):
+                pack(start, k, size[k], False)
+            u = n if p.unit is None else p.unit
+            if u < n and recompute[u]:
+                continue  # inside a checkpoint: its own hooks, not ours
+            pack(u, p.storage, p.nbytes, u < n and offload[u])
+        for start, k in inserted.get(len(profile.packs), ()):
+            pack(start, k, size[k], False)
+
+        # End of forward: what is kept, and the last write still in flight.
+        forward = sum(size[k] for k in hold if not external[k])
+        if order and order[-1] not in hold and not external[order[-1]]:
+            forward += size[order[-1]]
+        # Backward: bytes alive over unit ranges [lo, hi], as a difference array.
+        diff = [0] * (n + 1)
+
+        def alive(lo: int, hi: int, nbytes: int) -> None:
+            hi = min(hi, n - 1)
+            if lo <= hi:
+                diff[lo] += nbytes
+                diff[hi + 1] -= nbytes
+
+        for k, earliest in hold.items():
+            if not external[k]:
+                alive(earliest, n - 1, size[k])
+        # Read back: when backward first reaches a clock position within the window after the
+        # storage's end (or at its first use), until its earliest user's backward is done.
+        reached = [inf] * (n + 1)
+        for j in range(n, -1, -1):
+            reached[j] = min(first_position[j], reached[j + 1] if j < n else inf)
+        for k, end in handle_end.items():
+            prefetched = bisect.bisect_right(reached, end + self.prefetch_bytes) - 1
+            alive(users[k][0], max(users[k][1], prefetched), size[k])
+        # Recomputed segments: at once, at the segment's last unit; each storage kept until the
+        # backward of the earliest unit of the segment saving it; the largest output unsaved inside.
+        temporary = [0] * n
+        for start, end in spans:
+            copies: dict[int, int] = {}
+            kept = profile.inputs[start]  # the checkpoint's input: recomputed in place, not copied
+            for u in range(start, end + 1):
+                for k in self._saves[u]:
+                    if k not in copies and not external[k] and k not in kept:
+                        copies[k] = u
+            for k, u in copies.items():
+                alive(u, end, size[k])
+            temporary[end] = max(
+                (
+                    sum(size[k] for k in profile.outputs[u] if k not in copies and k not in kept)
+                    for u in range(start, end + 1)
+                ),
+                default=0,
+            )
+        peak, running = forward, 0
+        for j in range(n):
+            running += diff[j]
+            gradients = self._gradient_suffix[j] + self._output_gradient[j]
+            at = running + gradients + max(temporary[j], self._input_gradient[j])
+            peak = max(peak, at)
+        return peak, written
+
+    def evaluate(self, policies: dict[str, str], segments: list[list[str]]) -> tuple[int, float]:
+        """Predicted peak (bytes) and added seconds of a plan."""
+        alive, written = self._simulate(policies, segments)
+        return self.rest + alive, sum(self._unit_costs(policies, written))
+
+    def _unit_costs(self, policies: dict[str, str], written: list[int]) -> list[float]:
+        out = []
+        for c, nbytes in zip(self.costs, written, strict=True):
             policy = policies.get(c.name, KEEP)
             if policy == RECOMPUTE:
-                total += c.forward_s * self.recompute_factor
-            elif policy == OFFLOAD:
-                total += c.saved * self.offload_s_per_byte
-        return total
+                out.append(c.forward_s * self.recompute_factor)
+            else:
+                out.append(nbytes * self.offload_s_per_byte)
+        return out
+
+    def unit_costs(self, policies: dict[str, str], segments: list[list[str]]) -> list[float]:
+        """Per unit: its forward time if recomputed, the bytes it writes times the exposed seconds per
+        offloaded byte (a storage already kept by an earlier unit is written anyway, and read back
+        beside it)."""
+        return self._unit_costs(policies, self._simulate(policies, segments)[1])
+
+    def cost(self, policies: dict[str, str], segments: list[list[str]] | None = None) -> float:
+        return self.evaluate(policies, segments or [])[1]
 
     def peak(self, policies: dict[str, str], segments: list[list[str]]) -> int:
-        return self.rest + self._alive_peak(policies, segments)
-
-    def _alive_peak(self, policies: dict[str, str], segments: list[list[str]]) -> int:
-        n = len(self.costs)
-        segment_of: dict[int, int] = {}
-        index = {c.name: i for i, c in enumerate(self.costs)}
-        for s, segment in enumerate(segments):
-            for name in segment:
-                segment_of[index[name]] = s
-        first = {s: index[seg[0]] for s, seg in enumerate(segments)}
-        # What each unit keeps from forward to its backward.
-        kept = []
-        for i, c in enumerate(self.costs):
-            policy = policies.get(c.name, KEEP)
-            if policy == KEEP:
-                kept.append(c.saved)
-            elif policy == RECOMPUTE:
-                kept.append(c.inputs if first.get(segment_of.get(i, -1)) == i else 0)
-            else:
-                kept.append(0)
-        offloaded = [c.saved if policies.get(c.name, KEEP) == OFFLOAD else 0 for c in self.costs]
-        # End of forward: everything kept, and the last offloaded unit's write still in flight.
-        last_offload = next((o for o in reversed(offloaded) if o), 0)
-        peak = sum(kept) + last_offload
-        prefix = [0]
-        for k in kept:
-            prefix.append(prefix[-1] + k)
-        gradients = 0
-        for j in range(n - 1, -1, -1):
-            c = self.costs[j]
-            gradients += c.gradients
-            s = segment_of.get(j)
-            if s is not None:  # the segment is recomputed at once; its units' saved bytes come back
-                start = first[s]
-                own = sum(self.costs[k].saved for k in range(start, j + 1))
-                # The recomputed forward also holds each unit's output while the next one runs.
-                own += max(self._outputs[k] for k in range(start, j + 1))
-                before = prefix[start]
-            else:
-                own = c.saved
-                before = prefix[j]
-            # Read back ahead of use: offloaded units ending within prefetch_bytes of this one.
-            ahead, i = 0, j - 1
-            while i >= 0 and self._position[i + 1] >= self._position[j] - self.prefetch_bytes:
-                ahead += offloaded[i]
-                i -= 1
-            peak = max(peak, before + own + ahead + gradients)
-        return peak
+        return self.evaluate(policies, segments)[0]
 
 
 def plan_budget(
@@ -144,24 +258,41 @@ def plan_budget(
     measured_peak: int,
     budget: int,
     offload_s_per_byte: float,
-    prefetch_bytes: int = 64 * 2**20,
+    prefetch_bytes: int | None = None,
     min_bytes: int = 64 * 1024,
     allow: Sequence[str] = (OFFLOAD, RECOMPUTE),
     margin: float = 0.05,
+    profile: StorageProfile | None = None,
+    calibration: Sequence[tuple[Plan, int]] = (),
 ) -> PlanResult:
     """The cheapest plan predicted to stay within ``budget * (1 - margin)`` (the margin covers what
-    the model leaves out: recomputation's temporaries, allocator rounding)."""
-    model = MemoryModel(units, costs, measured_peak, offload_s_per_byte, prefetch_bytes)
+    the model leaves out: recomputation's temporaries, allocator rounding). ``profile``: which units
+    save each storage (``storages.profile_storages``; without it each unit's saved bytes are taken as
+    its own storage). ``prefetch_bytes``: the read-ahead window (default ``read_ahead_window``).
+    ``calibration``: (plan, measured peak) of plans already measured; none is predicted below it."""
+    if profile is None:
+        profile = profile_from_units([c.saved for c in costs], [c.inputs for c in costs])
+    if prefetch_bytes is None:
+        prefetch_bytes = read_ahead_window(profile, min_bytes)
+    model = MemoryModel(
+        units,
+        costs,
+        measured_peak,
+        offload_s_per_byte,
+        prefetch_bytes,
+        profile=profile,
+        min_bytes=min_bytes,
+        calibration=calibration,
+    )
     target = int(budget * (1 - margin))
     total_saved = sum(c.saved for c in costs) or 1
     best: tuple[float, dict[str, str], list[list[str]]] | None = None
     caps = (math.inf, total_saved / 4, total_saved / 16, total_saved / 64)
     for cap in caps:
         policies, segments = _greedy(model, units, costs, target, allow, cap)
-        if model.peak(policies, segments) <= target:
-            cost = model.cost(policies)
-            if best is None or cost < best[0]:
-                best = (cost, policies, segments)
+        peak, cost = model.evaluate(policies, segments)
+        if peak <= target and (best is None or cost < best[0]):
+            best = (cost, policies, segments)
     settings = {"min_bytes": min_bytes, "prefetch_bytes": prefetch_bytes}
     if best is None:
         floor, policies, segments = min(
@@ -195,15 +326,15 @@ def _greedy(
 ) -> tuple[dict[str, str], list[list[str]]]:
     saved = {c.name: c.saved for c in costs}
 
-    def evaluate(policies: dict[str, str]) -> tuple[int, list[list[str]]]:
+    def evaluate(policies: dict[str, str]) -> tuple[int, float, list[list[str]]]:
         segments = segments_of(list(units), policies, cap, saved)
-        return model.peak(policies, segments), segments
+        return (*model.evaluate(policies, segments), segments)
 
     # Moves: one unit offloaded or recomputed, or a run of up to _RUN units of one Sequential
     # recomputed together (recomputing one unit alone keeps its input: no gain by itself).
     moves: list[tuple[list[str], str]] = []
     for i, c in enumerate(costs):
-        if c.saved > 0 and OFFLOAD in allow:
+        if OFFLOAD in allow:
             moves.append(([c.name], OFFLOAD))
         if RECOMPUTE in allow:
             for length in range(1, _RUN + 1):
@@ -212,32 +343,32 @@ def _greedy(
                     break
                 moves.append(([u.name for u in run], RECOMPUTE))
     policies: dict[str, str] = {}
-    peak, segments = evaluate(policies)
+    peak, cost, segments = evaluate(policies)
     while peak > target:
         best = None
         for names, policy in moves:
             if all(policies.get(n, KEEP) == policy for n in names):
                 continue
             trial = {**policies, **dict.fromkeys(names, policy)}
-            trial_peak, trial_segments = evaluate(trial)
+            trial_peak, trial_cost, trial_segments = evaluate(trial)
             gain = peak - trial_peak
             if gain <= 0:
                 continue
-            added = model.cost(trial) - model.cost(policies)
-            score = gain / max(added, 1e-9)
+            score = gain / max(trial_cost - cost, 1e-9)
             if best is None or score > best[0]:
-                best = (score, trial, trial_peak, trial_segments)
+                best = (score, trial, trial_peak, trial_cost, trial_segments)
         if best is None:
             break
-        _, policies, peak, segments = best
+        _, policies, peak, cost, segments = best
     # Drop changes the budget no longer needs, most expensive first.
-    for c in sorted(costs, key=lambda c: -model.cost({c.name: policies.get(c.name, KEEP)})):
+    each = dict(zip((c.name for c in costs), model.unit_costs(policies, segments), strict=True))
+    for c in sorted(costs, key=lambda c: -each[c.name]):
         if policies.get(c.name, KEEP) == KEEP:
             continue
         trial = {**policies, c.name: KEEP}
-        trial_peak, trial_segments = evaluate(trial)
+        trial_peak, trial_cost, trial_segments = evaluate(trial)
         if trial_peak <= target:
-            policies, peak, segments = trial, trial_peak, trial_segments
+            policies, peak, cost, segments = trial, trial_peak, trial_cost, trial_segments
     return policies, segments
 
 
@@ -253,15 +384,15 @@ def _one_sequential(run: Sequence[Unit]) -> bool:
 
 def _table(model: MemoryModel, plan: Plan) -> pd.DataFrame:
     rows = []
-    for c in model.costs:
-        policy = plan.policy(c.name)
+    each = model.unit_costs(plan.policies, plan.segments)
+    for c, cost in zip(model.costs, each, strict=True):
         rows.append(
             {
                 "unit": c.name,
-                "policy": policy,
+                "policy": plan.policy(c.name),
                 "saved_bytes": c.saved,
                 "forward_s": c.forward_s,
-                "predicted_cost_s": model.cost({c.name: policy}),
+                "predicted_cost_s": cost,
             }
         )
     return pd.DataFrame(rows)

@@ -23,9 +23,16 @@ from dnnperf.analysis.memory import parse_bytes
 from dnnperf.devices import synchronize
 from dnnperf.errors import UsageError
 from dnnperf.memsave.disk import measure_bandwidth
-from dnnperf.memsave.planner import PlanResult, UnitCost, plan_budget, sqrt_checkpointing
+from dnnperf.memsave.planner import (
+    PlanResult,
+    UnitCost,
+    plan_budget,
+    read_ahead_window,
+    sqrt_checkpointing,
+)
 from dnnperf.memsave.policy import OFFLOAD, Plan, Unit, find_units
 from dnnperf.memsave.saver import MemorySaver
+from dnnperf.memsave.storages import profile_storages
 from dnnperf.probes.memory import CATEGORIES, MemoryTracker, StepMemory
 from dnnperf.stats import Samples
 from dnnperf.workloads.base import Batch, Task
@@ -313,6 +320,7 @@ def memsave(
         raise UsageError("the unoptimised step's peak could not be measured on this device")
     budget = parse_budget(budget_text, baseline_peak)
     costs = unit_costs(baseline_memory, units, unit_forward_times(task, batch, units, device))
+    profile = profile_storages(task.model, units, lambda: task.step(batch), batch)
     bandwidth = measure_bandwidth(offload_dir) if device.type == "cpu" else {}
 
     variants = [
@@ -331,9 +339,9 @@ def memsave(
                 pairs,
             )
         )
-    # Read ahead by one unit's worth: enough to hide a read behind the next unit's backward, without
-    # bringing back so much at once that backward's start recreates the peak.
-    prefetch = max(c.saved for c in costs)
+    # Read ahead by one unit's worth (planner.read_ahead_window): the same window here, where the cost
+    # of an offloaded byte is measured, as in the planner's plans and its model of them.
+    prefetch = read_ahead_window(profile, min_bytes)
     everything = Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=min_bytes, prefetch_bytes=prefetch)
     stats: dict[str, int] = {}
     offload_all = measure_variant(
@@ -351,7 +359,17 @@ def memsave(
     exposed = Samples.of(offload_all.step_s).median - plain_median
     offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
     offload_s_per_byte = max(exposed, 0.0) / offloaded
-    result = plan_budget(units, costs, baseline_peak, budget, offload_s_per_byte, min_bytes=min_bytes)
+    result = plan_budget(
+        units,
+        costs,
+        baseline_peak,
+        budget,
+        offload_s_per_byte,
+        prefetch,
+        min_bytes,
+        profile=profile,
+        calibration=[(everything, offload_all.peak), (sqrt_plan, variants[-1].peak)],
+    )
     if on_plan is not None:
         on_plan(result, baseline_peak)
     if result.feasible:
