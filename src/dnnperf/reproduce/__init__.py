@@ -15,13 +15,12 @@ import pandas as pd
 
 from dnnperf.errors import UsageError
 from dnnperf.report.export import write_text_atomic
-from dnnperf.reproduce import memory_subsystem, tbd, training_phase
+from dnnperf.reproduce import memory_subsystem, parallelism, tbd, training_phase
 from dnnperf.reproduce.base import Reproduction, Session
 
-PAPERS: dict[str, ModuleType] = {m.KEY: m for m in (tbd, training_phase, memory_subsystem)}
+PAPERS: dict[str, ModuleType] = {m.KEY: m for m in (tbd, training_phase, memory_subsystem, parallelism)}
 #: What is not reproduced yet, and why (said in the document, not hidden).
 PENDING = {
-    "002": "data vs model parallelism along five axes: needs the performance model (`dnnperf predict`)",
     "003": "activation offloading and recomputation on vgg19: needs the memory saver (`dnnperf memsave`)",
 }
 

@@ -9,6 +9,7 @@ Rendering (markdown, terminal) is separate from measuring.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -65,15 +66,16 @@ class Session:
         self.on_command = on_command
         self.commands: list[str] = []
 
-    def run(self, *args: str) -> tuple[str, dict[str, Any]]:
-        """``dnnperf ARGS --json``: (the command as a user types it, its JSON document)."""
+    def run(self, *args: str, env: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+        """``dnnperf ARGS --json``: (the command as a user types it, its JSON document); ``env`` adds
+        environment variables (the command shown does not carry them: the caller says them)."""
         shown = shlex.join(["dnnperf", *args])
         if self.on_command is not None:
             self.on_command(shown)
         full = [sys.executable, "-m", "dnnperf", *args, "--json", "--runs-dir", str(self.runs_dir)]
-        if args[0] in ("libcompare", "hw"):  # commands that write no run record
+        if args[0] in ("libcompare", "hw", "validate"):  # commands that write no run record
             full = [sys.executable, "-m", "dnnperf", *args, "--json"]
-        done = subprocess.run(full, capture_output=True, text=True)
+        done = subprocess.run(full, capture_output=True, text=True, env={**os.environ, **(env or {})})
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise DnnperfError(f"`{shown}` failed (exit {done.returncode}): {last}")
