@@ -69,6 +69,6 @@ def test_a_paper_section_is_replaced_and_the_others_are_kept(tmp_path):
 
 
 def test_an_unknown_or_pending_paper_is_a_one_line_error(tmp_path):
-    for name, words in (("nope", "unknown paper"), ("003", "cannot be reproduced yet")):
+    for name, words in (("nope", "unknown paper"), ("999", "unknown paper")):
         done = run_cli("reproduce", name, "--output", str(tmp_path / "r.md"))
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -192,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
         "reproduce", help="re-run a seed paper's experiment with dnnperf's commands; claims against results"
     )
     reproduce.add_argument(
-        "paper", help="tbd (004), training-phase (001), memory-subsystem (000), parallelism (002), or all"
+        "paper",
+        help="tbd (004), training-phase (001), memory-subsystem (000), parallelism (002), offload (003), "
+        "or all",
     )
     reproduce.add_argument(
         "--size", default="default", help="smoke (seconds, a check) or default (minutes: the experiment)"
