@@ -20,7 +20,15 @@ import torch
 from dnnperf.memsave.run import memsave
 from dnnperf.workloads import get_workload
 
-CASES = [("vgg19", "small", None, "90%"), ("resnet50", "small", None, "70%"), ("vgg19", "small", 128, "60%")]
+#: (workload, preset, batch size or the preset's, budget; "sqrt" = the peak sqrt(n) checkpointing
+#: measured in the case before it: the planner at equal memory).
+CASES = [
+    ("vgg19", "small", None, "90%"),
+    ("vgg19", "small", None, "sqrt"),
+    ("resnet50", "small", None, "70%"),
+    ("resnet50", "small", None, "sqrt"),
+    ("vgg19", "small", 128, "60%"),
+]
 
 
 def main() -> None:
@@ -30,6 +38,7 @@ def main() -> None:
     parser.add_argument("--only", help="run only this workload")
     args = parser.parse_args()
     rows = []
+    sqrt_peak = 0
     for name, preset, batch_size, budget in CASES:
         if args.only and name != args.only:
             continue
@@ -38,7 +47,10 @@ def main() -> None:
         task = workload.build(preset)
         size = batch_size or workload.default_batch_size[preset]
         batch = workload.data(preset).synthesize(size, seed=1)
+        if budget == "sqrt":
+            budget = str(sqrt_peak)
         result = memsave(task, batch, torch.device("cpu"), budget, pairs=args.pairs)
+        sqrt_peak = result.variant("sqrt(n)").peak
         none = result.variant("none")
         for variant in result.variants:
             row = {
@@ -51,9 +63,18 @@ def main() -> None:
                 "peak_MB": variant.peak / 1e6,
                 "peak_change": variant.peak / none.peak - 1,
                 "overhead": variant.overhead,
+                # Spread of the per-pair ratios (each variant step over the plain step paired with it).
+                "pair_ratios": [s / p - 1 for s, p in zip(variant.step_s, variant.plain_s, strict=True)],
                 "predicted_peak_MB": None if variant.predicted_peak is None else variant.predicted_peak / 1e6,
                 "predicted_overhead": variant.predicted_overhead,
                 "written_MB": variant.bytes_written / 1e6,
+                # Saved for backward: what forward left allocated at backward's start.
+                "forward_held_MB": None if variant.forward_held is None else variant.forward_held / 1e6,
+                "forward_held_ratio": (
+                    None
+                    if not variant.forward_held or not none.forward_held
+                    else none.forward_held / variant.forward_held
+                ),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

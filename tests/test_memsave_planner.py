@@ -162,3 +162,19 @@ def test_profiled_savers_match_the_model(tmp_path):
     assert (2, 3) in savers and (4, 5) in savers  # relu -> conv, relu -> maxpool
     assert profile.inputs[3] == profile.outputs[2]  # conv 3 takes relu 2's output
     assert profile.storages[profile.inputs[0][0]].external  # the batch
+
+
+def test_forward_held_is_what_the_step_saves(feasible):
+    """The measured bytes forward leaves for backward (from the allocator's timeline) against the
+    storages a saved-tensor hook sees saved (each once, the input batch left out)."""
+    task, batch = conv_task()
+    units = [Unit(f"{i}", "", i) for i in range(len(task.model))]
+    profile = profile_storages(task.model, units, lambda: task.step(batch), batch)
+    saved = {
+        p.storage for p in profile.packs if p.storage is not None and not profile.storages[p.storage].external
+    }
+    expected = sum(profile.storages[k].nbytes for k in saved)
+    none = feasible.variant("none")
+    assert none.forward_held == pytest.approx(expected, rel=0.01)  # the loss is a few bytes more
+    # sqrt(n) keeps its segments' inputs only (offload-everything depends on the writer's lag).
+    assert feasible.variant("sqrt(n)").forward_held < expected / 2

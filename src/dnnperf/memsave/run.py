@@ -53,6 +53,9 @@ class Variant:
     predicted_overhead: float | None = None
     #: [seconds from the step's start, bytes allocated] of the tracked step.
     timeline: list[list[float]] = field(default_factory=list)
+    #: Bytes the tracked step's forward left allocated for backward (at backward's start, less the
+    #: step's start): the saved activations, and what else forward holds (the loss, writes in flight).
+    forward_held: int | None = None
 
     @property
     def overhead(self) -> float:
@@ -70,6 +73,7 @@ class Variant:
             "predicted_peak": self.predicted_peak,
             "predicted_overhead": self.predicted_overhead,
             "timeline": self.timeline,
+            "forward_held": self.forward_held,
         }
 
     @classmethod
@@ -85,6 +89,7 @@ class Variant:
                 None if data.get("predicted_overhead") is None else float(data["predicted_overhead"])
             ),
             timeline=[[float(t), float(b)] for t, b in data.get("timeline", [])],
+            forward_held=None if data.get("forward_held") is None else int(data["forward_held"]),
         )
 
 
@@ -237,6 +242,19 @@ def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float
     return costs
 
 
+def forward_held(memory: StepMemory) -> int | None:
+    """Bytes allocated when the first backward starts, less those at the step's start."""
+    start = next((t for t, stage in memory.stages if stage == "backward"), None)
+    if start is None or not memory.timeline:
+        return None
+
+    def total(by: dict[str, int]) -> int:
+        return sum(v for k, v in by.items() if k in CATEGORIES)
+
+    at = [total(by) for t, by in memory.timeline if t <= start]
+    return at[-1] - total(memory.timeline[0][1])
+
+
 def _timeline(memory: StepMemory) -> list[list[float]]:
     """Total bytes over the step, at most _TIMELINE_POINTS points (each bucket's largest kept)."""
     points = [(t, sum(v for k, v in by.items() if k in CATEGORIES)) for t, by in memory.timeline]
@@ -297,7 +315,15 @@ def measure_variant(
     plain, steps = paired_times(task, batch, device, context, pairs)
     memory = tracked_step(task, batch, device, context)
     written = (stats or {}).get("bytes_written", 0)
-    return Variant(name, memory.measured_peak, steps, plain, written, timeline=_timeline(memory))
+    return Variant(
+        name,
+        memory.measured_peak,
+        steps,
+        plain,
+        written,
+        timeline=_timeline(memory),
+        forward_held=forward_held(memory),
+    )
 
 
 def memsave(
@@ -328,6 +354,7 @@ def memsave(
     ]
     variants[0].peak = baseline_peak
     variants[0].timeline = _timeline(baseline_memory)
+    variants[0].forward_held = forward_held(baseline_memory)
     if device.type == "cuda":
         variants.append(
             measure_variant(
