@@ -104,3 +104,37 @@ def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None
     quick = family_efficiency(fast, repeats=1)
     assert quick and all(0 < v < 0.05 for v in quick.values())
     assert set(family_efficiency(slow, repeats=1).values()) == {1.0}
+
+
+class Blocks(nn.Module):
+    """A stem, then blocks in a ModuleList (never called itself, like GPT-2's), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(3))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_module_list_is_cut_between_its_blocks_and_every_op_belongs_to_a_layer() -> None:
+    from dnnperf.model import strategies
+    from dnnperf.model.compute import op_times
+
+    graph = describe_model(Blocks(), torch.randn(4, 8), name="blocks")
+    names = [layer.name for layer in graph.layers]
+    assert names == ["stem", "blocks.0", "blocks.1", "blocks.2", "head"]
+    assert [layer.output_bytes for layer in graph.layers] == [4 * 16 * 4] * 4 + [4 * 4 * 4]
+    times = op_times(graph, preset("seed002"))
+    costs = strategies.layer_seconds(times, names)
+    work = times[times["phase"].isin(("forward", "backward"))]
+    inside = work[work["module"].str.match(r"^(stem|blocks\.\d|head)(\.|$)")]
+    assert costs.sum() == pytest.approx(inside["seconds"].sum())  # no layer's work lost or counted twice
+    assert costs[1] > 0 and costs[1] == pytest.approx(costs[2]) == pytest.approx(costs[3])  # alike
+    block_1 = work[work["module"].str.startswith("blocks.1.")]["seconds"].sum()
+    assert costs[2] == pytest.approx(block_1)

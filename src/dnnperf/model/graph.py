@@ -122,6 +122,18 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
+def pipeline_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's top-level children as the units a pipeline cuts between; a container that is never
+    called itself (ModuleList, ModuleDict: GPT-2's ``blocks``) stands for its children."""
+    units = []
+    for name, child in model.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            units += [(f"{name}.{inner}", c) for inner, c in child.named_children()]
+        else:
+            units.append((name, child))
+    return units
+
+
 def capture(
     model: nn.Module,
     run_step: Callable[[OpCounter], Any],
@@ -133,7 +145,7 @@ def capture(
     """Run ``run_step(counter)`` (one training step; the counter is its ``stages``) and describe it."""
     layers: dict[str, Layer] = {}
     handles = []
-    for child_name, child in model.named_children():
+    for child_name, child in pipeline_units(model):
 
         def hook(module: nn.Module, args: Any, output: Any, _name: str = child_name) -> None:
             if _name not in layers:
@@ -254,7 +266,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-2"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-3"],
         sort_keys=True,
         default=str,
     )

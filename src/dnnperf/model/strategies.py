@@ -63,10 +63,16 @@ def gradient_buckets(
 
 
 def layer_seconds(times: pd.DataFrame, layers: Sequence[str]) -> np.ndarray:
-    """Forward + backward seconds per top-level layer (its submodules included)."""
+    """Forward + backward seconds per layer, its submodules included (a module belongs to the layer
+    whose name is the longest prefix of its own: ``blocks.1.attn`` to ``blocks.1``)."""
     work = times[times["phase"].isin(("forward", "backward"))]
-    top = work["module"].str.split(".", n=1).str[0]
-    sums = work.groupby(top)["seconds"].sum()
+    by_length = sorted(layers, key=len, reverse=True)
+
+    def owner(module: str) -> str | None:
+        return next((n for n in by_length if module == n or module.startswith(n + ".")), None)
+
+    owners = {m: owner(m) for m in work["module"].unique()}
+    sums = work.groupby(work["module"].map(owners))["seconds"].sum()
     return np.array([float(sums.get(name, 0.0)) for name in layers])
 
 
