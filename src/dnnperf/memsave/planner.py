@@ -1,19 +1,22 @@
 """The planner: a policy per unit that meets a memory budget with the least predicted overhead.
 
-The model, per unit i in forward order (from one profiled step, docs/memsave.md):
+The model (docs/memsave.md), from one profiled step: per unit its forward time ``forward_s`` (what
+recomputing it costs) and its parameters' ``gradients`` (alive once its backward ran); and, from
+``storages.profile_storages``, every tensor saved for backward with the unit that saved it and the
+storage it lies on, and each unit's input and output storages. (``saved``, the bytes of the storages a
+unit is the first to save, is only shown and caps segment sizes.)
 
-- ``saved`` s_i: bytes its forward saves for backward (the memory profiler's per-layer ``saved``);
-- ``inputs`` x_i: bytes a checkpoint of a segment starting at i keeps (the previous unit's output);
-- ``forward_s`` f_i: its forward time (what recomputing it costs);
-- ``gradients`` g_i: its parameters' gradient bytes (alive once its backward ran).
-
-Memory is simulated at the end of forward and at every unit's backward, walking backward from the
-last unit: alive = rest + gradients so far + what earlier units keep (s for keep, the segment input
-for recompute, nothing for offload) + the unit's own saved bytes (recomputed segments: the whole
-segment's so far: one large recomputed segment recreates the peak) + what is prefetched for earlier
-offloaded units (those ending within ``prefetch_bytes`` of saved bytes before it). ``rest``
-(parameters, optimizer state, input, workspace) is fitted so that the
-all-keep plan predicts the measured peak.
+The saved-tensor hook is replayed for a plan (packs inside recomputed segments bypass it; a segment
+saves its input where it starts; a storage offloaded once is reused by every later saver), so a
+storage is freed in forward only when every unit saving it drops it. Memory is simulated at the end
+of forward and at every unit's backward, walking backward from the last unit: kept storages (until
+their earliest keeper's backward), read-back buffers (from when backward comes within
+``prefetch_bytes`` of them on the hook's clock, or their first use, until their earliest user's
+backward), a recomputed segment's storages (recreated at once at its last unit) and its largest
+unsaved output, the gradients of the unit's output and input, and the parameters' gradients so far.
+``rest`` (parameters, optimizer state, input, workspace, what the model does not see) is fitted so
+that neither the all-keep plan nor any measured ``calibration`` plan is predicted below its measured
+peak.
 
 Cost: a recomputed unit costs its forward time; an offloaded byte costs ``offload_s_per_byte``, the
 exposed (not overlapped) time per byte measured by an offload-everything step. A greedy search adds
