@@ -4,16 +4,19 @@
 
 * peak FLOP/s of square matrix products (``torch.mm``) and 3x3 convolutions (``F.conv2d``) per
   precision: float32 everywhere; bfloat16 on CPU when it runs at a sane speed; on CUDA also float32
-  with TF32, float16 and bfloat16. The peak of a precision is the best configuration's median rate;
+  with TF32, float16 and bfloat16. The peak of a precision is the best sustained rate: the fastest
+  sample of the fastest configuration (see :attr:`KernelTiming.best_rate`);
 * memory bandwidth from sizes well inside the caches to well beyond them, for a copy
   (``dst.copy_(src)``, 2 x bytes moved) and a STREAM-style triad (``a = b + s * c``, 3 x bytes). The
-  triad's DRAM plateau is the roofline's memory bandwidth; the curve shows the cache plateaus;
+  triad's DRAM plateau (its best sustained rate) is the roofline's memory bandwidth; the curve shows
+  the cache plateaus;
 * host<->device copy bandwidth (CUDA only), pageable and pinned, both directions;
 * the per-operator dispatch overhead (a one-element ``torch.add``, host side).
 
 Every quantity keeps its raw timed repetitions (mean seconds per call over a sample of back-to-back
 calls, after warm-up); statistics come from :class:`~dnnperf.stats.Samples`. The sizes of one compute
-curve are timed in alternating blocks, so that the machine's drifts fall on all of them alike. Timing
+curve are timed in alternating blocks, and the memory sizes in several sweeps, so that the machine's
+drifts fall on all of them alike and every size gets several chances at a quiet moment. Timing
 excludes the allocation of inputs and, where the operator has an ``out=`` form, of outputs. On CUDA
 the device is synchronised around every timed sample. Profiles are saved as JSON (schema
 ``dnnperf.hardware``) under the cache directory, one per host and device.
@@ -165,10 +168,21 @@ class KernelTiming:
         """Work per second, one value per sample (the slowest samples make its p10)."""
         return Samples.of([self.work / s for s in self.seconds])
 
+    @property
+    def best_rate(self) -> float:
+        """Work per second of the fastest sample: the best rate the kernel sustained over one whole
+        sample (back-to-back calls, at least the plan's ``min_sample_s``).
+
+        The ceiling of a kernel on a shared machine: other processes, clock drops and a neighbour's
+        memory traffic only ever slow a sample down, so the fastest sample over interleaved repeats is
+        the rate the machine reaches when it is left alone, and repeats from one calibration to the
+        next; a median or p90 moves with how busy the machine was during the calibration."""
+        return self.work / min(self.seconds)
+
 
 @dataclass(frozen=True)
 class ComputeCurve:
-    """One operator in one precision at a few sizes; its peak is the best size's median rate."""
+    """One operator in one precision at a few sizes; its peak is the best size's best sustained rate."""
 
     op: str
     #: float32, tf32 (float32 tensors, TF32 math on CUDA), float16 or bfloat16.
@@ -180,15 +194,16 @@ class ComputeCurve:
 
     @property
     def best(self) -> KernelTiming | None:
-        return max(self.points, key=lambda p: p.rate.median, default=None)
+        """The configuration with the highest best sustained rate."""
+        return max(self.points, key=lambda p: p.best_rate, default=None)
 
     @property
     def peak(self) -> float:
-        """FLOP/s: the best size's p90 rate, what the kernel sustains in its faster tenth of samples;
-        NaN when nothing was measured. Not the median: on a machine whose speed drifts, a layer running
-        at the peak would then read above 100% whenever the calibration caught a slower moment."""
+        """FLOP/s: the best configuration's best sustained rate (:attr:`KernelTiming.best_rate`); NaN
+        when nothing was measured. Not a median or p90: those fall whenever the calibration shares the
+        machine, and a layer timed at a quieter moment then reads above 100% of its "peak"."""
         best = self.best
-        return best.rate.p90 if best is not None else float("nan")
+        return best.best_rate if best is not None else float("nan")
 
 
 @dataclass(frozen=True)
@@ -254,8 +269,9 @@ class HardwareProfile:
     def peak_flops(
         self, dtype: torch.dtype | str = torch.float32, op: str | None = None, tf32: bool = False
     ) -> float:
-        """Peak FLOP/s for ``dtype``: the best median rate of matrix products and convolutions (or of
-        ``op`` alone). ``tf32=True`` asks for float32 with TF32 math (CUDA only)."""
+        """Peak FLOP/s for ``dtype``: the higher of the matrix products' and the convolutions' peaks
+        (or ``op``'s alone), each its best configuration's best sustained rate. ``tf32=True`` asks for
+        float32 with TF32 math (CUDA only)."""
         precision = _precision(dtype, tf32)
         if op is not None and op not in OPS:
             raise ValueError(f"unknown op {op!r}: use one of {', '.join(OPS)}")
@@ -293,11 +309,17 @@ class HardwareProfile:
         points, _ = self.dram_points(kernel)
         return Samples.of([r for p in points for r in p.rate.values])
 
+    def dram_best(self, kernel: str = ROOFLINE_KERNEL) -> float:
+        """Bytes/s: the best sustained rate of the DRAM plateau's sizes (the fastest sample among
+        them; see :attr:`KernelTiming.best_rate`)."""
+        points, _ = self.dram_points(kernel)
+        return max(p.best_rate for p in points)
+
     @property
     def memory_bandwidth(self) -> float:
-        """The roofline's memory bandwidth in bytes/s: the triad's DRAM plateau (its p90, a ceiling
-        the machine sustains, as the compute peak is)."""
-        return self.dram_bandwidth(ROOFLINE_KERNEL).p90
+        """The roofline's memory bandwidth in bytes/s: the triad's DRAM plateau at its best sustained
+        rate, a ceiling as the compute peak is (a neighbour's memory traffic only ever lowers it)."""
+        return self.dram_best(ROOFLINE_KERNEL)
 
     def cache_plateaus(self, kernel: str = ROOFLINE_KERNEL) -> dict[str, Samples]:
         """Bytes/s per memory level. A cache level's value is the fastest size (by median) whose
@@ -699,6 +721,10 @@ class _Plan:
     compute_s: float
     block_s: float
     memory_s: float
+    #: The memory sizes are swept this many times (largest first, then smallest first, alternately),
+    #: memory_s split between the sweeps: a neighbour's burst of memory traffic then lands on a part of
+    #: every size's samples rather than on all the samples of whichever sizes ran at that moment.
+    memory_sweeps: int
     transfer_s: float
     dispatch_s: float
     #: Shortest sample: a kernel shorter than this is called back to back within one sample, so that
@@ -732,6 +758,7 @@ _PLANS = {
         compute_s=1.75,
         block_s=0.25,
         memory_s=0.9,
+        memory_sweeps=3,
         transfer_s=0.0,
         dispatch_s=1.5,
         min_sample_s=0.02,
@@ -748,6 +775,7 @@ _PLANS = {
         compute_s=0.04,
         block_s=0.01,
         memory_s=0.02,
+        memory_sweeps=2,
         transfer_s=0.0,
         dispatch_s=0.03,
         min_sample_s=0.002,
@@ -764,6 +792,7 @@ _PLANS = {
         compute_s=0.5,
         block_s=0.1,
         memory_s=0.3,
+        memory_sweeps=2,
         transfer_s=1.0,
         dispatch_s=1.0,
         min_sample_s=0.01,
@@ -780,6 +809,7 @@ _PLANS = {
         compute_s=0.03,
         block_s=0.01,
         memory_s=0.02,
+        memory_sweeps=2,
         transfer_s=0.03,
         dispatch_s=0.03,
         min_sample_s=0.002,
@@ -837,11 +867,15 @@ def _measure(
     budget_s: float,
     warmup_s: float,
     host_only: bool = False,
+    calls: int | None = None,
+    min_repeats: int | None = None,
 ) -> tuple[int, list[float]]:
-    """Warm up, then time as many samples as fit in ``budget_s`` (within the plan's bounds)."""
+    """Warm up, then time as many samples as fit in ``budget_s`` (within the plan's bounds), each of
+    ``calls`` calls (by default enough calls for the plan's shortest sample)."""
     per_call = _warm_up(fn, device, warmup_s)
-    calls = _calls_per_sample(per_call, plan)
-    repeats = min(plan.max_repeats, max(plan.min_repeats, int(budget_s / (calls * per_call))))
+    calls = calls or _calls_per_sample(per_call, plan)
+    least = plan.min_repeats if min_repeats is None else min_repeats
+    repeats = min(plan.max_repeats, max(least, int(budget_s / (calls * per_call))))
     return calls, _time_samples(fn, device, calls, repeats, host_only)
 
 
@@ -1114,44 +1148,79 @@ def _shape_text(op: str, shape: Any) -> str:
 def _measure_memory(
     device: torch.device, plan: _Plan, tracker: _Tracker, notes: list[str]
 ) -> tuple[BandwidthCurve, ...]:
-    """Copy and triad at every size: both time the same float32 tensors, allocated and touched once
-    per size before any timing."""
+    """Copy and triad at every size, in ``plan.memory_sweeps`` sweeps over the sizes (largest first,
+    then smallest first, alternately). Within a sweep both kernels time the same float32 tensors,
+    allocated and touched once per size before any timing; a size keeps its calls per sample from
+    its first sweep, and its samples from every sweep are pooled."""
     limit = _free_memory(device) // 4  # leave room for everything else on the machine
-    points: dict[str, list[KernelTiming]] = {kernel: [] for kernel in BYTES_MOVED_FACTOR}
-    weight = plan.memory_s + plan.memory_warmup_s
-    skipped = []
-    for nbytes in plan.memory_sizes:
-        if max(TENSORS_TOUCHED.values()) * nbytes > limit:
-            skipped.append(nbytes)
-            tracker.skip(2 * weight)
-            continue
-        numel = nbytes // 4
-        try:
-            a, b, c = (torch.empty(numel, device=device, dtype=torch.float32).fill_(1.0) for _ in range(3))
-        except (RuntimeError, MemoryError) as error:
-            if not is_out_of_memory(error):
-                raise
-            skipped.append(nbytes)
-            tracker.skip(2 * weight)
+    sweeps = max(1, plan.memory_sweeps)
+    weight = (plan.memory_s + sweeps * plan.memory_warmup_s) / sweeps
+    fits = [n for n in plan.memory_sizes if max(TENSORS_TOUCHED.values()) * n <= limit]
+    skipped = set(plan.memory_sizes) - set(fits)
+    tracker.skip(2 * len(skipped) * sweeps * weight)
+    calls: dict[tuple[str, int], int] = {}
+    seconds: dict[tuple[str, int], list[float]] = {}
+    for sweep in range(sweeps):
+        order = fits[::-1] if sweep % 2 == 0 else fits
+        for nbytes in order:
+            if nbytes in skipped:
+                tracker.skip(2 * weight)
+                continue
+            numel = nbytes // 4
+            try:
+                a, b, c = (
+                    torch.empty(numel, device=device, dtype=torch.float32).fill_(1.0) for _ in range(3)
+                )
+            except (RuntimeError, MemoryError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                skipped.add(nbytes)
+                tracker.skip(2 * weight)
+                _release(device)
+                continue
+            kernels = {
+                "copy": partial(a.copy_, b),
+                "triad": partial(torch.add, b, c, alpha=0.5, out=a),
+            }
+            for kernel, fn in kernels.items():
+                key = (kernel, nbytes)
+                text = f"memory {kernel} {_bytes_text(nbytes)} sweep {sweep + 1}/{sweeps}"
+                with tracker.step(text, weight):
+                    calls[key], samples = _measure(
+                        fn,
+                        device,
+                        plan,
+                        plan.memory_s / sweeps,
+                        plan.memory_warmup_s,
+                        calls=calls.get(key),
+                        min_repeats=math.ceil(plan.min_repeats / sweeps),
+                    )
+                seconds.setdefault(key, []).extend(samples)
+            del a, b, c, kernels
             _release(device)
-            continue
-        kernels = {
-            "copy": partial(a.copy_, b),
-            "triad": partial(torch.add, b, c, alpha=0.5, out=a),
-        }
-        for kernel, fn in kernels.items():
-            with tracker.step(f"memory {kernel} {_bytes_text(nbytes)}", weight):
-                calls, seconds = _measure(fn, device, plan, plan.memory_s, plan.memory_warmup_s)
-            params = {"nbytes": nbytes, "footprint": TENSORS_TOUCHED[kernel] * nbytes, "dtype": "float32"}
-            moved = float(bytes_moved(kernel, nbytes))
-            points[kernel].append(
-                KernelTiming(f"{kernel} {_bytes_text(nbytes)}", moved, "B", calls, tuple(seconds), params)
-            )
-        del a, b, c
-        _release(device)
     if skipped:
-        notes.append(f"memory sizes skipped for lack of free memory: {', '.join(map(_bytes_text, skipped))}")
-    return tuple(BandwidthCurve(kernel, tuple(p)) for kernel, p in points.items())
+        notes.append(
+            f"memory sizes skipped for lack of free memory: {', '.join(map(_bytes_text, sorted(skipped)))}"
+        )
+    curves = []
+    for kernel in BYTES_MOVED_FACTOR:
+        points = []
+        for nbytes in plan.memory_sizes:
+            if nbytes in skipped or (kernel, nbytes) not in seconds:
+                continue
+            params = {"nbytes": nbytes, "footprint": TENSORS_TOUCHED[kernel] * nbytes, "dtype": "float32"}
+            points.append(
+                KernelTiming(
+                    f"{kernel} {_bytes_text(nbytes)}",
+                    float(bytes_moved(kernel, nbytes)),
+                    "B",
+                    calls[(kernel, nbytes)],
+                    tuple(seconds[(kernel, nbytes)]),
+                    params,
+                )
+            )
+        curves.append(BandwidthCurve(kernel, tuple(points)))
+    return tuple(curves)
 
 
 def _bytes_text(nbytes: int) -> str:
@@ -1253,7 +1322,7 @@ def _check_device(device: torch.device | str) -> torch.device:
 def _total_weight(plan: _Plan, device: torch.device) -> float:
     compute = len(plan.precisions) * (len(plan.mm_sizes) + 2 * len(plan.conv_shapes))
     weight = compute * (plan.compute_s + plan.warmup_s)
-    weight += 2 * len(plan.memory_sizes) * (plan.memory_s + plan.memory_warmup_s)
+    weight += 2 * len(plan.memory_sizes) * (plan.memory_s + max(1, plan.memory_sweeps) * plan.memory_warmup_s)
     if device.type == "cuda":
         weight += len(TRANSFERS) * (plan.transfer_s + plan.warmup_s)
     return weight + plan.dispatch_s + plan.warmup_s
