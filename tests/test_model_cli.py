@@ -85,6 +85,8 @@ def test_validate_json_errors_follow_from_its_own_numbers(
             "2",
             "--hw",
             str(path),
+            "--runs-dir",
+            str(tmp_path / "runs"),
             "--json",
         ]
     )
@@ -95,6 +97,21 @@ def test_validate_json_errors_follow_from_its_own_numbers(
     assert row["err[model]"] == pytest.approx(row["pred[model]"] / row["measured_s"] - 1)
     model = next(a for a in document["ablation"] if a["variant"] == "model")
     assert model["median_abs_error"] == pytest.approx(abs(row["err[model]"]))
+    # The record keeps the run measured beside predicted; its report draws them with the error.
+    from dnnperf.results.record import RecordError, RunRecord
+    from dnnperf.results.store import read_record
+
+    record = read_record(Path(document["record_path"]))
+    assert record.kind == "validate" and record.validation is not None
+    (kept,) = record.validation.runs
+    assert kept["measured_s"] == row["measured_s"] and kept["predicted_s"] == row["pred[model]"]
+    page = Path(document["report_path"]).read_text()
+    assert 'id="validation"' in page
+    assert f"median |error| {100 * abs(row['err[model]']):.1f}%" in page
+    broken = record.to_dict()
+    broken["validation"]["runs"][0]["measured_s"] = -1.0
+    with pytest.raises(RecordError, match=r"validation: runs\[0\]\.measured_s must be a positive number"):
+        RunRecord.from_dict(broken)
 
 
 def test_validate_refuses_a_profile_of_another_thread_count(
@@ -138,7 +155,7 @@ def test_validate_distributed_runs_two_ranks_and_reports_its_own_numbers(
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # a profile of one thread, like each rank
     path = hardware.save_profile(hardware.calibrate("cpu", quick=True), tmp_path / "hw.json")
     argv = ["validate", "basic_cnn", "--preset", "tiny", "--batch-sizes", "4", "--steps", "2"]
-    code = main([*argv, "--distributed", "dp", "--hw", str(path), "--json"])
+    code = main([*argv, "--distributed", "dp", "--hw", str(path), "--runs-dir", str(tmp_path), "--json"])
     document = json.loads(capsys.readouterr().out)
     assert code == 0
     (row,) = document["distributed"]["rows"]

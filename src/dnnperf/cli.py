@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dnnperf.model.command import add_validate_arguments
 
     add_validate_arguments(validate, positive_int)
-    _common(validate)
+    _common(validate, runs=True)
     validate.set_defaults(handler=cmd_validate)
     return parser
 

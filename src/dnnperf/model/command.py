@@ -257,12 +257,27 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         help="instead of single-process runs, these strategies on 2 local ranks (gloo, one thread each: "
         "the profile must be calibrated at one thread, OMP_NUM_THREADS=1 dnnperf hw)",
     )
+    parser.add_argument(
+        "--no-report",
+        action="store_true",
+        help="no HTML report (predicted against measured) beside the record",
+    )
 
 
 def run_validate(args: argparse.Namespace, out: Any) -> int:
     """Single process: calibrate from microbenchmarks, then predict and run every configuration."""
+    import pandas as pd
+
     from dnnperf import hardware
-    from dnnperf.model.validate import ablation, calibrated_machines, validate_single
+    from dnnperf.model.validate import (
+        ValidationResult,
+        ablation,
+        calibrated_machines,
+        collective_rows,
+        distributed_rows,
+        single_rows,
+        validate_single,
+    )
     from dnnperf.report.terminal import validation_tables
     from dnnperf.workloads import get_workload
 
@@ -283,11 +298,14 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
     if args.hw is not None and not args.hw.exists():
         raise UsageError(f"--hw {args.hw}: no such file")
     document: dict[str, Any] = {}
+    result = ValidationResult()
     if args.collectives:
         document["collectives"] = _validate_collectives(out, args.json)
+        result.collectives = collective_rows(pd.DataFrame(document["collectives"]["rows"]))
     strategies = _strategies(args.distributed)
     if names and strategies:
         document["distributed"] = _validate_distributed(args, names, batches, strategies, out)
+        result.runs = distributed_rows(pd.DataFrame(document["distributed"]["rows"]))
     elif names:
         profile = hardware.load_profile("cpu", args.hw)
         if profile is None:
@@ -297,6 +315,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
             names, batches, args.preset, args.steps, machines, out.error if not args.json else None
         )
         summary = ablation(frame)
+        result.runs = single_rows(frame)
         document.update(
             calibration=figures,
             efficiency=machines["model"].efficiency,
@@ -306,9 +325,50 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         if not args.json:
             for table in validation_tables(frame, summary):
                 out.print(table)
+    record_path, report_path = _save_validation(args, result)
+    document.update(record_path=str(record_path), report_path=str(report_path) if report_path else None)
     if args.json:
         out.json(document)
+    else:
+        out.print(f"record: {record_path}")
+        if report_path is not None:
+            out.print(f"report: {report_path}")
     return 0
+
+
+def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path | None]:
+    """The validation as a record of kind ``validate`` and, unless ``--no-report``, its HTML report."""
+    import os
+
+    from dnnperf import environment
+    from dnnperf.report.html import default_path, write_report
+    from dnnperf.results.record import RunRecord, new_run_id, utc_now
+    from dnnperf.results.store import RunStore
+
+    names = sorted({r["workload"] for r in result.runs}) or ["collectives"]
+    record = RunRecord(
+        id=new_run_id("+".join(names)[:40], args.preset),
+        kind="validate",
+        command=["dnnperf", *args.argv],
+        workload={"name": ", ".join(names), "preset": args.preset},
+        settings={
+            "device": "cpu",
+            "data": "memory",
+            "batch_sizes": sorted({r["batch"] for r in result.runs}),
+            "steps": args.steps,
+            "distributed": args.distributed,
+            "collectives": args.collectives,
+            "hw": str(args.hw) if args.hw else None,
+        },
+        environment=environment.describe(),
+        status="complete",
+        pid=os.getpid(),
+        validation=result,
+    )
+    record.finished = utc_now()
+    path = RunStore(args.runs_dir).save(record)
+    report = None if args.no_report else write_report(record, default_path(path))
+    return path, report
 
 
 def _strategies(text: str | None) -> list[str]:

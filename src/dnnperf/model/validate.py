@@ -8,7 +8,10 @@ for the same runs (docs/validation.md). Single process only for now.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -188,3 +191,78 @@ def ranking_agrees(frame: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+@dataclass
+class ValidationResult:
+    """``dnnperf validate`` as a record section: every run and collective, measured beside predicted."""
+
+    #: workload, batch, strategy ("single" for one process), measured_s, predicted_s
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    #: op, bytes, measured_s (median of the slowest rank), predicted_s, held_out (the fit never saw it)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "collectives": self.collectives}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ValidationResult:
+        """Validated: ValueError or TypeError says what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        for part, keys in (("runs", ("workload", "strategy")), ("collectives", ("op",))):
+            rows = data.get(part, [])
+            if not isinstance(rows, list):
+                raise ValueError(f"{part} must be a list")
+            for i, row in enumerate(rows):
+                if not isinstance(row, dict) or any(not isinstance(row.get(k), str) for k in keys):
+                    raise ValueError(f"{part}[{i}] lacks {', '.join(keys)}")
+                for key in ("measured_s", "predicted_s"):
+                    value = row.get(key)
+                    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                        raise ValueError(f"{part}[{i}].{key} must be a positive number, got {value!r}")
+        return cls(runs=list(data.get("runs", [])), collectives=list(data.get("collectives", [])))
+
+
+def single_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """validate_single's table as ValidationResult rows (the model's variant)."""
+    return [
+        {
+            "workload": r["workload"],
+            "batch": int(r["batch"]),
+            "strategy": "single",
+            "measured_s": float(r["measured_s"]),
+            "predicted_s": float(r["pred[model]"]),
+        }
+        for r in frame.to_dict("records")
+        if math.isfinite(r["measured_s"])
+    ]
+
+
+def distributed_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """validate_distributed's runs (those that ran) as ValidationResult rows."""
+    ran = frame[frame["reason"].isna()] if "reason" in frame else frame
+    return [
+        {
+            "workload": r["workload"],
+            "batch": int(r["batch"]),
+            "strategy": r["strategy"],
+            "measured_s": float(r["measured_s"]),
+            "predicted_s": float(r["predicted_s"]),
+        }
+        for r in ran.to_dict("records")
+    ]
+
+
+def collective_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """collective_calibration.compare's table as ValidationResult rows."""
+    return [
+        {
+            "op": r["op"],
+            "bytes": int(r["bytes"]),
+            "measured_s": float(r["median_s"]),
+            "predicted_s": float(r["predicted_s"]),
+            "held_out": bool(r["held_out"]),
+        }
+        for r in table.to_dict("records")
+    ]

@@ -275,3 +275,36 @@ def strategy_lines(
         ax.set_ylabel("samples/s (predicted)")
         _legend_outside(ax)
         return to_svg(fig)
+
+
+def predicted_vs_measured(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]], band: float, unit: str = "ms"
+) -> str:
+    """Predicted against measured seconds, one colour per series, log-log, with the diagonal (a perfect
+    model) and dashed lines at +-``band`` (the validation target)."""
+    colors = color_map(list(series))
+    scale = 1e3 if unit == "ms" else 1.0
+    with figure(width=6.5, height=4.2) as fig:
+        ax = fig.add_subplot()
+        values = [v * scale for m, p in series.values() for v in (*m, *p) if v > 0]
+        low, high = (min(values) / 1.5, max(values) * 1.5) if values else (1e-3, 1.0)
+        grid = np.geomspace(low, high, 50)
+        ax.plot(grid, grid, color="#333333", lw=1, label="predicted = measured")
+        for factor in (1 - band, 1 + band):
+            ax.plot(grid, grid * factor, color="#999999", lw=0.8, ls="--")
+        for name, (measured, predicted) in series.items():
+            ax.scatter(
+                [m * scale for m in measured], [p * scale for p in predicted],
+                s=22, color=colors[name], label=name, zorder=3,
+            )  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+        _legend_outside(ax)
+        return to_svg(fig)

@@ -148,7 +148,7 @@ def summary_section(report: Report) -> Section:
             ("device", settings.get("device")),
             *(
                 []
-                if record.kind == "predict"  # nothing ran: no data, no steps
+                if record.kind in ("predict", "validate")  # no steps of its own in the record
                 else [
                     ("data", f"{settings.get('data')}, {settings.get('workers')} workers"),
                     ("steps", f"{settings.get('steps')} measured after {settings.get('warmup')} warm-up"),
@@ -588,6 +588,50 @@ def prediction_section(report: Report) -> Section | None:
     return Section("prediction", "Predicted what-if", "".join(parts))
 
 
+def validation_section(report: Report) -> Section | None:
+    """``dnnperf validate``: predicted against measured step times (one colour per strategy) and, with
+    ``--collectives``, collective times (one colour per operation), with the targets' bands."""
+    result = report.record.validation
+    if result is None or not (result.runs or result.collectives):
+        return None
+    parts = []
+    for rows, key, band, what, items in (
+        (result.runs, "strategy", 0.15, "step", "runs"),
+        (result.collectives, "op", 0.10, "collective", "collectives"),
+    ):
+        if not rows:
+            continue
+        frame = pd.DataFrame(rows)
+        frame["error"] = frame["predicted_s"] / frame["measured_s"] - 1
+        series = {
+            name: (group["measured_s"].tolist(), group["predicted_s"].tolist())
+            for name, group in frame.groupby(key, sort=False)
+        }
+        errors = frame["error"].abs()
+        caption = (
+            f"predicted against measured {what} time, {len(frame)} {items}: median |error| "
+            f"{pct(errors.median())}, max {pct(errors.max())}, {int((errors <= band).sum())} within "
+            f"{band:.0%} (dashed)"
+        )
+        parts.append(chart(charts.predicted_vs_measured(series, band), caption))
+        columns = [
+            *(
+                [Column("workload", "workload"), Column("batch", "batch", numeric=True)]
+                if key == "strategy"
+                else [Column("bytes", "bytes", lambda v: count(v, "B"), numeric=True)]
+            ),
+            Column(key, key),
+            Column("measured ms", "measured_s", ms, numeric=True),
+            Column("predicted ms", "predicted_s", ms, numeric=True),
+            Column("error", "error", pct, numeric=True),
+            *([Column("fit on", "fit")] if key == "op" else []),
+        ]
+        if key == "op":
+            frame["fit"] = frame["held_out"].map({True: "held out", False: "fit"})
+        parts.append(table(frame.to_dict("records"), columns))
+    return Section("validation", "Predicted against measured", "".join(parts))
+
+
 #: The page, in order. Later capabilities append theirs (each returns None without its data).
 SECTIONS: list[Renderer] = [
     summary_section,
@@ -599,6 +643,7 @@ SECTIONS: list[Renderer] = [
     ranks_section,
     memsave_section,
     prediction_section,
+    validation_section,
 ]
 
 

@@ -73,7 +73,7 @@ class Session:
         if self.on_command is not None:
             self.on_command(shown)
         full = [sys.executable, "-m", "dnnperf", *args, "--json", "--runs-dir", str(self.runs_dir)]
-        if args[0] in ("libcompare", "hw", "validate"):  # commands that write no run record
+        if args[0] in ("libcompare", "hw"):  # commands that write no run record
             full = [sys.executable, "-m", "dnnperf", *args, "--json"]
         done = subprocess.run(full, capture_output=True, text=True, env={**os.environ, **(env or {})})
         if done.returncode != 0:

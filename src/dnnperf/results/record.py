@@ -23,6 +23,7 @@ from dnnperf.stats import Samples
 
 if TYPE_CHECKING:
     from dnnperf.memsave.run import MemsaveResult
+    from dnnperf.model.validate import ValidationResult
     from dnnperf.model.whatif import SweepResult
 
 SCHEMA = "dnnperf.run"
@@ -103,6 +104,8 @@ class RunRecord:
     memsave: MemsaveResult | None = None
     #: ``dnnperf predict --sweep``: the what-if table the performance model predicted.
     prediction: SweepResult | None = None
+    #: ``dnnperf validate``: every run and collective, measured beside predicted.
+    validation: ValidationResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         points = []
@@ -139,6 +142,7 @@ class RunRecord:
             "points": points,
             **({"memsave": self.memsave.to_dict()} if self.memsave is not None else {}),
             **({"prediction": self.prediction.to_dict()} if self.prediction is not None else {}),
+            **({"validation": self.validation.to_dict()} if self.validation is not None else {}),
         }
         return json_safe(document)
 
@@ -194,6 +198,7 @@ class RunRecord:
             pid=document.get("pid") if isinstance(document.get("pid"), int) else None,
             memsave=_memsave_from_dict(document.get("memsave")),
             prediction=_prediction_from_dict(document.get("prediction")),
+            validation=_validation_from_dict(document.get("validation")),
         )
 
 
@@ -359,6 +364,17 @@ def _prediction_from_dict(data: Any) -> SweepResult | None:
         return SweepResult.from_dict(data)
     except (KeyError, TypeError, ValueError) as error:
         raise RecordError(f"prediction: {error}") from None
+
+
+def _validation_from_dict(data: Any) -> ValidationResult | None:
+    if data is None:
+        return None
+    from dnnperf.model.validate import ValidationResult
+
+    try:
+        return ValidationResult.from_dict(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise RecordError(f"validation: {error}") from None
 
 
 def _ranks_from_dict(data: Any, steps: int, where: str) -> RankBreakdown | None:
