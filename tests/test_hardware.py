@@ -482,7 +482,7 @@ def test_memory_bandwidth_is_the_best_sustained_rate_of_the_dram_sizes_only() ->
     assert max(p.best_rate for p in triad.points) > profile.memory_bandwidth
 
 
-def test_memory_sizes_are_swept_several_times_in_alternating_order(
+def test_memory_sizes_are_swept_several_times_in_alternating_order_between_compute_rounds(
     calibrated: tuple[hw.HardwareProfile, list[tuple[str, float]]],
 ) -> None:
     profile, reports = calibrated
@@ -498,6 +498,16 @@ def test_memory_sizes_are_swept_several_times_in_alternating_order(
     again = [m.group(1) for m in visits if m and m.group(2) == "2"]
     ascending = [hw._bytes_text(n) for n in sorted(plan.memory_sizes)]
     assert sizes == ascending[::-1] and again == ascending
+    # The sweeps are spread between the compute rounds, not run back to back.
+    texts = [text for text, _ in reports]
+    first_ends = max(i for i, text in enumerate(texts) if text.startswith("memory") and "sweep 1/" in text)
+    second_starts = min(i for i, text in enumerate(texts) if text.startswith("memory") and "sweep 2/" in text)
+    assert any(text.startswith("compute round") for text in texts[first_ends:second_starts])
+    assert texts.index(next(t for t in texts if t.startswith("memory"))) > 0
+    # Every curve is warmed up before the common rounds, which time all of them together.
+    rounds = [i for i, text in enumerate(texts) if text.startswith("compute round")]
+    warm_ups = [i for i, text in enumerate(texts) if text.endswith("warm-up")]
+    assert rounds and warm_ups and max(warm_ups) < min(rounds)
     # Every size pools the samples of all its sweeps.
     for curve in profile.memory:
         for point in curve.points:

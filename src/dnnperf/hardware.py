@@ -15,8 +15,9 @@
 
 Every quantity keeps its raw timed repetitions (mean seconds per call over a sample of back-to-back
 calls, after warm-up); statistics come from :class:`~dnnperf.stats.Samples`. The sizes of one compute
-curve are timed in alternating blocks, and the memory sizes in several sweeps, so that the machine's
-drifts fall on all of them alike and every size gets several chances at a quiet moment. Timing
+curve are timed in alternating blocks, and the memory sizes in several sweeps spread between the
+compute curves, so that the machine's drifts fall on all of them alike and every size gets several
+chances at a quiet moment. Timing
 excludes the allocation of inputs and, where the operator has an ``out=`` form, of outputs. On CUDA
 the device is synchronised around every timed sample. Profiles are saved as JSON (schema
 ``dnnperf.hardware``) under the cache directory, one per host and device.
@@ -758,7 +759,7 @@ _PLANS = {
         compute_s=1.75,
         block_s=0.25,
         memory_s=0.9,
-        memory_sweeps=3,
+        memory_sweeps=4,
         transfer_s=0.0,
         dispatch_s=1.5,
         min_sample_s=0.02,
@@ -890,6 +891,18 @@ class _Kernel:
     params: dict[str, Any]
 
 
+def _schedule(per_call: Sequence[float], plan: _Plan, budget_s: float) -> tuple[list[int], list[int], int]:
+    """Calls per sample, samples per block and rounds for kernels timed in alternating blocks of about
+    ``plan.block_s`` until ``budget_s`` is spent."""
+    calls = [_calls_per_sample(t, plan) for t in per_call]
+    sample_s = [c * t for c, t in zip(calls, per_call, strict=True)]
+    blocks = [max(1, round(plan.block_s / s)) for s in sample_s]
+    round_s = sum(b * s + t for b, s, t in zip(blocks, sample_s, per_call, strict=True))
+    rounds = max(math.ceil(plan.min_repeats / min(blocks)), round(budget_s / round_s))
+    rounds = max(1, min(rounds, plan.max_repeats // max(blocks)))
+    return calls, blocks, rounds
+
+
 def _measure_interleaved(
     kernels: Sequence[_Kernel],
     per_call: Sequence[float],
@@ -903,22 +916,28 @@ def _measure_interleaved(
     machine): alternating spreads a drift over every kernel instead of the one running at that
     moment, so the sizes compare fairly and the best of them is not just the luckiest. Each block
     starts with an untimed call that brings the kernel's data back into cache after the others ran."""
-    calls = [_calls_per_sample(t, plan) for t in per_call]
-    sample_s = [c * t for c, t in zip(calls, per_call, strict=True)]
-    blocks = [max(1, round(plan.block_s / s)) for s in sample_s]
-    round_s = sum(b * s + t for b, s, t in zip(blocks, sample_s, per_call, strict=True))
-    rounds = max(math.ceil(plan.min_repeats / min(blocks)), round(budget_s / round_s))
-    rounds = max(1, min(rounds, plan.max_repeats // max(blocks)))
+    calls, blocks, rounds = _schedule(per_call, plan, budget_s)
     seconds: list[list[float]] = [[] for _ in kernels]
     for index in range(rounds):
         with step(index, rounds):
-            for kernel, samples, n, block in zip(kernels, seconds, calls, blocks, strict=True):
-                kernel.fn()
-                samples += _time_samples(kernel.fn, device, n, block)
+            _one_round(kernels, seconds, calls, blocks, device)
     return [
         KernelTiming(k.label, k.work, k.unit, n, tuple(samples), k.params)
         for k, n, samples in zip(kernels, calls, seconds, strict=True)
     ]
+
+
+def _one_round(
+    kernels: Sequence[_Kernel],
+    seconds: list[list[float]],
+    calls: Sequence[int],
+    blocks: Sequence[int],
+    device: torch.device,
+) -> None:
+    """One block of samples of each kernel, each block after an untimed call."""
+    for kernel, samples, n, block in zip(kernels, seconds, calls, blocks, strict=True):
+        kernel.fn()
+        samples += _time_samples(kernel.fn, device, n, block)
 
 
 class _Tracker:
@@ -1045,34 +1064,57 @@ def _compute_kernel(op: str, shape: Any, precision: str, layout: str, device: to
     )
 
 
-def _measure_compute(
+@dataclass
+class _PendingCurve:
+    """One operator in one precision, its configurations warmed up and ready to time."""
+
+    op: str
+    precision: str
+    kernels: list[_Kernel]
+    per_call: list[float]
+    notes: list[str]
+    device: torch.device
+
+    @property
+    def warm_rates(self) -> dict[str, float]:
+        """Label -> work per second estimated at warm-up."""
+        return {k.label: k.work / t for k, t in zip(self.kernels, self.per_call, strict=True)}
+
+    @contextmanager
+    def context(self) -> Iterator[None]:
+        """The backend settings this curve is measured under (TF32 on or off, cuDNN autotuning)."""
+        cuda = self.device.type == "cuda"
+        tf32 = tf32_mode(self.precision == "tf32") if cuda and self.precision in ("float32", "tf32") else None
+        with tf32 or nullcontext(), _cudnn_benchmark(self.device):
+            yield
+
+
+def _configs(op: str, plan: _Plan) -> list[tuple[Any, str]]:
+    if op == "matmul":
+        return [(n, "contiguous") for n in plan.mm_sizes]
+    return [(shape, layout) for shape in plan.conv_shapes for layout in ("contiguous", "channels_last")]
+
+
+def _prepare_compute(
     op: str,
     precision: str,
     device: torch.device,
     plan: _Plan,
     tracker: _Tracker,
-    reference: ComputeCurve | None,
-) -> ComputeCurve:
-    """One operator in one precision at every shape of the plan (convolutions in both memory layouts:
-    the fast one differs between backends, oneDNN on CPU runs channels_last about 2x faster).
+    reference: Mapping[str, float] | None,
+) -> ComputeCurve | _PendingCurve:
+    """Build and warm up one operator in one precision at every shape of the plan (convolutions in
+    both memory layouts: the fast one differs between backends, oneDNN on CPU runs channels_last
+    about 2x faster). A finished (unusable) curve when nothing can be timed.
 
     A precision other than float32 is first tried on the first configuration; below SANE_FRACTION of
-    float32's rate there it is timed only there and marked not usable."""
-    if op == "matmul":
-        configs = [(n, "contiguous") for n in plan.mm_sizes]
-    else:
-        configs = [
-            (shape, layout) for shape in plan.conv_shapes for layout in ("contiguous", "channels_last")
-        ]
+    float32's rate there (``reference``: float32's rates by label) it is timed only there and
+    marked not usable."""
+    configs = _configs(op, plan)
     weight = plan.compute_s + plan.warmup_s
-    notes: list[str] = []
-    kernels: list[_Kernel] = []
-    per_call: list[float] = []
+    pending = _PendingCurve(op, precision, [], [], [], device)
     dtype_name = str(_DTYPES[precision]).removeprefix("torch.")
-    tf32 = (
-        tf32_mode(precision == "tf32") if device.type == "cuda" and precision in ("float32", "tf32") else None
-    )
-    with tf32 or nullcontext(), _cudnn_benchmark(device):
+    with pending.context():
         for index, (shape, layout) in enumerate(configs):
             text = _shape_text(op, shape) + (f" {layout}" if op == "conv2d" else "")
             with tracker.step(f"{op} {precision} {text} warm-up", plan.warmup_s):
@@ -1084,14 +1126,14 @@ def _measure_compute(
                     reason = (
                         "out of memory" if is_out_of_memory(error) else str(error).strip().splitlines()[0]
                     )
-                    notes.append(f"{text} failed: {reason[:200]}")
+                    pending.notes.append(f"{text} failed: {reason[:200]}")
                     _release(device)
                     continue
-            kernels.append(kernel)
-            per_call.append(seconds)
-            if index == 0 and precision != "float32" and reference is not None:
-                ratio = _ratio_to_reference(kernel, seconds, reference)
-                if ratio is not None and ratio < SANE_FRACTION:
+            pending.kernels.append(kernel)
+            pending.per_call.append(seconds)
+            if index == 0 and precision != "float32" and reference and kernel.label in reference:
+                ratio = kernel.work / seconds / reference[kernel.label]
+                if ratio < SANE_FRACTION:
                     # Timed briefly, kept in the profile to show why, never used as a peak.
                     calls = _calls_per_sample(seconds, plan)
                     samples = _time_samples(kernel.fn, device, calls, plan.min_repeats)
@@ -1105,37 +1147,106 @@ def _measure_compute(
                     )
                     _release(device)
                     return ComputeCurve(op, precision, (point,), usable=False, note=note)
-        if not kernels:
-            tracker.skip(plan.compute_s * len(configs))
-            return ComputeCurve(op, precision, (), usable=False, note="; ".join(notes) or None)
+    if not pending.kernels:
+        tracker.skip(plan.compute_s * len(configs))
+        return ComputeCurve(op, precision, (), usable=False, note="; ".join(pending.notes) or None)
+    return pending
 
-        @contextmanager
-        def step(index: int, rounds: int) -> Iterator[None]:
-            with tracker.step(
-                f"{op} {precision} round {index + 1}/{rounds}", plan.compute_s * len(configs) / rounds
-            ):
-                yield
 
-        points = _measure_interleaved(kernels, per_call, device, plan, plan.compute_s * len(kernels), step)
-    del kernels
-    _release(device)
-    curve = ComputeCurve(op, precision, tuple(points))
+def _finish_compute(
+    pending: _PendingCurve, points: Sequence[KernelTiming], reference: ComputeCurve | None
+) -> ComputeCurve:
+    curve = ComputeCurve(pending.op, pending.precision, tuple(points))
+    notes = list(pending.notes)
     best = curve.best
-    if op == "conv2d" and best is not None:
+    if pending.op == "conv2d" and best is not None:
         notes.append(f"fastest layout: {best.params['layout']}")
-    if precision != "float32" and reference is not None and reference.points and best is not None:
+    if pending.precision != "float32" and reference is not None and reference.points and best is not None:
         notes.append(
             f"kept: peak {curve.peak / 1e9:.3g} GFLOP/s = {curve.peak / reference.peak:.0%} of float32's peak"
         )
     return replace(curve, note="; ".join(notes) or None)
 
 
-def _ratio_to_reference(kernel: _Kernel, seconds: float, reference: ComputeCurve) -> float | None:
-    """This kernel's rate over the median rate of the same configuration in ``reference``."""
-    for point in reference.points:
-        if point.label == kernel.label:
-            return kernel.work / seconds / point.rate.median
-    return None
+def _measure_compute(
+    op: str,
+    precision: str,
+    device: torch.device,
+    plan: _Plan,
+    tracker: _Tracker,
+    reference: ComputeCurve | None,
+) -> ComputeCurve:
+    """One operator in one precision on its own (:func:`calibrate` interleaves every curve instead):
+    warm-up, then its configurations in alternating blocks."""
+    rates = {p.label: p.rate.median for p in reference.points} if reference is not None else None
+    pending = _prepare_compute(op, precision, device, plan, tracker, rates)
+    if isinstance(pending, ComputeCurve):
+        return pending
+    configs = len(_configs(op, plan))
+
+    @contextmanager
+    def step(index: int, rounds: int) -> Iterator[None]:
+        with tracker.step(f"{op} {precision} round {index + 1}/{rounds}", plan.compute_s * configs / rounds):
+            yield
+
+    with pending.context():
+        budget = plan.compute_s * len(pending.kernels)
+        points = _measure_interleaved(pending.kernels, pending.per_call, device, plan, budget, step)
+    _release(device)
+    return _finish_compute(pending, points, reference)
+
+
+def _measure_all_compute(
+    device: torch.device, plan: _Plan, tracker: _Tracker, sweeps: _MemorySweeps
+) -> list[ComputeCurve]:
+    """Every compute curve of the plan, warmed up first and then timed in common rounds: each round
+    runs blocks of every configuration of every curve, and the memory sweeps fall between rounds.
+    Each kernel's samples then span the whole calibration, so a stretch of contention from other
+    processes (which only ever slows samples down) leaves every kernel some quiet samples: its best
+    sustained rate, the peak, does not depend on which kernel happened to run during that stretch."""
+    items: list[ComputeCurve | _PendingCurve] = []
+    for op in OPS:
+        reference = None
+        for precision in plan.precisions:
+            item = _prepare_compute(op, precision, device, plan, tracker, reference)
+            if precision == "float32" and isinstance(item, _PendingCurve):
+                reference = item.warm_rates
+            items.append(item)
+    pending = [item for item in items if isinstance(item, _PendingCurve)]
+    schedules = [_schedule(p.per_call, plan, plan.compute_s * len(p.kernels)) for p in pending]
+    seconds: list[list[list[float]]] = [[[] for _ in p.kernels] for p in pending]
+    done = [0] * len(pending)
+    total = max((rounds for _, _, rounds in schedules), default=0)
+    weight = plan.compute_s * sum(len(_configs(p.op, plan)) for p in pending) / max(total, 1)
+    for index in range(total):
+        with tracker.step(f"compute round {index + 1}/{total}", weight):
+            for i, (curve, (calls, blocks, rounds)) in enumerate(zip(pending, schedules, strict=True)):
+                with curve.context():
+                    while done[i] < (index + 1) * rounds // total:
+                        _one_round(curve.kernels, seconds[i], calls, blocks, device)
+                        done[i] += 1
+        while sweeps.done < (index + 1) * sweeps.sweeps // total:
+            sweeps.sweep()
+    finished: list[ComputeCurve] = []
+    float32: dict[str, ComputeCurve] = {}
+    for item in items:
+        if isinstance(item, _PendingCurve):
+            i = pending.index(item)
+            calls = schedules[i][0]
+            points = [
+                KernelTiming(k.label, k.work, k.unit, n, tuple(s), k.params)
+                for k, n, s in zip(item.kernels, calls, seconds[i], strict=True)
+            ]
+            curve = _finish_compute(item, points, float32.get(item.op))
+        else:
+            curve = item
+        if curve.precision == "float32":
+            float32[curve.op] = curve
+        finished.append(curve)
+    for item in pending:
+        item.kernels.clear()  # free the inputs
+    _release(device)
+    return finished
 
 
 def _shape_text(op: str, shape: Any) -> str:
@@ -1145,26 +1256,34 @@ def _shape_text(op: str, shape: Any) -> str:
     return f"n={batch} c={channels} {pixels}px"
 
 
-def _measure_memory(
-    device: torch.device, plan: _Plan, tracker: _Tracker, notes: list[str]
-) -> tuple[BandwidthCurve, ...]:
+class _MemorySweeps:
     """Copy and triad at every size, in ``plan.memory_sweeps`` sweeps over the sizes (largest first,
-    then smallest first, alternately). Within a sweep both kernels time the same float32 tensors,
-    allocated and touched once per size before any timing; a size keeps its calls per sample from
-    its first sweep, and its samples from every sweep are pooled."""
-    limit = _free_memory(device) // 4  # leave room for everything else on the machine
-    sweeps = max(1, plan.memory_sweeps)
-    weight = (plan.memory_s + sweeps * plan.memory_warmup_s) / sweeps
-    fits = [n for n in plan.memory_sizes if max(TENSORS_TOUCHED.values()) * n <= limit]
-    skipped = set(plan.memory_sizes) - set(fits)
-    tracker.skip(2 * len(skipped) * sweeps * weight)
-    calls: dict[tuple[str, int], int] = {}
-    seconds: dict[tuple[str, int], list[float]] = {}
-    for sweep in range(sweeps):
-        order = fits[::-1] if sweep % 2 == 0 else fits
-        for nbytes in order:
-            if nbytes in skipped:
-                tracker.skip(2 * weight)
+    then smallest first, alternately), run one at a time by :meth:`sweep` so that the calibration can
+    spread them between its compute curves: a neighbour's burst of memory traffic then lands on some
+    of every size's samples, not on all of them. Within a sweep both kernels time the same float32
+    tensors, allocated and touched once per size before any timing; a size keeps its calls per
+    sample from its first sweep, and its samples from every sweep are pooled."""
+
+    def __init__(self, device: torch.device, plan: _Plan, tracker: _Tracker) -> None:
+        self.device, self.plan, self.tracker = device, plan, tracker
+        self.sweeps = max(1, plan.memory_sweeps)
+        self.done = 0
+        #: Progress weight of one kernel at one size in one sweep.
+        self.weight = (plan.memory_s + self.sweeps * plan.memory_warmup_s) / self.sweeps
+        limit = _free_memory(device) // 4  # leave room for everything else on the machine
+        self.sizes = [n for n in plan.memory_sizes if max(TENSORS_TOUCHED.values()) * n <= limit]
+        self.skipped = set(plan.memory_sizes) - set(self.sizes)
+        tracker.skip(2 * len(self.skipped) * self.sweeps * self.weight)
+        self.calls: dict[tuple[str, int], int] = {}
+        self.seconds: dict[tuple[str, int], list[float]] = {}
+
+    def sweep(self) -> None:
+        """The next sweep over every size."""
+        plan, device, index = self.plan, self.device, self.done
+        self.done += 1
+        for nbytes in self.sizes[::-1] if index % 2 == 0 else self.sizes:
+            if nbytes in self.skipped:
+                self.tracker.skip(2 * self.weight)
                 continue
             numel = nbytes // 4
             try:
@@ -1174,8 +1293,8 @@ def _measure_memory(
             except (RuntimeError, MemoryError) as error:
                 if not is_out_of_memory(error):
                     raise
-                skipped.add(nbytes)
-                tracker.skip(2 * weight)
+                self.skipped.add(nbytes)
+                self.tracker.skip(2 * self.weight)
                 _release(device)
                 continue
             kernels = {
@@ -1184,43 +1303,43 @@ def _measure_memory(
             }
             for kernel, fn in kernels.items():
                 key = (kernel, nbytes)
-                text = f"memory {kernel} {_bytes_text(nbytes)} sweep {sweep + 1}/{sweeps}"
-                with tracker.step(text, weight):
-                    calls[key], samples = _measure(
+                text = f"memory {kernel} {_bytes_text(nbytes)} sweep {index + 1}/{self.sweeps}"
+                with self.tracker.step(text, self.weight):
+                    self.calls[key], samples = _measure(
                         fn,
                         device,
                         plan,
-                        plan.memory_s / sweeps,
+                        plan.memory_s / self.sweeps,
                         plan.memory_warmup_s,
-                        calls=calls.get(key),
-                        min_repeats=math.ceil(plan.min_repeats / sweeps),
+                        calls=self.calls.get(key),
+                        min_repeats=math.ceil(plan.min_repeats / self.sweeps),
                     )
-                seconds.setdefault(key, []).extend(samples)
+                self.seconds.setdefault(key, []).extend(samples)
             del a, b, c, kernels
             _release(device)
-    if skipped:
-        notes.append(
-            f"memory sizes skipped for lack of free memory: {', '.join(map(_bytes_text, sorted(skipped)))}"
-        )
-    curves = []
-    for kernel in BYTES_MOVED_FACTOR:
-        points = []
-        for nbytes in plan.memory_sizes:
-            if nbytes in skipped or (kernel, nbytes) not in seconds:
-                continue
-            params = {"nbytes": nbytes, "footprint": TENSORS_TOUCHED[kernel] * nbytes, "dtype": "float32"}
-            points.append(
-                KernelTiming(
-                    f"{kernel} {_bytes_text(nbytes)}",
-                    float(bytes_moved(kernel, nbytes)),
-                    "B",
-                    calls[(kernel, nbytes)],
-                    tuple(seconds[(kernel, nbytes)]),
-                    params,
+
+    def curves(self, notes: list[str]) -> tuple[BandwidthCurve, ...]:
+        """The curves of every sweep run so far (the rest run first)."""
+        while self.done < self.sweeps:
+            self.sweep()
+        if self.skipped:
+            sizes = ", ".join(map(_bytes_text, sorted(self.skipped)))
+            notes.append(f"memory sizes skipped for lack of free memory: {sizes}")
+        curves = []
+        for kernel in BYTES_MOVED_FACTOR:
+            points = []
+            for nbytes in self.plan.memory_sizes:
+                key = (kernel, nbytes)
+                if nbytes in self.skipped or key not in self.seconds:
+                    continue
+                params = {"nbytes": nbytes, "footprint": TENSORS_TOUCHED[kernel] * nbytes, "dtype": "float32"}
+                moved = float(bytes_moved(kernel, nbytes))
+                label = f"{kernel} {_bytes_text(nbytes)}"
+                points.append(
+                    KernelTiming(label, moved, "B", self.calls[key], tuple(self.seconds[key]), params)
                 )
-            )
-        curves.append(BandwidthCurve(kernel, tuple(points)))
-    return tuple(curves)
+            curves.append(BandwidthCurve(kernel, tuple(points)))
+        return tuple(curves)
 
 
 def _bytes_text(nbytes: int) -> str:
@@ -1344,15 +1463,11 @@ def calibrate(
     threads = torch.get_num_threads()
     on_device = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
     with on_device, torch.no_grad():
-        compute: list[ComputeCurve] = []
-        for op in OPS:
-            reference = None
-            for precision in plan.precisions:
-                curve = _measure_compute(op, precision, device, plan, tracker, reference)
-                if precision == "float32":
-                    reference = curve
-                compute.append(curve)
-        memory = _measure_memory(device, plan, tracker, notes)
+        # The memory sweeps are spread between the compute rounds: a stretch of a neighbour's memory
+        # traffic then slows one sweep, and the other sweeps still see the machine's bandwidth.
+        sweeps = _MemorySweeps(device, plan, tracker)
+        compute = _measure_all_compute(device, plan, tracker, sweeps)
+        memory = sweeps.curves(notes)
         if device.type == "cuda":
             transfers: dict[str, KernelTiming] | None = _measure_transfers(device, plan, tracker)
             transfer_reason = None
