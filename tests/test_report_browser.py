@@ -111,3 +111,46 @@ def test_the_check_sees_errors_blocked_loads_and_blank_charts(report_page, tmp_p
         and "blocked" in marks["error-text"]
     )
     assert len(console) >= 3
+
+
+def test_prediction_and_validation_reports_load_and_every_chart_draws(tmp_path):
+    """The what-if sweep's and the validation's charts (records made from hand-made tables)."""
+    from dnnperf.model.validate import ValidationResult
+    from dnnperf.model.whatif import SweepResult
+    from dnnperf.results.record import RunRecord
+    from test_model_whatif import _table
+
+    sweep = SweepResult(
+        "basic_cnn", "tiny", "toy", 64, {"nodes": [1, 2, 4, 8], "link_gbps": [1.0, 100.0]},
+        ["dp", "pp", "tp"], _table().to_dict("records"),
+    )  # fmt: skip
+    runs = [
+        {"workload": "w", "batch": b, "strategy": s, "measured_s": 0.01 * b, "predicted_s": 0.011 * b}
+        for b in (4, 8)
+        for s in ("dp", "pp")
+    ]
+    collectives = [
+        {
+            "op": "allreduce",
+            "bytes": n,
+            "measured_s": 1e-9 * n,
+            "predicted_s": 1.1e-9 * n,
+            "held_out": n > 4096,
+        }
+        for n in (4096, 65536)
+    ]
+    for kind, section in (("predict", {"prediction": sweep}), ("validate", {})):
+        validation = ValidationResult(runs, collectives) if kind == "validate" else None
+        record = RunRecord(
+            id=kind, kind=kind, workload={"name": "w", "preset": "tiny"},
+            settings={"device": "cpu", "data": "none"}, environment={}, status="complete",
+            validation=validation, **section,
+        )  # fmt: skip
+        page = write_report(record, tmp_path / f"{kind}.html")
+        charts = page.read_text().count('<figure class="chart">')
+        assert charts == (
+            4 + 2 if kind == "predict" else 2
+        )  # nodes per link, link per node; runs, collectives
+        marks, console = load(page, tmp_path)
+        assert marks["charts-drawn"] == str(charts) and marks["errors"] == "0", marks
+        assert console == []
