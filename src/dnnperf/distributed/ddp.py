@@ -5,6 +5,8 @@ A DDP comm hook does the averaging allreduce itself (what DDP's default does: di
 size, then sum) and notes when each bucket was launched and when its allreduce completed: host
 clock readings on CPU (the completion callback runs when gloo finishes), CUDA events on GPU (the
 callback's current stream waits for NCCL's work, so an event recorded there completes with it).
+After each step the ranks exchange their launches (CPU), so each bucket's wait splits into skew
+(until the last rank launched it), queueing and the collective's own time (:func:`split_wait`).
 
 The ``exchange`` stage is the communication the step is exposed to: from the launch of the last
 bucket (all of backward's gradients are computed by then) until ``backward()`` returns, which DDP
@@ -52,7 +54,9 @@ def _boot_id() -> int:
     """This kernel's boot id as an integer: processes with the same one read the same CLOCK_MONOTONIC
     (``time.perf_counter`` on Linux); 0 where there is none to read."""
     try:
-        return int(Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:15], 16)
+        return int(
+            Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:13], 16
+        )  # exact in a float64
     except (OSError, ValueError):
         return 0
 
@@ -81,10 +85,9 @@ class PeerClock:
                 rounds.append([float(r[0, 0]) for r in all_gather_rows(now)])
             self.offsets = [statistics.median(row[r] - row[0] for row in rounds) for r in range(self.world)]
 
-    def gather(self, stamps: dict[int, list[float]]) -> list[dict[int, list[float]]]:
-        """``stamps``: this rank's clock readings per key (a bucket index; the same number of readings
-        for every key on every rank); every rank's, in rank order, shifted into this rank's clock."""
-        width = len(next(iter(stamps.values()), []))
+    def gather(self, stamps: dict[int, list[float]], width: int) -> list[dict[int, list[float]]]:
+        """``stamps``: this rank's ``width`` clock readings per key (a bucket index; a rank may have no
+        keys); every rank's, in rank order, shifted into this rank's clock."""
         rows = torch.tensor([[key, *values] for key, values in stamps.items()], dtype=torch.float64)
         gathered = []
         for peer, theirs in enumerate(all_gather_rows(rows.reshape(-1, 1 + width))):
@@ -92,10 +95,10 @@ class PeerClock:
             gathered.append({int(row[0]): [v + shift for v in row[1:]] for row in theirs.tolist()})
         return gathered
 
-    def latest(self, stamps: dict[int, list[float]]) -> dict[int, list[float]]:
-        """For every key all ranks gave, the latest of the ranks' readings (each position apart), in
-        this rank's clock."""
-        gathered = self.gather(stamps)
+    def latest(self, stamps: dict[int, list[float]], width: int) -> dict[int, list[float]]:
+        """For every key all ranks gave, the latest of the ranks' ``width`` readings (each position
+        apart), in this rank's clock."""
+        gathered = self.gather(stamps, width)
         common = set.intersection(*(set(g) for g in gathered))
         return {
             key: [max(values) for values in zip(*(g[key] for g in gathered), strict=True)] for key in common
@@ -224,7 +227,7 @@ class BucketTimer:
             return split_wait(seconds, lanes=self.lanes)
         assert self.peers is not None
         ready = ready_times(pending, self.lanes)
-        latest = self.peers.latest({index: [start, ready[index]] for index, _, start, _ in pending})
+        latest = self.peers.latest({index: [start, ready[index]] for index, _, start, _ in pending}, 2)
         return split_wait(pending, latest, self.lanes)
 
 
