@@ -31,7 +31,9 @@ def nbytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def tracked_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict) -> StepMemory:
+def tracked_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict, resident: bool = True
+) -> StepMemory:
     def step() -> None:
         loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
         loss.backward()
@@ -39,7 +41,7 @@ def tracked_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict
         optimizer.zero_grad(set_to_none=True)
 
     step()  # the first step creates the optimizer's state
-    tracker = MemoryTracker(model, [optimizer], batch)
+    tracker = MemoryTracker(model, [optimizer], batch, resident=resident)
     with tracker:
         with tracker("forward"):
             loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
@@ -59,11 +61,12 @@ def tracked_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict
         (lambda p: torch.optim.Adam(p, lr=1e-3), 2),  # exp_avg and exp_avg_sq
     ],
 )
-def test_categories_equal_their_analytic_sizes(make_optimizer, state_per_parameter):
+@pytest.mark.parametrize("resident", [True, False])
+def test_categories_equal_their_analytic_sizes(make_optimizer, state_per_parameter, resident):
     model = mlp()
     optimizer = make_optimizer(model.parameters())
     batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
-    memory = tracked_step(model, optimizer, batch)
+    memory = tracked_step(model, optimizer, batch, resident=resident)
     params = nbytes(model)
     assert params == (16 * 32 + 32 + 32 * 4 + 4) * FLOAT
     assert memory.category_max["parameters"] == params
@@ -80,6 +83,28 @@ def test_categories_equal_their_analytic_sizes(make_optimizer, state_per_paramet
     assert memory.layers["2"]["outputs"] == 8 * 4 * FLOAT
     # The allocator saw the same peak, independently.
     assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
+
+
+def test_the_resident_cross_check_trims_the_heap_only_when_asked(monkeypatch):
+    import dnnperf.probes.memory as probe
+
+    trims = []
+    monkeypatch.setattr(probe, "_release_free_heap", lambda: trims.append(1))
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    without = tracked_step(model, optimizer, batch, resident=False)
+    assert not trims and without.subsystem["peak_rss_growth_bytes"] is None
+    assert without.subsystem["rss_bytes"] > 0 and without.subsystem["minor_faults"] >= 0
+    checked = tracked_step(model, optimizer, batch)
+    assert len(trims) == 1 and checked.subsystem["peak_rss_growth_bytes"] >= 0
+    # The same step's figures either way (the trim changes when pages are resident, not what torch
+    # allocates).
+    assert (checked.peak, checked.category_max, checked.layers) == (
+        without.peak,
+        without.category_max,
+        without.layers,
+    )
 
 
 def test_the_timeline_has_stages_and_the_peak_is_placed():

@@ -201,6 +201,48 @@ def _reset_peak_resident() -> bool:
         return False
 
 
+class ResidentGrowth:
+    """The process's resident memory over a block: its peak, how far the peak rose, page faults.
+
+    With ``trim`` (the cross-check), the C heap's free pages are returned to the OS first and the
+    kernel's peak-resident counter is reset, so the growth is the block's own. That has a price paid
+    inside the block: every heap page it touches that was returned is faulted in and zeroed again (on
+    resnet18 at ``small``, about +30% step time: nearly all of the memory tracker's cost, see
+    docs/benchmarks-memory.md). Without ``trim`` nothing is returned or reset: the resident memory,
+    the process's lifetime peak and the page faults are still read, the growth is None.
+    """
+
+    def __init__(self, trim: bool = True) -> None:
+        self.trim = trim
+        self._faults = resource.getrusage(resource.RUSAGE_SELF)
+        self._rss_start: int | None = None
+        self._hwm_reset = False
+
+    def __enter__(self) -> ResidentGrowth:
+        if self.trim:
+            _release_free_heap()
+        self._faults = resource.getrusage(resource.RUSAGE_SELF)
+        self._rss_start = _read_status("VmRSS")
+        self._hwm_reset = _reset_peak_resident() if self.trim else False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def result(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        hwm, rss = _read_status("VmHWM"), self._rss_start
+        growth = hwm - rss if self._hwm_reset and hwm is not None and rss is not None else None
+        return {
+            "rss_bytes": _read_status("VmRSS"),
+            "peak_rss_bytes": hwm,
+            # The cross-check on the CPU: how far the peak resident memory rose during the block.
+            "peak_rss_growth_bytes": growth,
+            "minor_faults": usage.ru_minflt - self._faults.ru_minflt,
+            "major_faults": usage.ru_majflt - self._faults.ru_majflt,
+        }
+
+
 PERF_EVENTS = ("cache-references", "cache-misses", "LLC-loads", "LLC-load-misses")
 
 
@@ -446,6 +488,10 @@ class MemoryTracker:
     hook (what backward keeps) and a look at the gradients when the update begins. No dispatch mode:
     the tracked step runs torch's own kernels at nearly their own speed. Hooks and the profiler are
     removed on exit, also on error.
+
+    ``resident=False`` leaves out the resident-memory cross-check (``peak_rss_growth_bytes`` is then
+    None; see ResidentGrowth): its heap trim, not the tracking, is what makes the tracked step slower
+    (it faults its memory in again). Every other figure is the same either way.
     """
 
     def __init__(
@@ -455,8 +501,10 @@ class MemoryTracker:
         batch: Any,
         clock: Any = None,
         device: torch.device | str = "cpu",
+        resident: bool = True,
     ) -> None:
         self.model, self.optimizers, self.batch, self.clock = model, list(optimizers), batch, clock
+        self._resident = ResidentGrowth(trim=resident)
         self.device = torch.device(device)
         self._allocator: AllocatorEvents | None = None
         self._names = {id(m): name or ROOT_MODULE for name, m in model.named_modules()}
@@ -508,10 +556,7 @@ class MemoryTracker:
         self._before = {name: sum(storages(tensors).values()) for name, tensors in before.items()}
         self._before_addresses = {a for tensors in before.values() for a in _addresses(tensors)}
         gc.collect()
-        _release_free_heap()
-        self._faults = resource.getrusage(resource.RUSAGE_SELF)
-        self._rss_start = _read_status("VmRSS")
-        self._hwm_reset = _reset_peak_resident()
+        self._resident.__enter__()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -713,18 +758,7 @@ class MemoryTracker:
         return layers
 
     def _subsystem_now(self) -> dict[str, Any]:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        hwm, rss = _read_status("VmHWM"), self._rss_start
-        growth = hwm - rss if self._hwm_reset and hwm is not None and rss is not None else None
-        info: dict[str, Any] = {
-            "rss_bytes": _read_status("VmRSS"),
-            "peak_rss_bytes": hwm,
-            # The cross-check on the CPU: how far the peak resident memory rose during the step.
-            "peak_rss_growth_bytes": growth,
-            "cache_counters": self._counters.result,
-            "minor_faults": usage.ru_minflt - self._faults.ru_minflt,
-            "major_faults": usage.ru_majflt - self._faults.ru_majflt,
-        }
+        info: dict[str, Any] = {**self._resident.result(), "cache_counters": self._counters.result}
         if self.device.type == "cuda":
             capacity = torch.cuda.get_device_properties(self.device).total_memory
             info["device_capacity_bytes"] = capacity
