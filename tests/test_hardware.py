@@ -512,3 +512,24 @@ def test_memory_sizes_are_swept_several_times_in_alternating_order_between_compu
     for curve in profile.memory:
         for point in curve.points:
             assert len(point.seconds) >= plan.memory_sweeps * math.ceil(plan.min_repeats / plan.memory_sweeps)
+
+
+def test_dram_probes_add_samples_of_the_smallest_dram_size_between_sweeps() -> None:
+    """With a (made-up) 32 KiB last-level cache, 128 KiB tensors (3 x 128 KiB >= 4 x 32 KiB) are the
+    smallest DRAM size: each probe adds one triad sample there, with the calls per sample of the
+    sweeps, and nothing to the other sizes or to copy."""
+    plan = hw._PLANS[("cpu", True)]
+    sweeps = hw._MemorySweeps(CPU, plan, hw._Tracker(None, 1.0), (hw.CacheLevel("L3", 32 * 1024),))
+    assert sweeps.probe_size == 128 * 1024
+    probes = 7
+    for _ in range(probes):
+        sweeps.probe()
+    key = ("triad", 128 * 1024)
+    assert list(sweeps.seconds) == [key] and len(sweeps.seconds[key]) == probes
+    calls = sweeps.calls[key]
+    curves = {c.kernel: {p.params["nbytes"]: p for p in c.points} for c in sweeps.curves([])}
+    per_sweep = math.ceil(plan.min_repeats / plan.memory_sweeps)
+    probed = curves["triad"][128 * 1024]
+    assert probed.calls == calls and len(probed.seconds) >= probes + plan.memory_sweeps * per_sweep
+    # No cache sizes known: no size is known to be DRAM, nothing is probed.
+    assert hw._MemorySweeps(CPU, plan, hw._Tracker(None, 1.0)).probe_size is None

@@ -1200,7 +1200,8 @@ def _measure_all_compute(
     device: torch.device, plan: _Plan, tracker: _Tracker, sweeps: _MemorySweeps
 ) -> list[ComputeCurve]:
     """Every compute curve of the plan, warmed up first and then timed in common rounds: each round
-    runs blocks of every configuration of every curve, and the memory sweeps fall between rounds.
+    runs blocks of every configuration of every curve, and the memory sweeps fall between rounds
+    (a DRAM probe sample after each curve's round).
     Each kernel's samples then span the whole calibration, so a stretch of contention from other
     processes (which only ever slows samples down) leaves every kernel some quiet samples: its best
     sustained rate, the peak, does not depend on which kernel happened to run during that stretch."""
@@ -1225,8 +1226,10 @@ def _measure_all_compute(
                     while done[i] < (index + 1) * rounds // total:
                         _one_round(curve.kernels, seconds[i], calls, blocks, device)
                         done[i] += 1
+                        sweeps.probe()
         while sweeps.done < (index + 1) * sweeps.sweeps // total:
             sweeps.sweep()
+    sweeps.release_probe()
     finished: list[ComputeCurve] = []
     float32: dict[str, ComputeCurve] = {}
     for item in items:
@@ -1262,9 +1265,16 @@ class _MemorySweeps:
     spread them between its compute curves: a neighbour's burst of memory traffic then lands on some
     of every size's samples, not on all of them. Within a sweep both kernels time the same float32
     tensors, allocated and touched once per size before any timing; a size keeps its calls per
-    sample from its first sweep, and its samples from every sweep are pooled."""
+    sample from its first sweep, and its samples from every sweep are pooled.
 
-    def __init__(self, device: torch.device, plan: _Plan, tracker: _Tracker) -> None:
+    :meth:`probe` adds one triad sample of the smallest size that counts as DRAM (working set at least
+    DRAM_FACTOR x the last-level cache of ``caches``) whenever it is called: the calibration calls it
+    between compute rounds, so the DRAM plateau, whose speed a neighbour's memory traffic moves by
+    tens of percent for seconds at a time, is sampled all along the calibration."""
+
+    def __init__(
+        self, device: torch.device, plan: _Plan, tracker: _Tracker, caches: Sequence[CacheLevel] = ()
+    ) -> None:
         self.device, self.plan, self.tracker = device, plan, tracker
         self.sweeps = max(1, plan.memory_sweeps)
         self.done = 0
@@ -1276,6 +1286,41 @@ class _MemorySweeps:
         tracker.skip(2 * len(self.skipped) * self.sweeps * self.weight)
         self.calls: dict[tuple[str, int], int] = {}
         self.seconds: dict[tuple[str, int], list[float]] = {}
+        last_level = max((c.capacity for c in caches), default=0)
+        dram = [
+            n for n in self.sizes if last_level and TENSORS_TOUCHED["triad"] * n >= DRAM_FACTOR * last_level
+        ]
+        #: The size :meth:`probe` times, None when no size is known to be beyond the caches.
+        self.probe_size: int | None = min(dram, default=None)
+        self._probe: Callable[[], object] | None = None
+
+    def probe(self) -> None:
+        """One more triad sample at :attr:`probe_size` (its tensors allocated at the first call)."""
+        if self.probe_size is None or self.probe_size in self.skipped:
+            return
+        key = ("triad", self.probe_size)
+        if self._probe is None:
+            numel = self.probe_size // 4
+            try:
+                a, b, c = (
+                    torch.empty(numel, device=self.device, dtype=torch.float32).fill_(1.0) for _ in range(3)
+                )
+            except (RuntimeError, MemoryError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                self.probe_size = None
+                _release(self.device)
+                return
+            self._probe = partial(torch.add, b, c, alpha=0.5, out=a)
+            per_call = _warm_up(self._probe, self.device, self.plan.memory_warmup_s)
+            self.calls.setdefault(key, _calls_per_sample(per_call, self.plan))
+        self._probe()  # untimed: brings the pages back into the TLB after the compute kernels
+        samples = _time_samples(self._probe, self.device, self.calls[key], 1)
+        self.seconds.setdefault(key, []).extend(samples)
+
+    def release_probe(self) -> None:
+        self._probe = None
+        _release(self.device)
 
     def sweep(self) -> None:
         """The next sweep over every size."""
@@ -1319,7 +1364,8 @@ class _MemorySweeps:
             _release(device)
 
     def curves(self, notes: list[str]) -> tuple[BandwidthCurve, ...]:
-        """The curves of every sweep run so far (the rest run first)."""
+        """The curves of every sweep and probe (the sweeps not run yet run first)."""
+        self.release_probe()
         while self.done < self.sweeps:
             self.sweep()
         if self.skipped:
@@ -1465,18 +1511,17 @@ def calibrate(
     with on_device, torch.no_grad():
         # The memory sweeps are spread between the compute rounds: a stretch of a neighbour's memory
         # traffic then slows one sweep, and the other sweeps still see the machine's bandwidth.
-        sweeps = _MemorySweeps(device, plan, tracker)
+        caches = _gpu_caches(device) if device.type == "cuda" else cpu_caches(threads)
+        sweeps = _MemorySweeps(device, plan, tracker, caches)
         compute = _measure_all_compute(device, plan, tracker, sweeps)
         memory = sweeps.curves(notes)
         if device.type == "cuda":
             transfers: dict[str, KernelTiming] | None = _measure_transfers(device, plan, tracker)
             transfer_reason = None
-            caches = _gpu_caches(device)
             name = torch.cuda.get_device_name(device)
         else:
             transfers = None
             transfer_reason = "not applicable: the CPU is the host, there is no host<->device copy"
-            caches = cpu_caches(threads)
             name = environment.cpu_model()
         dispatch = _measure_dispatch(device, plan, tracker)
     profile = HardwareProfile(
