@@ -243,7 +243,8 @@ def _peak_op(profile: hardware.HardwareProfile) -> str:
 
 
 def _kept_sections(path: Path) -> dict[str, list[str]]:
-    """The output file's sections by part, from their headings (to keep those of parts not run)."""
+    """The output file's sections by part, from their headings (to keep those of parts not run);
+    sections written by hand (any other heading) are kept under their heading, after the parts."""
     if not path.exists():
         return {}
     headings = {"## `dnnperf hw`": "hw", "## Layer profiler overhead": "overhead", "## The suite": "suite"}
@@ -251,7 +252,7 @@ def _kept_sections(path: Path) -> dict[str, list[str]]:
     current = None
     for line in path.read_text().splitlines():
         if line.startswith("## "):
-            current = next((part for prefix, part in headings.items() if line.startswith(prefix)), None)
+            current = next((part for prefix, part in headings.items() if line.startswith(prefix)), line)
         if current is not None:
             sections.setdefault(current, []).append(line)
     return {part: lines[:-1] if lines and not lines[-1] else lines for part, lines in sections.items()}
@@ -302,7 +303,7 @@ def main() -> None:
         f"{machine['cores_usable']} usable cores, {machine['memory_bytes'] / 2**30:.0f} GiB, {gpus}; "
         f"torch {software['torch']} ({torch.get_num_threads()} threads), Python {software['python']}.",
     ]
-    for part in PARTS:
+    for part in [*PARTS, *(name for name in sections if name not in PARTS)]:
         if part in sections:
             lines += ["", *sections[part]]
     args.output.write_text("\n".join(lines) + "\n")
