@@ -446,7 +446,7 @@ def ranks_tables(batch_size: int, ranks: Any) -> list[Table]:
     buckets = bucket_table(ranks)
     if len(buckets):
         bucket = Table(
-            title=f"batch {batch_size}: gradient buckets, each one's wait (launch to completion), skew and own time",
+            title=f"batch {batch_size}: gradient buckets: wait (launch to completion), skew, own time",
             title_justify="left",
         )
         for name in buckets.columns:
