@@ -17,6 +17,7 @@ turn of a shared machine's lock); the sections of the parts not run are kept fro
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -114,7 +115,7 @@ def suite_efficiency(profile: hardware.HardwareProfile, presets: tuple[str, ...]
                     "best_layer": None
                     if best is None
                     else f"{best['module']} ({best['type']}, {best['phase']})",
-                    "covered": cover["covered_share"],
+                    "covered": float(cover["covered_share"]),
                     "uncovered": ", ".join(
                         f"{r['op']} {100 * r['share']:.2f}%"
                         for r in cover["uncovered"].head(3).to_dict("records")
@@ -266,6 +267,12 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--presets", default="tiny,small", help="presets of the suite part")
+    parser.add_argument(
+        "--rows",
+        type=Path,
+        help="JSON file of the suite part's rows: rows of presets not run this time are taken from it "
+        "(so the presets can run in separate turns of a shared machine's lock), and it is rewritten",
+    )
     args = parser.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set(PARTS):
@@ -292,7 +299,17 @@ def main() -> None:
         for reason in hardware.stale_reasons(profile):
             print(f"warning: the hardware profile was {reason}", file=sys.stderr)
         print(f"the suite at {', '.join(presets)}: efficiency and coverage", file=sys.stderr)
-        sections["suite"] = suite_section(profile, suite_efficiency(profile, presets), presets)
+        rows = suite_efficiency(profile, presets)
+        if args.rows is not None:
+            kept = json.loads(args.rows.read_text()) if args.rows.exists() else []
+            # Only rows measured against this same profile.
+            same = [r for r in kept if r.get("profile") == profile.created and r["preset"] not in presets]
+            rows = same + [{**r, "profile": profile.created} for r in rows]
+            args.rows.write_text(json.dumps(rows, indent=1))
+            order = {name: i for i, name in enumerate(w.name for w in all_workloads())}
+            rows.sort(key=lambda r: (r["preset"] != "tiny", r["preset"], order.get(r["name"], len(order))))
+            presets = tuple(dict.fromkeys(r["preset"] for r in rows))
+        sections["suite"] = suite_section(profile, rows, presets)
 
     gpus = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
     lines = [
