@@ -15,9 +15,9 @@
 
 Every quantity keeps its raw timed repetitions (mean seconds per call over a sample of back-to-back
 calls, after warm-up); statistics come from :class:`~dnnperf.stats.Samples`. The sizes of one compute
-curve are timed in alternating blocks, and the memory sizes in several sweeps spread between the
-compute curves, so that the machine's drifts fall on all of them alike and every size gets several
-chances at a quiet moment. Timing
+curve are timed in alternating blocks, every compute curve in common rounds through the calibration,
+and the memory sizes in several sweeps between those rounds, so that the machine's drifts fall on all
+of them alike and every kernel gets several chances at a quiet moment. Timing
 excludes the allocation of inputs and, where the operator has an ``out=`` form, of outputs. On CUDA
 the device is synchronised around every timed sample. Profiles are saved as JSON (schema
 ``dnnperf.hardware``) under the cache directory, one per host and device.
@@ -176,8 +176,9 @@ class KernelTiming:
 
         The ceiling of a kernel on a shared machine: other processes, clock drops and a neighbour's
         memory traffic only ever slow a sample down, so the fastest sample over interleaved repeats is
-        the rate the machine reaches when it is left alone, and repeats from one calibration to the
-        next; a median or p90 moves with how busy the machine was during the calibration."""
+        the rate the machine reaches when it is left alone, which repeats from one calibration to the
+        next as long as some of each calibration's moments are quiet; a median or p90 moves with how
+        busy the machine was during the calibration."""
         return self.work / min(self.seconds)
 
 
