@@ -149,7 +149,9 @@ def overhead_section(results: dict[str, dict]) -> list[str]:
         f"the order reversed every other round ({rounds} rounds); a tracked step's overhead is the",
         "median over the rounds of its time relative to the same round's plain step (p10 to p90 beside",
         "it). The tracked step's time is its `wall_s`: from just before the profiler starts to the end",
-        "of the step; the profiler's one-off start-up is taken before the rounds.",
+        "of the step; the profiler's one-off start-up is taken before the rounds. The difference",
+        "between the two tracked columns is the resident cross-check's heap trim (`malloc_trim` before",
+        "the step, whose returned pages the step faults in again; docs/memory.md, Overhead).",
         "",
         "| workload | plain step ms | tracked | p10 to p90 | within target | without the resident check | "
         "p10 to p90 | within target | measured on |",
@@ -169,6 +171,15 @@ def overhead_section(results: dict[str, dict]) -> list[str]:
             ]
         cells.append(row["machine"])
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for kind, label in (("tracked", "With the resident cross-check in the step"), (KINDS[2], "Without it")):
+        medians = {name: Samples.of(results[name][kind]).median for name in ordered}
+        misses = {name: m - OVERHEAD_TARGET for name, m in medians.items() if m > OVERHEAD_TARGET}
+        text = f"{label}: {len(medians) - len(misses)} of {len(medians)} workloads within the target"
+        if misses:
+            worst = max(misses, key=misses.get)
+            text += f"; the largest miss is {worst}, {100 * misses[worst]:.1f} points over"
+        lines.append(text + ".")
     return lines
 
 
