@@ -319,3 +319,26 @@ def test_the_trace_parser_reads_allocations_nodes_and_cuda_copies():
     assert copies["host_to_device_bytes"] == 2**20
     assert copies["host_to_device_bytes_per_s"] == pytest.approx(2**20 / 4e-6)
     assert copies["device_to_host_bytes"] == 2**10
+
+
+def test_a_memory_profile_checks_resident_memory_in_a_step_of_its_own(monkeypatch, tmp_path):
+    """The heap trim (the cross-check's price) happens once per batch size, outside the tracked step,
+    and the point still carries the resident growth."""
+    import dnnperf.probes.memory as probe
+    from dnnperf.results.store import RunStore
+    from dnnperf.runner import BenchSettings, bench
+
+    events: list[str] = []
+    trim = probe._release_free_heap
+    monkeypatch.setattr(probe, "_release_free_heap", lambda: (events.append("trim"), trim())[1])
+    enter, exit_ = probe.MemoryTracker.__enter__, probe.MemoryTracker.__exit__
+    monkeypatch.setattr(probe.MemoryTracker, "__enter__", lambda s: (events.append("tracked"), enter(s))[1])
+    monkeypatch.setattr(
+        probe.MemoryTracker, "__exit__", lambda s, *e: (events.append("done"), exit_(s, *e))[1]
+    )
+    settings = BenchSettings("basic_cnn", batch_sizes=(2, 4), steps=1, warmup=1, memory=True)
+    record = bench(settings, RunStore(tmp_path))
+    assert events == ["tracked", "done", "trim"] * 2
+    for point in record.points:
+        assert point.memory.subsystem["peak_rss_growth_bytes"] is not None
+        assert point.memory.subsystem["minor_faults"] > 0  # the trimmed step faults its pages in

@@ -212,7 +212,9 @@ def unit_forward_times(task: Task, batch: Batch, units: list[Unit], device: torc
 
 
 def tracked_step(task: Task, batch: Batch, device: torch.device, context: Callable[[], Any]) -> StepMemory:
-    tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device)
+    # No resident cross-check: the variants are compared by the allocator's peak, and its heap trim
+    # would slow the tracked step (docs/memory.md).
+    tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device, resident=False)
     with tracker, context():
         task.step(batch, tracker)
     return tracker.result()
