@@ -116,9 +116,9 @@ def _scaling_claim(throughput: pd.DataFrame, commands: dict[str, str]) -> Claim:
     text = ", ".join(f"{n} x{r:.1f}" for n, r in sorted(grows, key=lambda x: -x[1]))
     return Claim(
         claim="Throughput grows with the mini-batch size until the device saturates.",
-        measured=f"best throughput over batch 1's, per workload: {text}",
+        measured=f"best throughput over the smallest batch's, per workload: {text}",
         verdict=verdict(len(rising) >= 0.8 * len(grows) and bool(grows)),
-        why=f"{len(rising)} of {len(grows)} workloads train faster at a larger batch than at batch 1",
+        why=f"{len(rising)} of {len(grows)} workloads train faster at a larger batch than at their smallest",
         commands=commands_of(list(commands.values())),
     )
 
