@@ -41,7 +41,7 @@ bench: install
 	$(BIN)/dnnperf validate --collectives --json > model-collectives.json
 	$(BIN)/dnnperf validate resnet18 vgg16 gpt2 --batch-sizes 8,16 --distributed dp,pp,tp --hw model-hw-1thread.json --json > model-distributed.json
 
-# The seed papers' experiments re-run with dnnperf's commands (about 40 minutes on 2 cores); rewrites
+# The seed papers' experiments re-run with dnnperf's commands (15 minutes on 2 cores); rewrites
 # docs/reproductions.md with the claims beside the measurements and the commands behind them.
 reproduce: install
 	$(BIN)/dnnperf reproduce all
