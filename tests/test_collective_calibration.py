@@ -97,3 +97,21 @@ def test_a_calibrated_machine_uses_each_operations_fit_inside_a_node_only() -> N
 def test_a_collective_fit_without_a_bandwidth_is_refused() -> None:
     with pytest.raises(UsageError, match=r"collectives\['allreduce'\] needs a positive bandwidth"):
         _machine(collectives={"allreduce": {"alpha": 1e-4}})
+
+
+def test_timings_that_do_not_grow_with_size_give_no_fit_and_no_prediction() -> None:
+    """Noise can make a large message look faster than a small one: no bandwidth can be fitted, the
+    operation keeps the machine's default link, and its rows are predicted by nothing."""
+    shrinking = pd.DataFrame(
+        {
+            "op": "broadcast",
+            "bytes": list(cc.SIZES),
+            "median_s": [1e-3 / (i + 1) for i in range(len(cc.SIZES))],
+        }
+    )
+    assert cc.fit_op(shrinking, "broadcast", 2, 1 / 4e9) is None
+    table = cc.compare(shrinking, {}, 2)
+    assert table["predicted_s"].isna().all()
+    from dnnperf.model.validate import collective_rows
+
+    assert collective_rows(table) == []

@@ -187,9 +187,11 @@ def _basis(op: str, n: float, world: int) -> np.ndarray:
     )
 
 
-def fit_op(rows: pd.DataFrame, op: str, world: int, gamma: float) -> dict[str, float]:
+def fit_op(rows: pd.DataFrame, op: str, world: int, gamma: float) -> dict[str, float] | None:
     """Alpha (s) and bandwidth (bytes/s) of one operation, gamma given, minimising the relative error
-    of its rows (each size weighs alike); an alpha the fit would make negative is held at zero."""
+    of its rows (each size weighs alike); an alpha the fit would make negative is held at zero. None
+    when the timings give no positive bandwidth term (too noisy to say how time grows with size): the
+    operation then keeps the machine's default link."""
     mine = rows[rows["op"] == op]
     reduced = np.array(
         [
@@ -203,8 +205,8 @@ def fit_op(rows: pd.DataFrame, op: str, world: int, gamma: float) -> dict[str, f
     if alpha < 0:
         alpha = 0.0
         beta = float(np.linalg.lstsq(design[:, 1:], target, rcond=None)[0][0])
-    if beta <= 0:
-        raise DnnperfError(f"the {op} microbenchmark gave no usable bandwidth term")
+    if not beta > 0:
+        return None
     return {"alpha": float(alpha), "bandwidth": float(1 / beta), "reduce_bandwidth": 1 / gamma}
 
 
@@ -214,11 +216,15 @@ def held_out(sizes: Sequence[int]) -> set[int]:
 
 
 def compare(frame: pd.DataFrame, links: dict[str, dict[str, float]], world: int) -> pd.DataFrame:
-    """Every measured row with its operation's prediction and the relative error."""
+    """Every measured row with its operation's prediction and the relative error (NaN for an
+    operation without a fit)."""
     out = frame.copy()
     predicted = []
     for r in frame.itertuples():
-        fit = links[r.op]
+        fit = links.get(r.op)
+        if fit is None:
+            predicted.append(float("nan"))
+            continue
         link = collectives.Link.of(fit["alpha"], fit["bandwidth"], fit["reduce_bandwidth"], GLOO_SEGMENT)
         predicted.append(predict_op(r.op, r.bytes, world, link))
     out["predicted_s"] = predicted
@@ -235,10 +241,11 @@ def calibrate(world: int = 2, rounds: int = 7) -> tuple[dict[str, Any], pd.DataF
     gamma = reduce_seconds_per_byte()
     frame = measure(world, rounds=rounds)
     fitted_on = frame[~frame["bytes"].isin(held_out(frame["bytes"].unique()))]
-    ops = {op: fit_op(fitted_on, op, world, gamma) for op in frame["op"].unique()}
+    fits = {op: fit_op(fitted_on, op, world, gamma) for op in frame["op"].unique()}
+    ops = {op: fit for op, fit in fits.items() if fit is not None}
     table = compare(frame, ops, world)
     link: dict[str, Any] = {
-        **ops["allreduce"],
+        **ops.get("allreduce", {}),
         "ops": ops,
         "source": (
             f"gloo microbenchmark on {platform.node()}, {world} ranks, "

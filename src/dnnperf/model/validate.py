@@ -265,4 +265,5 @@ def collective_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
             "held_out": bool(r["held_out"]),
         }
         for r in table.to_dict("records")
+        if math.isfinite(r["predicted_s"])  # an operation the fit could not describe
     ]
