@@ -16,6 +16,7 @@ from dnnperf.model import collective_calibration as cc
 from dnnperf.model import collectives
 from dnnperf.model.machine import GLOO_SEGMENT, Machine
 from dnnperf.model.predict import _link
+from test_model_formulas import _machine as toy_machine
 
 
 def _known(alpha: float, bandwidth: float, gamma: float, noise: float = 0.0) -> pd.DataFrame:
@@ -67,20 +68,8 @@ def test_measure_runs_two_gloo_ranks_and_leaves_nothing_behind() -> None:
 
 
 def _machine(**changes: object) -> Machine:
-    base: dict = dict(
-        name="two-per-node",
-        peak_flops={"float32": 1e12},
-        memory_bandwidth=1e11,
-        memory_bytes=1e9,
-        link_bandwidth=1e9,
-        link_latency=1e-5,
-        intra_bandwidth=1e10,
-        intra_latency=1e-6,
-        devices_per_node=2,
-        nodes=2,
-    )
-    base.update(changes)
-    return Machine(**base)
+    """The formula tests' toy machine with two devices in each of two nodes."""
+    return toy_machine(devices_per_node=2, nodes=2, **changes)
 
 
 def test_a_calibrated_machine_uses_each_operations_fit_inside_a_node_only() -> None:
