@@ -176,6 +176,45 @@ def test_disk_full_is_one_line_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_slow_disk_holds_at_most_one_write_in_flight(tmp_path, monkeypatch):
+    """A writer that falls behind must not keep every offloaded tensor alive until backward (the
+    planner counts only the newest write as held): the caller's tensors die once the next is saved."""
+    import time
+    import weakref
+
+    real_open = disk_module.DiskStore._open
+
+    class SlowFile:
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, data):
+            time.sleep(0.05)
+            return self.file.write(data)
+
+    monkeypatch.setattr(disk_module.DiskStore, "_open", lambda self, path: SlowFile(real_open(self, path)))
+    store = disk_module.DiskStore(tmp_path)
+    try:
+        alive = []
+        handles = []
+        for i in range(5):
+            tensor = torch.full((1024,), float(i))
+            alive.append(weakref.ref(tensor))
+            handles.append(store.put(tensor))
+            del tensor
+            assert sum(ref() is not None for ref in alive) == 1  # only the newest, still being written
+        assert [float(store.get(h).view(torch.float32)[0]) for h in handles] == [0, 1, 2, 3, 4]
+    finally:
+        store.close()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_plans_and_compiled_models_are_refused():
     model = small_cnn()
     units = find_units(model)

@@ -59,6 +59,63 @@ def test_feasible_budget_holds_when_measured(feasible):
     assert feasible.variant("offload-all").bytes_written > 0
 
 
+def _planner_measures_over_budget(monkeypatch, times: int) -> list[int]:
+    """The first ``times`` planner measurements report one byte over the budget (as a busy machine or
+    a model miss would): the predicted peaks of every plan run are returned in the list."""
+    from dnnperf.memsave import run as run_module
+
+    real = run_module.measure_variant
+    predicted: list[int] = []
+
+    def measure(name, *args, **kwargs):
+        variant = real(name, *args, **kwargs)
+        if name == "planner":
+            predicted.append(len(predicted))
+            if len(predicted) <= times:
+                variant.peak = budget_of[0] + 1
+        return variant
+
+    budget_of = [0]
+    real_parse = run_module.parse_budget
+
+    def parse(text, peak):
+        budget_of[0] = real_parse(text, peak)
+        return budget_of[0]
+
+    monkeypatch.setattr(run_module, "measure_variant", measure)
+    monkeypatch.setattr(run_module, "parse_budget", parse)
+    return predicted
+
+
+def mlp_task() -> tuple[SupervisedTask, dict]:
+    """Saved activations are nearly all of the peak: budgets far below it are within reach."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Linear(64, 64), nn.Tanh()]
+    model = nn.Sequential(*layers, nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    task = SupervisedTask(model, lambda m, b: nn.functional.cross_entropy(m(b["x"]), b["y"]), optimizer)
+    return task, {"x": torch.randn(2048, 64), "y": torch.randint(0, 10, (2048,))}
+
+
+def test_a_plan_measured_over_the_budget_is_replanned(monkeypatch):
+    runs = _planner_measures_over_budget(monkeypatch, times=1)
+    task, batch = mlp_task()
+    result = memsave(task, batch, torch.device("cpu"), "70%", pairs=1, min_bytes=0)
+    assert len(runs) == 2  # measured over, planned again with that measurement, measured within
+    assert result.feasible and result.variant("planner").peak <= result.budget
+    assert "measured above the budget" in result.reason and f"{result.budget + 1:,}" in result.reason
+
+
+def test_plans_that_keep_measuring_over_the_budget_make_it_infeasible(monkeypatch):
+    runs = _planner_measures_over_budget(monkeypatch, times=99)
+    task, batch = conv_task()
+    result = memsave(task, batch, torch.device("cpu"), "99%", pairs=1, min_bytes=0)
+    assert not result.feasible and "planner" not in {v.name for v in result.variants}
+    assert 1 <= len(runs) <= 3 and result.reason.startswith("infeasible")
+
+
 def test_infeasible_budget_says_why():
     task, batch = conv_task()
     result = memsave(task, batch, torch.device("cpu"), "3%", pairs=1, min_bytes=0)

@@ -1,7 +1,9 @@
 """Offload to disk (the CPU tier): saved tensors written by a background thread during forward and read
 back by another during backward, ahead of use.
 
-Every allocation and release happens on the calling (training) thread: read buffers are allocated
+At most one write is in flight: saving the next tensor waits for the previous write (the planner's
+model of forward, and a budget that holds on a busy machine). Every allocation and release happens
+on the calling (training) thread: read buffers are allocated
 when a read is scheduled, and a written tensor is released when the training thread next looks at the
 finished writes. So torch's allocator (and the memory profiler watching it) sees the real lifetimes,
 and a write that has not finished by the start of backward still counts at the peak.
@@ -20,7 +22,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +106,11 @@ class DiskStore:
     # -- forward ------------------------------------------------------------------------------------
 
     def put(self, tensor: torch.Tensor, position: int = 0) -> DiskHandle:
+        # Back-pressure: at most one write in flight. Without it a writer that falls behind (a busy
+        # machine, a slow disk) keeps every offloaded tensor in memory until backward, and a plan
+        # the planner called feasible misses its budget; the planner's model counts only the newest
+        # write as still held, and the wait here is the offload's exposed cost, measured as such.
+        wait([h.written for h, _ in self._pending if h.written is not None])
         self.release_written()
         storage = tensor.untyped_storage()
         handle = DiskHandle(

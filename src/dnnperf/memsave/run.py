@@ -38,6 +38,8 @@ from dnnperf.stats import Samples
 from dnnperf.workloads.base import Batch, Task
 
 _TIMELINE_POINTS = 300
+#: Plans measured before a budget the model calls feasible is called infeasible.
+_PLAN_ATTEMPTS = 3
 
 
 @dataclass
@@ -388,33 +390,54 @@ def memsave(
     exposed = Samples.of(offload_all.step_s).median - plain_median
     offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
     offload_s_per_byte = max(exposed, 0.0) / offloaded
-    result = plan_budget(
-        units,
-        costs,
-        baseline_peak,
-        budget,
-        offload_s_per_byte,
-        prefetch,
-        min_bytes,
-        profile=profile,
-        calibration=[(everything, offload_all.peak), (sqrt_plan, variants[-1].peak)],
-    )
-    if on_plan is not None:
-        on_plan(result, baseline_peak)
-    if result.feasible:
+    # Feasible means measured within the budget: a plan that measures above it joins the calibration
+    # (the model's ``rest`` rises to cover it) and the planner plans again, a few times at most.
+    calibration = [(everything, offload_all.peak), (sqrt_plan, variants[-1].peak)]
+    missed: list[str] = []
+    for attempt in range(1, _PLAN_ATTEMPTS + 1):
+        result = plan_budget(
+            units,
+            costs,
+            baseline_peak,
+            budget,
+            offload_s_per_byte,
+            prefetch,
+            min_bytes,
+            profile=profile,
+            calibration=calibration,
+        )
+        if on_plan is not None:
+            on_plan(result, baseline_peak)
+        if not result.feasible:
+            if missed:
+                result.reason += "; earlier plans measured above the budget: " + ", ".join(missed)
+            break
         plan_stats: dict[str, int] = {}
         planned = measure_variant(
             "planner",
             task,
             batch,
             device,
-            lambda: _saver(task, result.plan, offload_dir, plan_stats),
+            lambda plan=result.plan, stats=plan_stats: _saver(task, plan, offload_dir, stats),
             pairs,
             plan_stats,
         )
         planned.predicted_peak = result.predicted_peak
         planned.predicted_overhead = result.predicted_overhead_s / plain_median
-        variants.append(planned)
+        if planned.peak <= budget:
+            variants.append(planned)
+            if missed:
+                earlier = ", ".join(missed)
+                result.reason = f"plan {attempt}: earlier plans measured above the budget: {earlier}"
+            break
+        missed.append(f"{planned.peak:,} bytes (predicted {result.predicted_peak:,})")
+        calibration.append((result.plan, planned.peak))
+    else:
+        result.feasible = False
+        result.reason = (
+            f"infeasible: {_PLAN_ATTEMPTS} plans predicted within the budget ({budget:,} bytes) measured "
+            "above it: " + ", ".join(missed)
+        )
     return MemsaveResult(
         budget=budget,
         budget_text=budget_text,
