@@ -358,12 +358,18 @@ class LayerTimer:
     # -- forward --------------------------------------------------------------------------------------
 
     def _pre(self, module: nn.Module, args: Any) -> None:
+        entered = time.perf_counter()
         # The nodes behind this call's inputs existed before it: its walk stops there (the outermost
         # call's inputs' nodes are no layer's at all).
         inputs = {id(t.grad_fn) for t in _tensor_leaves(args) if t.grad_fn is not None}
         if not self._stack:
             self._boundary.update(inputs)
-        self._stack.append([self._names.get(id(module), type(module).__name__), self._now(), [], inputs])
+        parent = self._stack[-1] if self._stack else None
+        start = self._now()
+        self._stack.append([self._names.get(id(module), type(module).__name__), start, [], inputs])
+        if parent is not None and not self._cuda:
+            # This hook's own work falls inside the parent's call: timed apart and taken out of it.
+            self._hook_time(parent, entered, start)
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         end = self._now()
@@ -379,18 +385,17 @@ class LayerTimer:
         self._forward.setdefault(name, []).append((start, end, children))
         if self._stack:
             self._stack[-1][2].append((start, end))
-        if not torch.is_grad_enabled():
-            return
-        if self._cuda:  # host work: it delays launches, not the GPU's timeline the events measure
+        if torch.is_grad_enabled():
             self._claim(output, name, inputs)
-            return
-        # The walk is this profiler's own work, not the parent's: timed apart and taken out of it.
-        walk_start = time.perf_counter()
-        self._claim(output, name, inputs)
-        walk_end = time.perf_counter()
-        self._overhead += walk_end - walk_start
-        if self._stack:
-            self._stack[-1][2].append((walk_start, walk_end))
+        # The walk, like the rest of this hook, is this profiler's own work, not the parent's. (On
+        # CUDA host work delays launches, not the GPU's timeline the events measure.)
+        if self._stack and not self._cuda:
+            self._hook_time(self._stack[-1], end, time.perf_counter())
+
+    def _hook_time(self, parent: list[Any], start: float, end: float) -> None:
+        """Seconds our hooks spent inside ``parent``'s call: out of its own time, into ``(profiler)``."""
+        self._overhead += end - start
+        parent[2].append((start, end))
 
     def _claim(self, output: Any, name: str, inputs: set[int]) -> None:
         # Walk the graph this call made, from its outputs back to its inputs' nodes, through its
