@@ -264,12 +264,13 @@ def plan_budget(
     prefetch_bytes: int | None = None,
     min_bytes: int = 64 * 1024,
     allow: Sequence[str] = (OFFLOAD, RECOMPUTE),
-    margin: float = 0.05,
+    margin: float = 0.02,
     profile: StorageProfile | None = None,
     calibration: Sequence[tuple[Plan, int]] = (),
 ) -> PlanResult:
     """The cheapest plan predicted to stay within ``budget * (1 - margin)`` (the margin covers what
-    the model leaves out: recomputation's temporaries, allocator rounding). ``profile``: which units
+    the model leaves out: recomputation's temporaries, allocator rounding; small, since ``memsave``
+    measures every plan and replans one that misses). ``profile``: which units
     save each storage (``storages.profile_storages``; without it each unit's saved bytes are taken as
     its own storage). ``prefetch_bytes``: the read-ahead window (default ``read_ahead_window``).
     ``calibration``: (plan, measured peak) of plans already measured; none is predicted below it."""
