@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from dnnperf.errors import UsageError
-from dnnperf.memsave.planner import MemoryModel, UnitCost, plan_budget, read_ahead_window
-from dnnperf.memsave.policy import RECOMPUTE, Unit
+from dnnperf.memsave.planner import MeasuredPlan, MemoryModel, UnitCost, plan_budget, read_ahead_window
+from dnnperf.memsave.policy import RECOMPUTE, Plan, Unit
 from dnnperf.memsave.run import MemsaveResult, memsave, parse_budget
 from dnnperf.memsave.storages import Pack, Storage, StorageProfile, profile_storages
 from dnnperf.workloads.base import SupervisedTask
@@ -199,6 +199,35 @@ def test_the_planner_recomputes_every_unit_that_saves_the_storage():
     assert result.plan.segments == [["s.0", "s.1", "s.2"]]
     assert result.predicted_peak == 9000
     assert result.predicted_overhead_s == pytest.approx(7e-3)
+
+
+def test_a_measured_baseline_within_the_budget_is_chosen_when_cheaper():
+    """The model's plan for 9000 costs 7 ms (recompute a..c, by hand above). A baseline measured at
+    8000 bytes for 2 ms is chosen instead; one at 9 ms is not; one measured over the budget
+    never is, however cheap."""
+    profile = shared_profile()
+    everything = Plan(policies={u.name: RECOMPUTE for u in UNITS}, segments=[[u.name for u in UNITS]])
+
+    def plan(*measured: MeasuredPlan):
+        return plan_budget(
+            UNITS, shared_costs(profile), 10_000, 9000, 0.0, min_bytes=0, allow=(RECOMPUTE,), margin=0,
+            profile=profile, measured=measured,
+        )  # fmt: skip
+
+    cheap = plan(MeasuredPlan("sqrt(n)", everything, 8000, 2e-3))
+    assert cheap.feasible and cheap.plan is everything
+    assert (cheap.predicted_peak, cheap.predicted_overhead_s) == (8000, 2e-3)
+    assert cheap.reason.startswith("the measured sqrt(n) plan")
+    dear = plan(MeasuredPlan("sqrt(n)", everything, 8000, 9e-3))
+    assert dear.plan.segments == [["s.0", "s.1", "s.2"]] and dear.predicted_overhead_s == pytest.approx(7e-3)
+    over = plan(MeasuredPlan("offload-all", everything, 9001, 1e-6))
+    assert over.plan is not everything and over.predicted_peak == 9000
+    # Where the model finds nothing (a budget below its floor), a baseline that fits is the plan.
+    floor = plan_budget(
+        UNITS, shared_costs(profile), 10_000, 8500, 0.0, min_bytes=0, allow=(), margin=0, profile=profile,
+        measured=[MeasuredPlan("sqrt(n)", everything, 8400, 5e-3)],
+    )  # fmt: skip
+    assert floor.feasible and floor.plan is everything
 
 
 def test_read_ahead_window_is_one_units_worth_on_the_hooks_clock():

@@ -46,6 +46,16 @@ class UnitCost:
     gradients: int
 
 
+@dataclass(frozen=True)
+class MeasuredPlan:
+    """A plan already run: its measured peak and added seconds a step."""
+
+    name: str
+    plan: Plan
+    peak: int
+    overhead_s: float
+
+
 @dataclass
 class PlanResult:
     """The chosen plan with its predictions, or why no plan meets the budget."""
@@ -267,13 +277,18 @@ def plan_budget(
     margin: float = 0.02,
     profile: StorageProfile | None = None,
     calibration: Sequence[tuple[Plan, int]] = (),
+    measured: Sequence[MeasuredPlan] = (),
 ) -> PlanResult:
     """The cheapest plan predicted to stay within ``budget * (1 - margin)`` (the margin covers what
     the model leaves out: recomputation's temporaries, allocator rounding; small, since ``memsave``
     measures every plan and replans one that misses). ``profile``: which units
     save each storage (``storages.profile_storages``; without it each unit's saved bytes are taken as
     its own storage). ``prefetch_bytes``: the read-ahead window (default ``read_ahead_window``).
-    ``calibration``: (plan, measured peak) of plans already measured; none is predicted below it."""
+    ``calibration``: (plan, measured peak) of plans already measured; none is predicted below it.
+    ``measured``: plans already run (the baselines): one whose measured peak is within the budget is a
+    candidate at its measured cost, so the plan chosen is never costlier than a baseline known to fit
+    (the model, fitted to never predict below a measured peak, cannot promise less than sqrt(n)'s
+    own peak for any plan: at that budget the choice is between sqrt(n) and what the model finds)."""
     if profile is None:
         profile = profile_from_units([c.saved for c in costs], [c.inputs for c in costs])
     if prefetch_bytes is None:
@@ -298,6 +313,17 @@ def plan_budget(
         if peak <= target and (best is None or cost < best[0]):
             best = (cost, policies, segments)
     settings = {"min_bytes": min_bytes, "prefetch_bytes": prefetch_bytes}
+    fits = [m for m in measured if m.peak <= budget]
+    known = min(fits, key=lambda m: m.overhead_s, default=None)
+    if known is not None and (best is None or known.overhead_s < best[0]):
+        table = _table(model, known.plan)
+        reason = (
+            f"the measured {known.name} plan: {known.peak:,} bytes, within the budget, at "
+            f"{known.overhead_s * 1e3:.1f} ms a step"
+        )
+        if best is not None:
+            reason += f", cheaper than the model's best plan ({best[0] * 1e3:.1f} ms predicted)"
+        return PlanResult(known.plan, budget, True, known.peak, known.overhead_s, reason, table)
     if best is None:
         floor, policies, segments = min(
             (

@@ -24,6 +24,7 @@ from dnnperf.devices import synchronize
 from dnnperf.errors import UsageError
 from dnnperf.memsave.disk import measure_bandwidth
 from dnnperf.memsave.planner import (
+    MeasuredPlan,
     PlanResult,
     UnitCost,
     plan_budget,
@@ -393,6 +394,11 @@ def memsave(
     # Feasible means measured within the budget: a plan that measures above it joins the calibration
     # (the model's ``rest`` rises to cover it) and the planner plans again, a few times at most.
     calibration = [(everything, offload_all.peak), (sqrt_plan, variants[-1].peak)]
+    # The baselines as plans the planner may choose at their measured cost (never below zero).
+    baselines = [
+        MeasuredPlan(v.name, plan, v.peak, max(v.overhead, 0.0) * plain_median)
+        for v, plan in ((offload_all, everything), (variants[-1], sqrt_plan))
+    ]
     missed: list[str] = []
     for attempt in range(1, _PLAN_ATTEMPTS + 1):
         result = plan_budget(
@@ -405,6 +411,7 @@ def memsave(
             min_bytes,
             profile=profile,
             calibration=calibration,
+            measured=baselines,
         )
         if on_plan is not None:
             on_plan(result, baseline_peak)
@@ -427,11 +434,12 @@ def memsave(
         if planned.peak <= budget:
             variants.append(planned)
             if missed:
-                earlier = ", ".join(missed)
-                result.reason = f"plan {attempt}: earlier plans measured above the budget: {earlier}"
+                earlier = f"plan {attempt}: earlier plans measured above the budget: {', '.join(missed)}"
+                result.reason = f"{result.reason}; {earlier}" if result.reason else earlier
             break
         missed.append(f"{planned.peak:,} bytes (predicted {result.predicted_peak:,})")
         calibration.append((result.plan, planned.peak))
+        baselines = [b for b in baselines if b.plan is not result.plan]  # measured over this time
     else:
         result.feasible = False
         result.reason = (
