@@ -189,17 +189,39 @@ def rank_main(workload: str, preset: str, batch: int, bucket_mb: float, steps: i
     dist.destroy_process_group()
 
 
-def run_case(workload: str, preset: str, batch: int, bucket_mb: float, steps: int) -> list[list[dict]]:
+def run_case(
+    workload: str, preset: str, batch: int, bucket_mb: float, steps: int, link_mbit: float | None = None
+) -> list[list[dict]]:
+    """Both ranks under torchrun on loopback; with ``link_mbit``, each in its own network namespace,
+    joined by a veth pair shaped to that rate (root; ``dnnperf.distributed.netns``)."""
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "result.json"
-        argv = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
-            __file__, "--rank", workload, preset, str(batch), str(bucket_mb), str(steps), str(output),
-        ]  # fmt: skip
+        rank_argv = [__file__, "--rank", workload, preset, str(batch), str(bucket_mb), str(steps)]
+        rank_argv.append(str(output))
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(argv, env=env, capture_output=True, text=True)
-        if result.returncode:
-            tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
+        if link_mbit is None:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                    "--nproc-per-node=2", *rank_argv]  # fmt: skip
+            result = subprocess.run(argv, env=env, capture_output=True, text=True)
+            failed, log = result.returncode, result.stdout + result.stderr
+        else:
+            from dnnperf.distributed.netns import LinkShape, NetnsPair
+
+            with NetnsPair(LinkShape(link_mbit)) as pair:
+                ranks = [
+                    subprocess.Popen(
+                        pair.rank_command(rank, [sys.executable, *rank_argv]),
+                        env={**env, **pair.rank_environment(rank)},
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                    for rank in range(2)
+                ]
+                logs = [rank.communicate()[0] for rank in ranks]
+            failed, log = max(rank.returncode for rank in ranks), "\n".join(logs)
+        if failed:
+            tail = "\n".join(log.splitlines()[-15:])
             raise RuntimeError(f"{workload} ({preset}) failed:\n{tail}")
         return json.loads(output.read_text())
 
@@ -211,6 +233,11 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", help="only these of the cases")
     parser.add_argument("--json", type=Path, help="also write every rank's bucket allreduces as JSON here")
     parser.add_argument("--from-json", type=Path, help="write the tables from such a JSON, running nothing")
+    parser.add_argument(
+        "--link-mbit",
+        type=float,
+        help="each rank in its own network namespace, the link between them shaped to this rate (root)",
+    )
     parser.add_argument("--rank", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
@@ -226,12 +253,14 @@ def main() -> None:
         run = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "steps": args.steps}
         run |= {"cpu": machine["cpu_model"], "cores": machine["cores_usable"], "torch": torch.__version__}
         run["load_before"] = os.getloadavg()[0]
+        run["link_mbit"] = args.link_mbit
         results = {}
         for workload, preset, batch, bucket_mb in CASES:
             if args.workloads and workload not in args.workloads:
                 continue
             print(f"{workload} ({preset}) ...", file=sys.stderr)
-            results[(workload, preset)] = run_case(workload, preset, batch, bucket_mb, args.steps)
+            case = (workload, preset, batch, bucket_mb, args.steps, args.link_mbit)
+            results[(workload, preset)] = run_case(*case)
         run["load_after"] = os.getloadavg()[0]
     if args.json:
         cases = {f"{w} {p}": r for (w, p), r in results.items()}
@@ -291,7 +320,14 @@ def main() -> None:
         "# Distributed benchmarks",
         "",
         f"Run {run['date']} on {run['cpu']} ({run['cores']} usable cores), torch {run['torch']}, 2 ranks, "
-        f"gloo, 1 thread per rank, {run['steps']} measured steps after 2 warm-up steps "
+        "gloo, 1 thread per rank, "
+        + (
+            f"each rank in its own network namespace, the veth link between them shaped to "
+            f"{run['link_mbit']:g} Mbit/s, "
+            if run.get("link_mbit")
+            else "loopback, "
+        )
+        + f"{run['steps']} measured steps after 2 warm-up steps "
         "(`python benchmarks/distributed_benchmarks.py`); "
         f"ranks' clocks {'shared (one machine)' if shared else 'offset-estimated'}; "
         f"1-minute load average {run['load_before']:.1f} before and {run['load_after']:.1f} after the run "
