@@ -258,6 +258,13 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         "the profile must be calibrated at one thread, OMP_NUM_THREADS=1 dnnperf hw)",
     )
     parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="instead of timed runs, the predicted peak memory of one device against the memory "
+        "profiler's peak of one tracked step of each configuration on this CPU (as `dnnperf profile "
+        "--memory` measures it); needs no hardware profile",
+    )
+    parser.add_argument(
         "--no-report",
         action="store_true",
         help="no HTML report (predicted against measured) beside the record",
@@ -275,7 +282,10 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         calibrated_machines,
         collective_rows,
         distributed_rows,
+        memory_rows,
+        memory_summary,
         single_rows,
+        validate_memory,
         validate_single,
     )
     from dnnperf.report.terminal import validation_tables
@@ -283,6 +293,11 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
 
     if not args.workloads and not args.collectives:
         raise UsageError("validate needs workloads to run, --collectives, or both")
+    if args.memory and args.distributed:
+        raise UsageError(
+            "--memory compares single-process peaks with the memory profiler; it does not combine "
+            "with --distributed (run them as two validations)"
+        )
     names = [get_workload(name).name for name in args.workloads]  # unknown names: UsageError first
     for name in names:
         if args.preset not in get_workload(name).presets:
@@ -303,7 +318,14 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         document["collectives"] = _validate_collectives(out, args.json)
         result.collectives = collective_rows(pd.DataFrame(document["collectives"]["rows"]))
     strategies = _strategies(args.distributed)
-    if names and strategies:
+    if names and args.memory:
+        frame = validate_memory(names, batches, args.preset, out.error if not args.json else None)
+        summary = memory_summary(frame)
+        result.memory = memory_rows(frame)
+        document["memory"] = {"rows": frame.to_dict(orient="records"), "summary": summary}
+        if not args.json:
+            out.print(memory_validation_table(frame, summary))
+    elif names and strategies:
         document["distributed"] = _validate_distributed(args, names, batches, strategies, out)
         result.runs = distributed_rows(pd.DataFrame(document["distributed"]["rows"]))
     elif names:
@@ -345,7 +367,7 @@ def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path 
     from dnnperf.results.record import RunRecord, new_run_id, utc_now
     from dnnperf.results.store import RunStore
 
-    names = sorted({r["workload"] for r in result.runs}) or ["collectives"]
+    names = sorted({r["workload"] for r in [*result.runs, *result.memory]}) or ["collectives"]
     record = RunRecord(
         id=new_run_id("+".join(names)[:40], args.preset),
         kind="validate",
@@ -354,9 +376,10 @@ def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path 
         settings={
             "device": "cpu",
             "data": "memory",
-            "batch_sizes": sorted({r["batch"] for r in result.runs}),
+            "batch_sizes": sorted({r["batch"] for r in [*result.runs, *result.memory]}),
             "steps": args.steps,
             "distributed": args.distributed,
+            "memory": args.memory,
             "collectives": args.collectives,
             "hw": str(args.hw) if args.hw else None,
         },
@@ -369,6 +392,60 @@ def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path 
     path = RunStore(args.runs_dir).save(record)
     report = None if args.no_report else write_report(record, default_path(path))
     return path, report
+
+
+def memory_validation_table(frame: Any, summary: dict[str, float]) -> Any:
+    """dnnperf validate --memory: measured against predicted peak per configuration, with the bytes
+    of each category at both sides' peaks (predicted / measured) to say where a miss comes from."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from dnnperf.report.terminal import human_count
+
+    def signed(value: Any) -> str:
+        return "n/a" if value is None or value != value else f"{100 * value:+.1f}%"
+
+    table = Table(
+        title=(
+            f"peak memory of one step, measured (memory profiler) vs predicted: median |error| "
+            f"{summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
+            f"{summary['within_10_percent']} of {summary['runs']} within 10%"
+        ),
+        caption="per category: bytes at the predicted / the measured peak (bwd: backward, upd: update)",
+    )
+    parts = {
+        "parameters": "params",
+        "gradients": "grads",
+        "optimizer_state": "opt state",
+        "activations": "activations",
+        "temporaries": "temporaries",
+    }
+    for column in ("workload", "batch", "measured", "predicted", "error", "peak in", *parts.values()):
+        table.add_column(column, justify="left" if column in ("workload", "peak in") else "right")
+    short = {"backward": "bwd", "update": "upd", "forward": "fwd"}
+    for row in frame.to_dict(orient="records"):
+        if isinstance(row.get("reason"), str):
+            table.add_row(
+                row["workload"],
+                str(row["batch"]),
+                "",
+                human_count(row["predicted_bytes"], "B"),
+                "",
+                escape(row["reason"][:60]),
+                *([""] * len(parts)),
+            )
+            continue
+        phases = [short.get(row[k], row[k]) for k in ("predicted_phase", "measured_phase")]
+        table.add_row(
+            row["workload"],
+            str(row["batch"]),
+            human_count(row["measured_bytes"], "B"),
+            human_count(row["predicted_bytes"], "B"),
+            signed(row["error"]),
+            " / ".join(phases),
+            *(f"{human_count(row[f'predicted[{p}]'])} / {human_count(row[f'measured[{p}]'])}" for p in parts),
+        )
+    return table
 
 
 def _strategies(text: str | None) -> list[str]:

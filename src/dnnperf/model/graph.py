@@ -1,9 +1,12 @@
 """A training step as the model sees it: every operator with phase, module, family, FLOPs and bytes.
 
 One step of the real task runs under :class:`~dnnperf.analysis.opcount.OpCounter` (the layer
-profiler's description), with two additions the strategies need: each top-level layer's output bytes
-(pipeline cuts and tensor-parallel collectives) and the bytes autograd saves for backward (activation
-memory). Descriptions are cached on disk like ``analysis/flops.py`` caches FLOPs.
+profiler's description), with additions the strategies and the memory estimate need: each top-level
+layer's output bytes (pipeline cuts and tensor-parallel collectives), the bytes autograd saves for
+backward (activation memory) and the *memory walk*: the forward pass as a sequence of module calls,
+each with the bytes it saved for backward, the gradient bytes that flow through it in backward and the
+parameter gradients backward makes there (``model/predict.py`` walks it backwards for the peak).
+Descriptions are cached on disk like ``analysis/flops.py`` caches FLOPs.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +46,26 @@ class Layer:
 
 
 @dataclass
+class Segment:
+    """A stretch of one forward pass under one module call, for the memory walk (forward order).
+
+    ``saved``: bytes autograd saved for backward here (each storage once per forward pass; parameters,
+    buffers and the batch are not activations). ``flow``: the gradient bytes alive while backward
+    passes here: the input and output bytes of the latest leaf module called (its output's gradient
+    arrives, its input's gradient is made) or, where operators outside leaf modules saved something
+    (a loss, attention written with functions), twice the largest storage they saved, whichever is
+    larger. ``grads``: parameter-gradient bytes backward makes here (at the last forward call of the
+    module that owns them, the first one backward reaches). ``cycle``: which forward-backward-update
+    cycle of the step (WGAN-GP's step has several)."""
+
+    cycle: int
+    module: str
+    saved: int
+    flow: int
+    grads: int
+
+
+@dataclass
 class StepGraph:
     """One training step: operator rows plus what memory and the strategies need."""
 
@@ -52,12 +76,20 @@ class StepGraph:
     #: Parameter bytes per module (parameters owned directly), for gradient buckets.
     module_param_bytes: dict[str, int]
     optimizer_state_bytes: int
-    #: Bytes autograd saved in forward for backward (storages counted once).
+    #: Bytes autograd saved in forward for backward: activations, each storage once, neither parameters
+    #: nor the batch; the largest forward pass's where a step has several (WGAN-GP).
     saved_bytes: int
     batch_bytes: int
     layers: list[Layer] = field(default_factory=list)
     #: Modules that own parameters -> [input bytes, output bytes] of their first forward call.
     module_io: dict[str, list[int]] = field(default_factory=dict)
+    #: The forward passes as the memory estimate walks them (see Segment); empty in older descriptions.
+    memory_walk: list[Segment] = field(default_factory=list)
+    #: Transient bytes of the optimizer's update on top of gradients and state (per optimizer type,
+    #: see ``update_temporaries``), the largest over the step's optimizers.
+    update_temp_bytes: int = 0
+    #: Parameters that train no gradient (frozen): memory, but no gradient, state or allreduce.
+    frozen_param_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -69,6 +101,7 @@ class StepGraph:
         values = dict(document)
         values["ops"] = pd.DataFrame(values["ops"])
         values["layers"] = [Layer(**layer) for layer in values["layers"]]
+        values["memory_walk"] = [Segment(**segment) for segment in values.get("memory_walk", [])]
         return cls(**values)
 
     def at_batch(self, other: StepGraph, batch_size: int) -> StepGraph:
@@ -101,10 +134,17 @@ class StepGraph:
             k: [lerp(v[0], other.module_io.get(k, v)[0]), lerp(v[1], other.module_io.get(k, v)[1])]
             for k, v in self.module_io.items()
         }
+        walk = self.memory_walk
+        if [(s.cycle, s.module) for s in walk] == [(s.cycle, s.module) for s in other.memory_walk]:
+            walk = [
+                Segment(x.cycle, x.module, lerp(x.saved, y.saved), lerp(x.flow, y.flow), x.grads)
+                for x, y in zip(walk, other.memory_walk, strict=True)
+            ]
         return dataclasses.replace(
             self,
             batch_size=batch_size,
             module_io=io,
+            memory_walk=walk,
             ops=ops,
             saved_bytes=lerp(self.saved_bytes, other.saved_bytes),
             batch_bytes=lerp(self.batch_bytes, other.batch_bytes),
@@ -134,15 +174,197 @@ def pipeline_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return units
 
 
+def _storage(tensor: torch.Tensor) -> tuple[Any, int]:
+    """(identity, bytes) of a tensor's storage; on "meta" (no storage) the tensor it views."""
+    if tensor.device.type == "meta":
+        base = tensor._base if tensor._base is not None else tensor
+        return ("meta", id(base)), _nbytes(tensor)
+    storage = tensor.untyped_storage()
+    return (storage.data_ptr(), storage.device.type), storage.nbytes()
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    return []
+
+
+def update_temporaries(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes the optimizer's update allocates for a moment on top of gradients and state.
+
+    torch's single-tensor implementations (the default off CUDA) update one parameter at a time, each
+    with transient buffers of that parameter's size: SGD one for weight decay (``grad + wd * param``)
+    and one for Nesterov; Adam and AdamW two (``exp_avg_sq.sqrt()``, then its quotient), plus one for
+    Adam's coupled weight decay; RMSprop one (``square_avg.sqrt()``) plus one for weight decay; one
+    more with ``maximize`` (``-grad``). Any other optimizer: two, a guess. The foreach implementations
+    (CUDA's default) make them for a whole parameter group at once; the fused ones make none.
+    """
+    kind = type(optimizer).__name__
+    worst = 0
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.requires_grad]
+        if not params or group.get("fused"):
+            continue
+        decay = bool(group.get("weight_decay"))
+        if kind == "SGD":
+            factor = decay + bool(group.get("nesterov"))
+        elif kind in ("Adam", "AdamW"):
+            decoupled = kind == "AdamW" or bool(group.get("decoupled_weight_decay"))
+            factor = 2 + (decay and not decoupled)
+        elif kind == "RMSprop":
+            factor = 1 + decay
+        else:
+            factor = 2
+        factor += bool(group.get("maximize"))
+        foreach = group.get("foreach")
+        if foreach is None:  # torch's default: foreach where every parameter is on CUDA
+            foreach = all(p.device.type == "cuda" for p in params)
+        sizes = [_nbytes(p) for p in params]
+        worst = max(worst, factor * (sum(sizes) if foreach else max(sizes)))
+    return worst
+
+
+class _MemoryWalk:
+    """Records the memory walk of one step (see :class:`Segment`): module hooks say which module runs,
+    the saved-tensor pack hook what each saves, the step's stage marks where a cycle begins (a forward
+    after a backward or update) and, when an update begins, which parameters got gradients."""
+
+    def __init__(self, model: nn.Module, inputs: Any, stages: Callable[[str], Any]) -> None:
+        self.model, self.stages = model, stages
+        self.names = {id(m): name or "(root)" for name, m in model.named_modules()}
+        self.leaves = {id(m) for m in model.modules() if next(m.children(), None) is None}
+        self.owner: dict[int, str] = {}
+        for name, module in model.named_modules():
+            for parameter in module.parameters(recurse=False):
+                self.owner.setdefault(id(parameter), name or "(root)")
+        # Alive before the step and after it: not activations even when saved (a weight, the batch,
+        # batch norm's running statistics).
+        tensors = [*model.parameters(), *model.buffers(), *_tensors_in(inputs)]
+        self.excluded = {_storage(t)[0] for t in tensors}
+        self.stack: list[str] = []
+        self.stage = "other"  # the stage running now
+        self.last = "other"  # the last stage entered
+        self.cycle = 0  # a step that marks no stages is one cycle
+        self.segments: list[dict[str, Any]] = []
+        #: per segment: the largest storage saved there outside any leaf module (-1: a leaf's own)
+        self.largest: list[int] = []
+        self.flow = 0
+        self.seen: set[Any] = set()
+        #: per cycle: parameters with a gradient when its update began
+        self.updated: dict[int, list[torch.nn.Parameter]] = {}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _MemoryWalk:
+        for module in self.model.modules():
+            self.handles.append(module.register_forward_pre_hook(self._enter))
+            self.handles.append(module.register_forward_hook(self._leave, always_call=True))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        """The step's ``stages``: marks the walk's stage, then the counter's."""
+        forward_side = stage not in ("backward", "update")
+        if forward_side and self.last in ("backward", "update"):
+            self.cycle += 1
+            self.seen.clear()
+        self.last = stage
+        if stage == "update":
+            self.updated.setdefault(self.cycle, []).extend(
+                p for p in self.model.parameters() if p.grad is not None
+            )
+        previous, self.stage = self.stage, stage
+        try:
+            with self.stages(stage):
+                yield
+        finally:
+            self.stage = previous
+
+    def _recording(self) -> bool:
+        return self.stage not in ("backward", "update")
+
+    def _segment(self, module: str, leaf: bool = False) -> None:
+        if self._recording():
+            self.segments.append(
+                {"cycle": self.cycle, "module": module, "saved": 0, "flow": self.flow, "grads": 0}
+            )
+            self.largest.append(0 if not leaf else -1)
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        name = self.names.get(id(module), type(module).__name__)
+        self.stack.append(name)
+        if id(module) in self.leaves:
+            self.flow = _nbytes(args)
+        self._segment(name, leaf=id(module) in self.leaves)
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        name = self.names.get(id(module), type(module).__name__)
+        if name in self.stack:
+            del self.stack[len(self.stack) - 1 - self.stack[::-1].index(name) :]
+        if id(module) in self.leaves:
+            self.flow = _nbytes(args) + _nbytes(output)
+            if self.segments and self._recording():
+                self.segments[-1]["flow"] = self.flow
+        self._segment(self.stack[-1] if self.stack else "(none)")
+
+    def pack(self, tensor: torch.Tensor) -> None:
+        if not self._recording():
+            return
+        key, nbytes = _storage(tensor)
+        if key in self.excluded or key in self.seen:
+            return
+        self.seen.add(key)
+        if not self.segments or self.segments[-1]["cycle"] != self.cycle:
+            self._segment(self.stack[-1] if self.stack else "(none)")
+        self.segments[-1]["saved"] += nbytes
+        if self.largest[-1] >= 0:  # not a leaf module's own segment
+            self.largest[-1] = max(self.largest[-1], nbytes)
+
+    def result(self) -> list[Segment]:
+        """The walk, gradients placed, segments that change nothing for the walk dropped."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        for cycle in range(self.cycle + 1):
+            indices = [i for i, s in enumerate(self.segments) if s["cycle"] == cycle]
+            if not indices:
+                continue
+            last = {self.segments[i]["module"]: i for i in indices}
+            unique = {id(p): p for p in self.updated.get(cycle, trainable)}
+            for parameter in unique.values():
+                where = last.get(self.owner.get(id(parameter), ""), indices[-1])
+                self.segments[where]["grads"] += _nbytes(parameter)
+        for s, largest in zip(self.segments, self.largest, strict=True):
+            # Operators outside leaf modules (a loss, attention written as functions): the gradient
+            # that flows there is about the size of what they save, arriving and leaving.
+            s["flow"] = max(s["flow"], 2 * largest)
+        kept: list[Segment] = []
+        for s in self.segments:
+            previous = kept[-1] if kept else None
+            same = previous is not None and previous.cycle == s["cycle"] and previous.flow == s["flow"]
+            if same and not s["saved"] and not s["grads"]:
+                continue
+            kept.append(Segment(**s))
+        return kept
+
+
 def capture(
     model: nn.Module,
-    run_step: Callable[[OpCounter], Any],
+    run_step: Callable[[Callable[[str], Any]], Any],
     name: str,
     batch_size: int,
     batch_bytes: int,
     optimizers: list[torch.optim.Optimizer] | None = None,
+    inputs: Any = None,
 ) -> StepGraph:
-    """Run ``run_step(counter)`` (one training step; the counter is its ``stages``) and describe it."""
+    """Run ``run_step(stages)`` (one training step; ``stages`` is its stage clock) and describe it.
+    ``inputs``: the batch, whose storages are not activations when saved for backward."""
     layers: dict[str, Layer] = {}
     handles = []
     for child_name, child in pipeline_units(model):
@@ -161,20 +383,16 @@ def capture(
                 module_io.setdefault(_name, [_nbytes(args), _nbytes(output)])
 
             handles.append(module.register_forward_hook(io_hook))
-    storages: dict[Any, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type == "meta":
-            storages[id(tensor)] = _nbytes(tensor)
-        else:
-            storage = tensor.untyped_storage()
-            storages[(storage.data_ptr(), storage.device.type)] = storage.nbytes()
+        walk.pack(tensor)
         return tensor
 
     counter = OpCounter(model)
+    walk = _MemoryWalk(model, inputs, counter)
     try:
-        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            run_step(counter)
+        with counter, walk, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            run_step(walk)
     finally:
         for handle in handles:
             handle.remove()
@@ -193,13 +411,30 @@ def capture(
     ]
     module_params: dict[str, int] = {}
     seen: set[int] = set()
+    frozen = 0
     for module_name, module in model.named_modules():
         for parameter in module.parameters(recurse=False):
-            if parameter.requires_grad and id(parameter) not in seen:
-                seen.add(id(parameter))
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if parameter.requires_grad:
                 key = module_name or "(root)"
                 module_params[key] = module_params.get(key, 0) + _nbytes(parameter)
-    state = sum(_nbytes(s) for opt in optimizers or [] for s in opt.state.values())
+            else:
+                frozen += _nbytes(parameter)
+    # What the optimizers keep per element (momentum, Adam's moments), not their step counters: the
+    # memory profiler counts the same (probes/memory.py: optimizer_tensors).
+    state = sum(
+        _nbytes(value)
+        for opt in optimizers or []
+        for per_param in opt.state.values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor) and value.numel() > 1
+    )
+    segments = walk.result()
+    per_cycle: dict[int, int] = {}
+    for segment in segments:
+        per_cycle[segment.cycle] = per_cycle.get(segment.cycle, 0) + segment.saved
     return StepGraph(
         name=name,
         batch_size=batch_size,
@@ -207,10 +442,13 @@ def capture(
         param_bytes=sum(module_params.values()),
         module_param_bytes=module_params,
         optimizer_state_bytes=state,
-        saved_bytes=sum(storages.values()),
+        saved_bytes=max(per_cycle.values(), default=0),
         batch_bytes=batch_bytes,
         layers=list(layers.values()),
         module_io=module_io,
+        memory_walk=segments,
+        update_temp_bytes=max((update_temporaries(opt) for opt in optimizers or []), default=0),
+        frozen_param_bytes=frozen,
     )
 
 
@@ -238,7 +476,7 @@ def describe_model(
         out = m(b) if isinstance(b, torch.Tensor) else m(**b)
         return sum(t.float().sum() for t in _flat(out))
 
-    def step(stages: OpCounter) -> None:
+    def step(stages: Callable[[str], Any]) -> None:
         with stages("forward"):
             loss = loss_of(model, batch)
         with stages("backward"):
@@ -247,7 +485,7 @@ def describe_model(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    return capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer])
+    return capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
@@ -266,7 +504,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-3"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-4"],
         sort_keys=True,
         default=str,
     )
@@ -302,6 +540,7 @@ def describe_workload(workload: str, preset: str, batch_size: int, device: str =
         batch_size,
         _nbytes(batch),
         task.optimizers(),
+        inputs=batch,
     )
     store.put(key, graph.to_dict())
     return graph

@@ -39,9 +39,11 @@ class Prediction:
     communication_s: float  # exposed: not hidden behind compute
     bubble_s: float  # pipeline fill and drain
     other_s: float  # the data stage
-    memory_bytes: float  # per device: parameters, gradients, optimizer state, saved activations, batch
+    memory_bytes: float  # per device, the peak: see MemoryEstimate
     memory_capacity: float
     detail: dict[str, Any] = field(default_factory=dict)
+    #: The peak's parts (MemoryEstimate.to_dict): bytes per category at the predicted peak, and where.
+    memory: dict[str, Any] = field(default_factory=dict)
 
     @property
     def step_s(self) -> float:
@@ -76,9 +78,93 @@ def _per_device(batch_size: int, ways: int, what: str) -> int:
     return batch_size // ways
 
 
-def _memory(graph: StepGraph, param_share: float = 1.0, activation_share: float = 1.0) -> float:
-    states = (2 * graph.param_bytes + graph.optimizer_state_bytes) * param_share
-    return states + graph.saved_bytes * activation_share + graph.batch_bytes
+#: The categories of a memory estimate, as the memory profiler names them (probes/memory.py).
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "input", "temporaries")
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per category at the predicted peak of one device's step, and where the peak falls."""
+
+    parameters: float
+    gradients: float
+    optimizer_state: float
+    activations: float
+    input: float
+    temporaries: float
+    #: "backward" (activations still held while gradients grow) or "update" (every gradient, the
+    #: optimizer's transient buffers).
+    phase: str
+    #: Where in backward: the module whose forward segment the walk was passing ("" at the update).
+    module: str = ""
+
+    @property
+    def peak(self) -> float:
+        return sum(getattr(self, c) for c in MEMORY_CATEGORIES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "peak": self.peak}
+
+
+def memory_estimate(
+    graph: StepGraph, param_share: float = 1.0, activation_share: float = 1.0
+) -> MemoryEstimate:
+    """The peak of one step's memory on one device, from the description alone (docs/performance-model.md).
+
+    Parameters, optimizer state and the batch are held throughout. On top of them, the larger of:
+
+    * **backward**, walked from the end of forward to its start over the graph's memory walk: at each
+      forward segment, the activations saved up to it (not yet released), the parameter gradients
+      backward has made from there to the end, and the gradient flowing there (the output and input
+      gradients of the latest leaf module);
+    * **the update**: every gradient of the cycle and the optimizer's transient buffers
+      (``graph.update_temp_bytes``, by optimizer type).
+
+    ``param_share`` scales what belongs to parameters (parameters, gradients, optimizer state: a
+    pipeline stage's or a tensor-parallel rank's share), ``activation_share`` the activations (the
+    micro-batches a stage holds in flight). The transient terms are not scaled (one micro-batch's
+    gradient flow; the largest parameter's update buffers): an upper side.
+    """
+    fixed = {
+        "parameters": (graph.param_bytes + graph.frozen_param_bytes) * param_share,
+        "optimizer_state": graph.optimizer_state_bytes * param_share,
+        "input": float(graph.batch_bytes),
+    }
+    cycles: dict[int, list[Any]] = {}
+    for segment in graph.memory_walk:
+        cycles.setdefault(segment.cycle, []).append(segment)
+    updated = max((sum(s.grads for s in c) for c in cycles.values()), default=graph.param_bytes)
+    best = MemoryEstimate(
+        **fixed,
+        gradients=updated * param_share,
+        activations=0.0,
+        temporaries=float(graph.update_temp_bytes),
+        phase="update",
+    )
+    if not cycles:  # a description from before the walk: every activation beside every gradient
+        walked = MemoryEstimate(
+            **fixed,
+            gradients=graph.param_bytes * param_share,
+            activations=graph.saved_bytes * activation_share,
+            temporaries=0.0,
+            phase="backward",
+        )
+        return walked if walked.peak > best.peak else best
+    for segments in cycles.values():
+        saved = np.cumsum([s.saved for s in segments]) * activation_share
+        grads = np.cumsum([s.grads for s in segments][::-1])[::-1] * param_share
+        flow = np.array([s.flow for s in segments], dtype=float)
+        k = int(np.argmax(saved + grads + flow))
+        if saved[k] + grads[k] + flow[k] > best.gradients + best.activations + best.temporaries:
+            best = MemoryEstimate(
+                **fixed,
+                gradients=float(grads[k]),
+                activations=float(saved[k]),
+                temporaries=float(flow[k]),
+                phase="backward",
+                module=segments[k].module,
+            )
+    return best
 
 
 def _link(machine: Machine, ranks: int, op: str = "allreduce") -> collectives.Link:
@@ -150,14 +236,16 @@ def predict(
                 costs = [collectives.allreduce(n, devices, link, algorithm) for n in sizes]
             exposed = strategies.bucket_overlap(ready, costs, backward_s)
             detail = {"buckets": len(sizes), "allreduce_s": sum(costs), "backward_s": backward_s}
+        memory = memory_estimate(graph)
         return Prediction(
             **common,
             compute_s=compute,
             communication_s=exposed,
             bubble_s=0.0,
             other_s=data_seconds(graph, machine),
-            memory_bytes=_memory(graph),
+            memory_bytes=memory.peak,
             detail=detail,
+            memory=memory.to_dict(),
         )
     if strategy == "pp":
         stages = devices
@@ -183,14 +271,15 @@ def predict(
         in_flight = m if schedule == "gpipe" else min(m, stages)
         heaviest = int(np.argmax(stage_s))
         stage_share = stage_s[heaviest] / max(sum(stage_s), 1e-30)
-        memory = _memory(graph, share, in_flight * stage_share)
+        memory = memory_estimate(graph, share, in_flight * stage_share)
         return Prediction(
             **common,
             compute_s=pipe.compute_s + update * share,
             communication_s=pipe.communication_s,
             bubble_s=pipe.bubble_s,
             other_s=data_seconds(graph, machine) * m,
-            memory_bytes=memory,
+            memory_bytes=memory.peak,
+            memory=memory.to_dict(),
             detail={
                 "micro_batches": m,
                 "schedule": schedule,
@@ -219,14 +308,16 @@ def predict(
         )
     split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
     share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)
+    memory = memory_estimate(graph, share)
     return Prediction(
         **common,
         compute_s=compute,
         communication_s=comm,
         bubble_s=0.0,
         other_s=data_seconds(graph, machine),
-        memory_bytes=_memory(graph, share),
+        memory_bytes=memory.peak,
         detail={"split_modules": len(split)},
+        memory=memory.to_dict(),
     )
 
 

@@ -3,7 +3,8 @@
 Calibration comes from microbenchmarks only (``dnnperf hw``'s profile at this thread count, the
 per-call overhead of :mod:`~dnnperf.model.calibrate`, its layer zoo), measured before any run; the
 runs being predicted never feed the model. Besides the model, its ablation variants are predicted
-for the same runs (docs/validation.md). Single process only for now.
+for the same runs (docs/validation.md). ``validate_memory`` sets the predicted peak memory of one
+device beside the memory profiler's measurement of a tracked step of the same configuration.
 """
 
 from __future__ import annotations
@@ -88,6 +89,82 @@ def validate_single(
                 model_ms = predicted["model"] * 1e3
                 progress(f"{name} b{batch}: measured {measured * 1e3:.2f} ms, predicted {model_ms:.2f} ms")
     return pd.DataFrame(rows)
+
+
+#: Measured categories that the prediction has no counterpart for (the profiler's own residuals).
+MEASURED_ONLY = ("other", "unattributed")
+
+
+def validate_memory(
+    workloads: Sequence[str],
+    batches: Sequence[int],
+    preset: str,
+    progress: Callable[[str], None] | None = None,
+    warmup: int = 1,
+) -> pd.DataFrame:
+    """One row per workload x batch: the memory profiler's measured peak of one tracked training step
+    on this CPU (``dnnperf profile --memory``: the runner's tracked step after ``warmup`` + 1 plain
+    ones) and the model's predicted peak for one device (``predict.memory_estimate`` over the counted
+    description, as ``predict(..., strategy="single")`` gives it), with the error and both sides'
+    bytes per category at their peaks: ``measured[c]`` and ``predicted[c]``, which add up to each
+    side's peak (the measured side also has ``other`` and ``unattributed``). A configuration that did
+    not run (out of memory, failed) has no measured figures and says why in ``reason``."""
+    from dnnperf.model.predict import MEMORY_CATEGORIES, memory_estimate
+    from dnnperf.runner import BenchSettings, bench
+
+    rows = []
+    for name in workloads:
+        for batch in batches:
+            estimate = memory_estimate(describe_workload(name, preset, batch))
+            settings = BenchSettings(
+                name, preset, (batch,), steps=1, warmup=warmup, device="cpu", memory=True
+            )
+            point = bench(settings).points[0]
+            row: dict[str, Any] = {
+                "workload": name,
+                "batch": batch,
+                "measured_bytes": float("nan"),
+                "predicted_bytes": estimate.peak,
+                "error": float("nan"),
+                "measured_phase": None,
+                "predicted_phase": estimate.phase,
+                "measured_module": None,
+                "predicted_module": estimate.module,
+                "reason": None,
+            }
+            memory = point.memory
+            if memory is None or memory.measured_peak <= 0:
+                row["reason"] = point.error or f"no memory measured (status {point.status})"
+            else:
+                row.update(
+                    measured_bytes=float(memory.measured_peak),
+                    error=estimate.peak / memory.measured_peak - 1,
+                    measured_phase=memory.peak_phase,
+                    measured_module=memory.peak_module,
+                )
+            for category in MEMORY_CATEGORIES:
+                row[f"measured[{category}]"] = float(memory.peak.get(category, 0)) if memory else None
+                row[f"predicted[{category}]"] = float(getattr(estimate, category))
+            for category in MEASURED_ONLY:
+                row[f"measured[{category}]"] = float(memory.peak.get(category, 0)) if memory else None
+            rows.append(row)
+            if progress is not None:
+                progress(
+                    f"{name} b{batch}: measured peak {row['measured_bytes'] / 2**20:.2f} MiB, "
+                    f"predicted {estimate.peak / 2**20:.2f} MiB"
+                )
+    return pd.DataFrame(rows)
+
+
+def memory_summary(frame: pd.DataFrame) -> dict[str, float]:
+    """Median and max absolute error of the predicted peak, and how many runs are within 10%."""
+    errors = frame["error"].dropna().abs()
+    return {
+        "runs": len(errors),
+        "median_abs_error": float(errors.median()) if len(errors) else float("nan"),
+        "max_abs_error": float(errors.max()) if len(errors) else float("nan"),
+        "within_10_percent": int((errors <= 0.10).sum()),
+    }
 
 
 def ablation(frame: pd.DataFrame) -> pd.DataFrame:
@@ -201,9 +278,16 @@ class ValidationResult:
     runs: list[dict[str, Any]] = field(default_factory=list)
     #: op, bytes, measured_s (median of the slowest rank), predicted_s, held_out (the fit never saw it)
     collectives: list[dict[str, Any]] = field(default_factory=list)
+    #: ``--memory``: workload, batch, measured_bytes (the memory profiler's peak), predicted_bytes,
+    #: both phases and both sides' bytes per category at their peaks (``validate_memory``'s columns).
+    #: Absent from records made before it.
+    memory: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"runs": self.runs, "collectives": self.collectives}
+        document: dict[str, Any] = {"runs": self.runs, "collectives": self.collectives}
+        if self.memory:
+            document["memory"] = self.memory
+        return document
 
     @classmethod
     def from_dict(cls, data: Any) -> ValidationResult:
@@ -218,10 +302,28 @@ class ValidationResult:
                 if not isinstance(row, dict) or any(not isinstance(row.get(k), str) for k in keys):
                     raise ValueError(f"{part}[{i}] lacks {', '.join(keys)}")
                 for key in ("measured_s", "predicted_s"):
-                    value = row.get(key)
-                    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                        raise ValueError(f"{part}[{i}].{key} must be a positive number, got {value!r}")
-        return cls(runs=list(data.get("runs", [])), collectives=list(data.get("collectives", [])))
+                    _positive(row, key, f"{part}[{i}]")
+        memory = data.get("memory", [])
+        if not isinstance(memory, list):
+            raise ValueError("memory must be a list")
+        for i, row in enumerate(memory):
+            if not isinstance(row, dict) or not isinstance(row.get("workload"), str):
+                raise ValueError(f"memory[{i}] lacks workload")
+            for key in ("measured_bytes", "predicted_bytes"):
+                _positive(row, key, f"memory[{i}]")
+        return cls(
+            runs=list(data.get("runs", [])),
+            collectives=list(data.get("collectives", [])),
+            memory=list(memory),
+        )
+
+
+def _positive(row: dict[str, Any], key: str, where: str) -> None:
+    value = row.get(key)
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"{where}.{key} must be a positive number, got {value!r}")
 
 
 def single_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -267,3 +369,22 @@ def collective_rows(table: pd.DataFrame) -> list[dict[str, Any]]:
         for r in table.to_dict("records")
         if math.isfinite(r["predicted_s"])  # an operation the fit could not describe
     ]
+
+
+def memory_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """validate_memory's table (the configurations that ran) as ValidationResult rows."""
+    rows = []
+    for r in frame.to_dict("records"):
+        if not (isinstance(r["measured_bytes"], float) and math.isfinite(r["measured_bytes"])):
+            continue
+        row = {
+            "workload": r["workload"],
+            "batch": int(r["batch"]),
+            "measured_bytes": float(r["measured_bytes"]),
+            "predicted_bytes": float(r["predicted_bytes"]),
+            "measured_phase": r["measured_phase"],
+            "predicted_phase": r["predicted_phase"],
+        }
+        row.update({k: float(v) for k, v in r.items() if k.startswith(("measured[", "predicted["))})
+        rows.append(row)
+    return rows

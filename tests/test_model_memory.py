@@ -1,0 +1,158 @@
+"""The model's predicted peak memory: analytic parts on toy models, `validate --memory` against the
+memory profiler, and its CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from dnnperf.cli import main
+from dnnperf.model.graph import describe_model, update_temporaries
+from dnnperf.model.machine import preset
+from dnnperf.model.predict import MEMORY_CATEGORIES, memory_estimate, predict
+
+
+def wide() -> nn.Module:
+    """Parameters dwarf a batch of one's activations: the peak is the update's."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+
+
+PARAMS = 4 * (64 * 128 + 128 + 128 * 32 + 32)
+LARGEST = 4 * 64 * 128
+
+
+@pytest.mark.parametrize(
+    ("make", "state", "transient"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), PARAMS, 0),  # one momentum buffer
+        (lambda p: torch.optim.Adam(p, lr=1e-3), 2 * PARAMS, 2 * LARGEST),  # two moments; sqrt, quotient
+    ],
+    ids=["sgd-momentum", "adam"],
+)
+def test_parameter_gradient_and_state_bytes_are_the_analytic_ones(make, state, transient) -> None:
+    model = wide()
+    graph = describe_model(model, torch.randn(1, 64), optimizer=make(model.parameters()), name="wide")
+    assert graph.param_bytes == PARAMS
+    assert graph.optimizer_state_bytes == state  # Adam's step counters are not per-element state
+    assert graph.update_temp_bytes == transient
+    estimate = memory_estimate(graph)
+    # Every gradient is there at the peak: at the update, or at the end of backward (SGD's update
+    # adds no buffer, and backward's last gradient flow is on top of every gradient).
+    assert (estimate.parameters, estimate.gradients, estimate.optimizer_state) == (PARAMS, PARAMS, state)
+    assert estimate.input == 4 * 64
+    if transient:
+        assert estimate.phase == "update"
+        assert estimate.activations == 0 and estimate.temporaries == transient
+    assert estimate.peak == pytest.approx(sum(getattr(estimate, c) for c in MEMORY_CATEGORIES))
+    single = predict(graph, preset("seed002"), 1, "single")
+    assert single.memory_bytes == estimate.peak and single.memory == estimate.to_dict()
+
+
+def test_the_memory_profiler_measures_the_same_parts_on_the_toy(tmp_path: Path) -> None:
+    from dnnperf.probes.memory import MemoryTracker
+
+    model = wide()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = torch.randn(1, 64)
+    estimate = memory_estimate(describe_model(model, batch, optimizer=optimizer, name="wide"))
+
+    def step(stages) -> None:
+        with stages("forward"):
+            loss = model(batch).sum()
+        with stages("backward"):
+            loss.backward()
+        with stages("update"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    tracker = MemoryTracker(model, [optimizer], [batch], resident=False)
+    with tracker:
+        step(tracker)
+    measured = tracker.result()
+    assert measured.peak_phase == "update"
+    for category in ("parameters", "gradients", "optimizer_state", "input"):
+        assert measured.peak[category] == getattr(estimate, category), category
+    assert estimate.peak == pytest.approx(measured.measured_peak, rel=0.10)
+
+
+def test_update_temporaries_follow_the_optimizer_type() -> None:
+    params = list(wide().parameters())
+    sgd = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+    assert update_temporaries(sgd) == LARGEST  # grad + wd * param
+    assert update_temporaries(torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)) == LARGEST
+    assert update_temporaries(torch.optim.AdamW(params, weight_decay=0.1)) == 2 * LARGEST  # decoupled
+    assert update_temporaries(torch.optim.Adam(params, weight_decay=0.1)) == 3 * LARGEST
+    assert update_temporaries(torch.optim.RMSprop(params)) == LARGEST
+    assert update_temporaries(torch.optim.Adam(params, foreach=True)) == 2 * PARAMS  # a group at once
+
+
+def test_an_interpolated_description_predicts_the_counted_peak() -> None:
+    def graph(batch: int):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        return describe_model(model, torch.randn(batch, 8))
+
+    two, four, eight = graph(2), graph(4), graph(8)
+    assert memory_estimate(two.at_batch(four, 8)) == memory_estimate(eight)
+
+
+def test_validate_memory_measures_what_the_profiler_measures() -> None:
+    from dnnperf.model.validate import validate_memory
+    from dnnperf.runner import BenchSettings, bench
+
+    frame = validate_memory(["basic_cnn", "neumf"], [2, 4], "tiny")
+    assert len(frame) == 4 and frame["reason"].isna().all()
+    for row in frame.to_dict(orient="records"):
+        # An independent profile of the same configuration (other warm-up: memory is deterministic).
+        settings = BenchSettings(
+            row["workload"], "tiny", (row["batch"],), steps=1, warmup=2, device="cpu", memory=True
+        )
+        memory = bench(settings).points[0].memory
+        assert row["measured_bytes"] == memory.measured_peak
+        assert row["error"] == pytest.approx(row["predicted_bytes"] / row["measured_bytes"] - 1)
+        measured = sum(row[f"measured[{c}]"] for c in (*MEMORY_CATEGORIES, "other", "unattributed"))
+        assert measured == row["measured_bytes"]  # the categories add up on both sides
+        assert sum(row[f"predicted[{c}]"] for c in MEMORY_CATEGORIES) == pytest.approx(row["predicted_bytes"])
+        assert row["measured[parameters]"] == row["predicted[parameters]"]
+
+
+def test_validate_memory_cli_gives_one_json_document_and_a_record(capsys: pytest.CaptureFixture) -> None:
+    code = main(["validate", "basic_cnn", "--memory", "--batch-sizes", "2,4", "--json", "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 0
+    document = json.loads(out)  # one document, nothing else on stdout
+    rows = document["memory"]["rows"]
+    assert [(r["workload"], r["batch"]) for r in rows] == [("basic_cnn", 2), ("basic_cnn", 4)]
+    summary = document["memory"]["summary"]
+    assert summary["runs"] == 2
+    assert summary["max_abs_error"] == pytest.approx(max(abs(r["error"]) for r in rows))
+    from dnnperf.results.store import read_record
+
+    record = read_record(Path(document["record_path"]))
+    assert record.kind == "validate" and record.settings["memory"] is True
+    kept = record.validation.memory
+    assert [r["measured_bytes"] for r in kept] == [r["measured_bytes"] for r in rows]
+
+
+def test_validation_records_without_memory_still_load_and_bad_rows_are_refused() -> None:
+    from dnnperf.model.validate import ValidationResult
+
+    old = {"runs": [{"workload": "a", "strategy": "single", "measured_s": 1.0, "predicted_s": 2.0}]}
+    result = ValidationResult.from_dict(old)
+    assert result.memory == [] and "memory" not in result.to_dict()
+    row = {"workload": "a", "batch": 2, "measured_bytes": 10.0, "predicted_bytes": 11.0}
+    assert ValidationResult.from_dict({"memory": [row]}).memory == [row]
+    with pytest.raises(ValueError, match=r"memory\[0\]\.measured_bytes must be a positive number"):
+        ValidationResult.from_dict({"memory": [{**row, "measured_bytes": 0}]})
+
+
+def test_memory_with_distributed_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", "basic_cnn", "--memory", "--distributed", "dp"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and "does not combine with --distributed" in err[0]
