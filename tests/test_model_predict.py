@@ -72,6 +72,15 @@ def test_inapplicable_strategies_are_refused(mlp_graph) -> None:
         predict(mlp_graph, four, 4, "zero")
 
 
+def test_a_micro_batch_the_model_cannot_train_at_is_refused_not_a_crash() -> None:
+    """resnet18's BatchNorm after its last stage (1x1) cannot train on one sample: 2 pipeline stages
+    with 4 micro-batches of a batch of 4 would need just that. Training itself fails there, so the
+    prediction says so (found by a helper as an internal error)."""
+    two = dataclasses.replace(preset("seed002"), devices_per_node=2, nodes=1)
+    with pytest.raises(UsageError, match=r"cannot train at a batch of 1 per device.*per channel"):
+        predict("resnet18", two, 4, "pp", preset="tiny", micro_batches=4)
+
+
 def test_sweep_marks_what_cannot_apply(mlp_graph) -> None:
     frame = sweep(mlp_graph, preset("seed002"), 4, {"nodes": [1, 2]}, strategies_=("dp",))
     assert pd.isna(frame.loc[0, "reason"]) and frame.loc[0, "devices"] == 1 and frame.loc[0, "step_s"] > 0

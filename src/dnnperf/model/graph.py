@@ -533,15 +533,22 @@ def describe_workload(workload: str, preset: str, batch_size: int, device: str =
     torch.manual_seed(0)
     task = spec.build(preset, device)
     batch = {k: v.to(device) for k, v in spec.data(preset).synthesize(batch_size, 0).items()}
-    graph = capture(
-        task.model,
-        lambda counter: task.step(batch, counter),
-        f"{spec.name}/{preset}",
-        batch_size,
-        _nbytes(batch),
-        task.optimizers(),
-        inputs=batch,
-    )
+    try:
+        graph = capture(
+            task.model,
+            lambda counter: task.step(batch, counter),
+            f"{spec.name}/{preset}",
+            batch_size,
+            _nbytes(batch),
+            task.optimizers(),
+            inputs=batch,
+        )
+    except ValueError as error:  # e.g. BatchNorm on one value per channel: training itself fails
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(
+            f"{spec.name} ({preset}) cannot train at a batch of {batch_size} per device "
+            f"(micro-batch, with pp): {first}"
+        ) from None
     store.put(key, graph.to_dict())
     return graph
 
