@@ -174,3 +174,65 @@ def test_validate_bad_input_is_one_line(args: list[str], needle: str, capsys: py
     assert main(["validate", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
+    import dataclasses
+
+    from dnnperf.model import collectives
+    from dnnperf.model.machine import preset
+    from dnnperf.model.predict import _link
+    from dnnperf.model.validate import LOOPBACK, shaped_link
+
+    fits = {"allreduce": {"alpha": 1e-4, "bandwidth": 2e9}, "send_recv": {"alpha": 1e-4, "bandwidth": 1e8}}
+    machine = dataclasses.replace(preset("a100-ib"), collectives=fits)
+    for unshaped in (None, LOOPBACK):
+        assert shaped_link(machine, unshaped).collectives == fits
+    shaped = shaped_link(machine, 100.0)  # 100 Mbit/s: 12.5e6 bytes/s
+    assert (shaped.devices_per_node, shaped.nodes) == (2, 1)
+    assert shaped.collectives["allreduce"] == {"alpha": 1e-4, "bandwidth": 12.5e6}
+    assert shaped.collectives["send_recv"]["bandwidth"] == 12.5e6 and shaped.intra_bandwidth == 12.5e6
+    # 2-rank ring allreduce of n bytes: each rank sends n/2 twice, n bytes over the shaped wire.
+    n = 8e6
+    seconds = collectives.allreduce(n, 2, _link(shaped, 2))
+    assert seconds == pytest.approx(n / 12.5e6, rel=0.02)
+
+
+def test_validate_runs_each_link_in_its_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs are faked (the namespaces themselves are tests/test_netns.py's): each rate's runs ask
+    `dnnperf profile` for --netns and that rate, and each is predicted on the link capped at it."""
+    import subprocess
+
+    from dnnperf.model.machine import preset
+    from dnnperf.model.validate import validate_distributed
+
+    launched: list[list[str]] = []
+
+    def fake_run(argv, **kwargs):
+        launched.append(list(argv))
+        document = {"record": {"points": [{"step_s": [0.5, 0.7, 0.6]}]}}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(document), "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    frame = validate_distributed(
+        ["basic_cnn"], [8], ["dp"], "tiny", 2, preset("a100-ib"), links=[None, 10.0]
+    ).set_index("link")
+    assert [a[a.index("--netns") :] for a in launched] == [
+        ["--netns"],
+        ["--netns", "--link-mbit", "10"],
+    ]
+    assert frame.loc["unshaped veth", "measured_s"] == 0.6
+    # basic_cnn tiny's 84 kB of gradients take ~67 ms at 10 Mbit/s: the shaped prediction pays them.
+    slower = frame.loc["10 Mbit/s", "predicted_s"] - frame.loc["unshaped veth", "predicted_s"]
+    assert slower > 0.03
+
+
+def test_link_mbit_bad_input_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    for args, needle in (
+        (["basic_cnn", "--link-mbit", "100"], "add --distributed"),
+        (["basic_cnn", "--distributed", "dp", "--link-mbit", "fast"], "positive rates in Mbit/s"),
+        (["basic_cnn", "--distributed", "dp", "--link-mbit", "0"], "positive rates in Mbit/s"),
+    ):
+        assert main(["validate", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,13 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         "the profile must be calibrated at one thread, OMP_NUM_THREADS=1 dnnperf hw)",
     )
     parser.add_argument(
+        "--link-mbit",
+        metavar="100,1000,unshaped",
+        help="with --distributed: every configuration once per rate, the 2 ranks in their own network "
+        "namespaces joined by a veth pair shaped with tc to that many Mbit/s (`unshaped`: the veth as it "
+        "is), the model's link capped at the same rate (root only)",
+    )
+    parser.add_argument(
         "--memory",
         action="store_true",
         help="instead of timed runs, the predicted peak memory of one device against the memory "
@@ -318,6 +326,11 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         document["collectives"] = _validate_collectives(out, args.json)
         result.collectives = collective_rows(pd.DataFrame(document["collectives"]["rows"]))
     strategies = _strategies(args.distributed)
+    links = _links(args.link_mbit)
+    if links is not None and not strategies:
+        raise UsageError("--link-mbit shapes the link between 2 ranks: add --distributed dp,pp,tp")
+    if links is not None and os.geteuid() != 0:
+        raise UsageError("--link-mbit needs root (it creates network namespaces and shapes links with tc)")
     if names and args.memory:
         frame = validate_memory(names, batches, args.preset, out.error if not args.json else None)
         summary = memory_summary(frame)
@@ -448,6 +461,25 @@ def memory_validation_table(frame: Any, summary: dict[str, float]) -> Any:
     return table
 
 
+def _links(text: str | None) -> list[float | None] | None:
+    """``100,1000,unshaped`` -> [100.0, 1000.0, None]; None without the option."""
+    if text is None:
+        return None
+    links: list[float | None] = []
+    for item in (i.strip() for i in text.split(",")):
+        if item == "unshaped":
+            links.append(None)
+            continue
+        try:
+            rate = float(item)
+        except ValueError:
+            rate = -1.0
+        if not rate > 0 or rate == float("inf"):
+            raise UsageError(f"--link-mbit takes positive rates in Mbit/s or `unshaped`, got {item!r}")
+        links.append(rate)
+    return links
+
+
 def _strategies(text: str | None) -> list[str]:
     if text is None:
         return []
@@ -487,7 +519,14 @@ def _validate_distributed(
         efficiency=model.efficiency,
     )
     frame = validate_distributed(
-        names, batches, strategies, args.preset, args.steps, machine, out.error if not args.json else None
+        names,
+        batches,
+        strategies,
+        args.preset,
+        args.steps,
+        machine,
+        out.error if not args.json else None,
+        links=_links(args.link_mbit),
     )
     ranking = ranking_agrees(frame)
     if not args.json:

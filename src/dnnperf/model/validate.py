@@ -190,78 +190,115 @@ def validate_distributed(
     machine: Machine,
     progress: Callable[[str], None] | None = None,
     micro_batches: int = 4,
+    links: Sequence[float | None] | None = None,
 ) -> pd.DataFrame:
     """One row per workload x global batch x strategy on 2 local ranks (gloo, one thread each): the
     median measured step of ``dnnperf profile --nproc 2`` (a fresh launch, as a user runs it) and the
-    model's prediction on ``machine`` with 2 devices in one node."""
-    import dataclasses
-    import json
+    model's prediction on ``machine`` with 2 devices in one node.
+
+    ``links``: instead of loopback, the ranks in two network namespaces joined by a veth pair, once per
+    rate given (Mbit/s; None: unshaped), with the model's link capped at that rate (``shaped_link``).
+    Root only (``dnnperf profile --netns``)."""
     import subprocess
     import sys
     import tempfile
 
     from dnnperf.model.predict import predict
 
-    two = dataclasses.replace(machine, devices_per_node=2, nodes=1)
     rows = []
-    for name in workloads:
-        for batch in batches:
-            for strategy in strategies:
-                row: dict = {"workload": name, "batch": batch, "strategy": strategy}
-                try:
-                    p = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
-                except UsageError as error:
-                    row["reason"] = str(error)
+    for link in [LOOPBACK] if links is None else links:
+        two = shaped_link(machine, link)
+        for name in workloads:
+            for batch in batches:
+                for strategy in strategies:
+                    row: dict = {"workload": name, "batch": batch, "strategy": strategy}
+                    row["link"] = link_label(link)
+                    try:
+                        p = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
+                    except UsageError as error:
+                        row["reason"] = str(error)
+                        rows.append(row)
+                        continue
+                    with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
+                        argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
+                        argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy]
+                        argv += ["--steps", str(steps), "--warmup", "3", "--microbatches", str(micro_batches)]
+                        argv += ["--runs-dir", runs, "--json"]
+                        if link != LOOPBACK:
+                            argv += ["--netns"] + ([] if link is None else ["--link-mbit", f"{link:g}"])
+                        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                    if done.returncode != 0:
+                        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                        raise UsageError(
+                            f"{name} {strategy} batch {batch} ({row['link']}): the 2-rank run failed: {last}"
+                        )
+                    _measured_row(row, done.stdout, p, progress)
                     rows.append(row)
-                    continue
-                with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
-                    argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
-                    argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy, "--steps", str(steps)]
-                    argv += [
-                        "--warmup",
-                        "3",
-                        "--microbatches",
-                        str(micro_batches),
-                        "--runs-dir",
-                        runs,
-                        "--json",
-                    ]
-                    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-                    raise UsageError(f"{name} {strategy} batch {batch}: the 2-rank run failed: {last}")
-                step_s = json.loads(done.stdout)["record"]["points"][0]["step_s"]
-                measured = float(np.median(step_s))
-                row.update(
-                    measured_s=measured,
-                    predicted_s=p.step_s,
-                    error=p.step_s / measured - 1,
-                    compute_s=p.compute_s,
-                    communication_s=p.communication_s,
-                    bubble_s=p.bubble_s,
-                    reason=None,
-                )
-                rows.append(row)
-                if progress is not None:
-                    progress(
-                        f"{name} {strategy} b{batch}: measured {measured * 1e3:.1f} ms, "
-                        f"predicted {p.step_s * 1e3:.1f} ms"
-                    )
     return pd.DataFrame(rows)
 
 
+#: ``links`` entry for ranks on loopback, without network namespaces.
+LOOPBACK = -1.0
+
+
+def link_label(link: float | None) -> str:
+    if link == LOOPBACK:
+        return "loopback"
+    return "unshaped veth" if link is None else f"{link:g} Mbit/s"
+
+
+def shaped_link(machine: Machine, mbit: float | None) -> Machine:
+    """``machine`` as 2 devices in one node whose link between them carries at most ``mbit`` Mbit/s
+    (None or LOOPBACK: as calibrated): every collective's fitted bandwidth, and the intra-node one,
+    capped at the shaped rate; latencies as calibrated."""
+    import dataclasses
+
+    two = dataclasses.replace(machine, devices_per_node=2, nodes=1)
+    if mbit is None or mbit == LOOPBACK:
+        return two
+    rate = mbit * 1e6 / 8
+    fits = {op: {**fit, "bandwidth": min(fit["bandwidth"], rate)} for op, fit in two.collectives.items()}
+    return dataclasses.replace(
+        two,
+        intra_bandwidth=min(two.intra_bandwidth, rate),
+        link_bandwidth=min(two.link_bandwidth, rate),
+        collectives=fits,
+    )
+
+
+def _measured_row(row: dict, stdout: str, p: Any, progress: Callable[[str], None] | None) -> None:
+    import json
+
+    step_s = json.loads(stdout)["record"]["points"][0]["step_s"]
+    measured = float(np.median(step_s))
+    row.update(
+        measured_s=measured,
+        predicted_s=p.step_s,
+        error=p.step_s / measured - 1,
+        compute_s=p.compute_s,
+        communication_s=p.communication_s,
+        bubble_s=p.bubble_s,
+        reason=None,
+    )
+    if progress is not None:
+        progress(
+            f"{row['workload']} {row['strategy']} b{row['batch']} ({row['link']}): measured "
+            f"{measured * 1e3:.1f} ms, predicted {p.step_s * 1e3:.1f} ms"
+        )
+
+
 def ranking_agrees(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per workload and batch: the strategies fastest first, measured and predicted, and whether they
-    agree."""
+    """Per workload, batch (and link, where the runs name one): the strategies fastest first, measured
+    and predicted, and whether they agree."""
     rows = []
     ran = frame[frame["reason"].isna()] if "reason" in frame else frame
-    for (name, batch), group in ran.groupby(["workload", "batch"], sort=False):
+    keys = ["workload", "batch", "link"] if "link" in ran else ["workload", "batch"]
+    for values, group in ran.groupby(keys, sort=False):
         measured = group.sort_values("measured_s")["strategy"].tolist()
         predicted = group.sort_values("predicted_s")["strategy"].tolist()
         rows.append(
             {
-                "workload": name,
-                "batch": batch,
+                **dict(zip(keys, values, strict=True)),
                 "measured": " < ".join(measured),
                 "predicted": " < ".join(predicted),
                 "agrees": measured == predicted,
@@ -344,11 +381,15 @@ def single_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def distributed_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """validate_distributed's runs (those that ran) as ValidationResult rows."""
     ran = frame[frame["reason"].isna()] if "reason" in frame else frame
+    def strategy(r: dict[str, Any]) -> str:  # with its link where not loopback: a point per link
+        link = r.get("link")
+        return r["strategy"] if not isinstance(link, str) or link == "loopback" else f"{r['strategy']} {link}"
+
     return [
         {
             "workload": r["workload"],
             "batch": int(r["batch"]),
-            "strategy": r["strategy"],
+            "strategy": strategy(r),
             "measured_s": float(r["measured_s"]),
             "predicted_s": float(r["predicted_s"]),
         }

@@ -756,9 +756,11 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
             f"ranking of the strategies agrees in {agree} of {len(ranking)}"
         )
     )
+    links = "link" in frame and set(frame["link"].dropna()) != {"loopback"}
     for column in (
         "workload",
         "batch",
+        *(["link"] if links else []),
         "strategy",
         "measured ms",
         "predicted ms",
@@ -766,16 +768,14 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
         "comm ms",
         "bubble ms",
     ):
-        table.add_column(column, justify="left" if column in ("workload", "strategy") else "right")
+        table.add_column(column, justify="left" if column in ("workload", "strategy", "link") else "right")
     for row in frame.to_dict(orient="records"):
+        first = [row["workload"], str(row["batch"]), *([str(row["link"])] if links else [])]
         if isinstance(row.get("reason"), str):
-            table.add_row(
-                row["workload"], str(row["batch"]), row["strategy"], "", "", "", "", escape(row["reason"])
-            )
+            table.add_row(*first, row["strategy"], "", "", "", "", escape(row["reason"]))
             continue
         table.add_row(
-            row["workload"],
-            str(row["batch"]),
+            *first,
             row["strategy"],
             milliseconds(row["measured_s"]),
             milliseconds(row["predicted_s"]),
