@@ -139,8 +139,14 @@ def test_prediction_and_validation_reports_load_and_every_chart_draws(tmp_path):
         }
         for n in (4096, 65536)
     ]
+    memory = [  # predicted 5% over, 20% under: median |error| 12.5%, max 20.0%, 1 within 10%
+        {"workload": "w", "batch": 4, "measured_bytes": 2e6, "predicted_bytes": 2.1e6,
+         "measured_phase": "backward", "predicted_phase": "backward"},
+        {"workload": "w", "batch": 8, "measured_bytes": 4e6, "predicted_bytes": 3.2e6,
+         "measured_phase": "update", "predicted_phase": "backward"},
+    ]  # fmt: skip
     for kind, section in (("predict", {"prediction": sweep}), ("validate", {})):
-        validation = ValidationResult(runs, collectives) if kind == "validate" else None
+        validation = ValidationResult(runs, collectives, memory) if kind == "validate" else None
         record = RunRecord(
             id=kind, kind=kind, workload={"name": "w", "preset": "tiny"},
             settings={"device": "cpu", "data": "none"}, environment={}, status="complete",
@@ -149,8 +155,12 @@ def test_prediction_and_validation_reports_load_and_every_chart_draws(tmp_path):
         page = write_report(record, tmp_path / f"{kind}.html")
         charts = page.read_text().count('<figure class="chart">')
         assert charts == (
-            4 + 2 if kind == "predict" else 2
-        )  # nodes per link, link per node; runs, collectives
+            4 + 2 if kind == "predict" else 3
+        )  # nodes per link, link per node; memory, runs, collectives
+        if kind == "validate":
+            assert "peak memory of one device, 2 runs: median |error| 12.5%, max 20.0%, 1 within 10%" in (
+                page.read_text()
+            )
         marks, console = load(page, tmp_path)
         assert marks["charts-drawn"] == str(charts) and marks["errors"] == "0", marks
         assert console == []

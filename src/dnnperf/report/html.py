@@ -592,9 +592,11 @@ def validation_section(report: Report) -> Section | None:
     """``dnnperf validate``: predicted against measured step times (one colour per strategy) and, with
     ``--collectives``, collective times (one colour per operation), with the targets' bands."""
     result = report.record.validation
-    if result is None or not (result.runs or result.collectives):
+    if result is None or not (result.runs or result.collectives or result.memory):
         return None
     parts = []
+    if result.memory:
+        parts.append(_memory_validation(pd.DataFrame(result.memory)))
     for rows, key, band, what, items in (
         (result.runs, "strategy", 0.15, "step", "runs"),
         (result.collectives, "op", 0.10, "collective", "collectives"),
@@ -630,6 +632,33 @@ def validation_section(report: Report) -> Section | None:
             frame["fit"] = frame["held_out"].map({True: "held out", False: "fit"})
         parts.append(table(frame.to_dict("records"), columns))
     return Section("validation", "Predicted against measured", "".join(parts))
+
+
+def _memory_validation(frame: pd.DataFrame, band: float = 0.10) -> str:
+    """``validate --memory``: predicted against the memory profiler's peak, one colour per workload."""
+    frame = frame.assign(error=frame["predicted_bytes"] / frame["measured_bytes"] - 1)
+    series = {
+        name: ((group["measured_bytes"] / 1e6).tolist(), (group["predicted_bytes"] / 1e6).tolist())
+        for name, group in frame.groupby("workload", sort=False)
+    }
+    errors = frame["error"].abs()
+    caption = (
+        f"predicted against measured peak memory of one device, {len(frame)} runs: median |error| "
+        f"{pct(errors.median())}, max {pct(errors.max())}, {int((errors <= band).sum())} within "
+        f"{band:.0%} (dashed)"
+    )
+    columns = [
+        Column("workload", "workload"),
+        Column("batch", "batch", numeric=True),
+        Column("measured", "measured_bytes", lambda v: count(v, "B"), numeric=True),
+        Column("predicted", "predicted_bytes", lambda v: count(v, "B"), numeric=True),
+        Column("error", "error", pct, numeric=True),
+        Column("measured at", "measured_phase"),
+        Column("predicted at", "predicted_phase"),
+    ]
+    return chart(charts.predicted_vs_measured(series, band, unit="MB"), caption) + table(
+        frame.to_dict("records"), columns
+    )
 
 
 #: The page, in order. Later capabilities append theirs (each returns None without its data).
