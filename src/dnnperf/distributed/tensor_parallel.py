@@ -218,10 +218,33 @@ def _set(model: nn.Module, path: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), name, module)
 
 
+def split_layout(model: nn.Module) -> list[tuple[str, str, int]]:
+    """How this module splits ``model``: (module path, kind, the count the ranks must divide). Kinds:
+    ``attention`` and ``mlp`` (Megatron's blocks: heads, hidden units) where the model has any, else
+    ``column`` (every convolution and linear layer by output channel; one whose channels do not divide
+    stays whole). The performance model reads the same layout (``model/graph.py``)."""
+    blocks = []
+    for path, module in model.named_modules():
+        if isinstance(module, MultiHeadAttention):
+            blocks.append((path, "attention", module.num_heads))
+        elif isinstance(module, FeedForward):
+            blocks.append((path, "mlp", module.fc1.out_features))
+    if blocks:
+        return blocks
+    columns = []
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros":
+            columns.append((path, "column", module.out_channels))
+        elif isinstance(module, nn.Linear):
+            columns.append((path, "column", module.out_features))
+    return columns
+
+
 def _split_transformer(model: nn.Module, comm: Communicator, workload: str) -> None:
     """Megatron's split of every attention and MLP (heads and hidden units divided evenly)."""
-    for path, module in list(model.named_modules()):
-        if isinstance(module, MultiHeadAttention):
+    for path, kind, _ in split_layout(model):
+        module = model.get_submodule(path)
+        if kind == "attention":
             if module.num_heads % comm.world:
                 raise UsageError(
                     f"--strategy tp splits {workload}'s attention by heads: {module.num_heads} heads do "
@@ -231,7 +254,7 @@ def _split_transformer(model: nn.Module, comm: Communicator, workload: str) -> N
                 setattr(module, name, ColumnParallelLinear(getattr(module, name), comm, gather=False))
             module.out_proj = RowParallelLinear(module.out_proj, comm)
             _set(model, path, ParallelRegion(module, comm))
-        elif isinstance(module, FeedForward):
+        elif kind == "mlp":
             if module.fc1.out_features % comm.world:
                 raise UsageError(
                     f"--strategy tp splits {workload}'s MLP: {module.fc1.out_features} hidden units do not "
@@ -244,11 +267,13 @@ def _split_transformer(model: nn.Module, comm: Communicator, workload: str) -> N
 
 def _split_convnet(model: nn.Module, comm: Communicator, workload: str) -> None:
     """Every convolution and linear layer split by output channel, where the channels divide."""
-    for path, module in list(model.named_modules()):
-        if isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros":
-            if module.out_channels % comm.world == 0:
-                _set(model, path, ColumnParallelConv2d(module, comm))
-        elif isinstance(module, nn.Linear) and module.out_features % comm.world == 0:
+    for path, kind, channels in split_layout(model):
+        module = model.get_submodule(path)
+        if kind != "column" or channels % comm.world:
+            continue
+        if isinstance(module, nn.Conv2d):
+            _set(model, path, ColumnParallelConv2d(module, comm))
+        else:
             _set(model, path, ColumnParallelLinear(module, comm, gather=True))
 
 

@@ -90,6 +90,10 @@ class StepGraph:
     update_temp_bytes: int = 0
     #: Parameters that train no gradient (frozen): memory, but no gradient, state or allreduce.
     frozen_param_bytes: int = 0
+    #: How tensor parallelism splits the model (``distributed.tensor_parallel.split_layout``), each
+    #: region's first call: module, kind (attention, mlp, column), the count the ranks must divide,
+    #: input bytes that need a gradient (backward's all-reduce), output bytes. Empty in older ones.
+    tp_regions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -140,9 +144,19 @@ class StepGraph:
                 Segment(x.cycle, x.module, lerp(x.saved, y.saved), lerp(x.flow, y.flow), x.grads)
                 for x, y in zip(walk, other.memory_walk, strict=True)
             ]
+        others = {r["module"]: r for r in other.tp_regions}
+        regions = [
+            {
+                **r,
+                "input_bytes": lerp(r["input_bytes"], others.get(r["module"], r)["input_bytes"]),
+                "output_bytes": lerp(r["output_bytes"], others.get(r["module"], r)["output_bytes"]),
+            }
+            for r in self.tp_regions
+        ]
         return dataclasses.replace(
             self,
             batch_size=batch_size,
+            tp_regions=regions,
             module_io=io,
             memory_walk=walk,
             ops=ops,
@@ -384,6 +398,25 @@ def capture(
 
             handles.append(module.register_forward_hook(io_hook))
 
+    from dnnperf.distributed.tensor_parallel import split_layout
+
+    tp_regions: dict[str, dict[str, Any]] = {}
+    for region, kind, count in split_layout(model):
+
+        def region_hook(module: nn.Module, args: Any, output: Any, _region=(region, kind, count)) -> None:
+            name = _region[0]
+            if name not in tp_regions:
+                needing = [t for t in _tensors_in(args) if t.requires_grad]
+                tp_regions[name] = {
+                    "module": name,
+                    "kind": _region[1],
+                    "count": _region[2],
+                    "input_bytes": sum(_nbytes(t) for t in needing),
+                    "output_bytes": _nbytes(output),
+                }
+
+        handles.append(model.get_submodule(region).register_forward_hook(region_hook))
+
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         walk.pack(tensor)
         return tensor
@@ -449,6 +482,7 @@ def capture(
         memory_walk=segments,
         update_temp_bytes=max((update_temporaries(opt) for opt in optimizers or []), default=0),
         frozen_param_bytes=frozen,
+        tp_regions=list(tp_regions.values()),
     )
 
 
@@ -504,7 +538,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-4"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-5"],
         sort_keys=True,
         default=str,
     )

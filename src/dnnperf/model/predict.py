@@ -292,20 +292,23 @@ def predict(
     ways = devices
     graph = _graph_for(source, preset, batch_size, exact)
     times = op_times(graph, machine, options)
-    split = set(strategies.split_modules(times))
+    gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
+    if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)
+        split, comm = _tp_regions(graph, times, ways, gather_link, reduce_link, algorithm, name)
+    else:  # a description without it: every compute module by output channel, gathered
+        split = set(strategies.split_modules(times))
+        comm = 0.0
+        for module in split:
+            in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
+            comm += collectives.allgather(out_bytes, ways, gather_link) + collectives.allreduce(
+                in_bytes, ways, reduce_link, algorithm
+            )
     if not split:
         raise UsageError(
             f"{name} has no layer tensor parallelism can split (no matrix products or convolutions)"
         )
     divided = times["module"].isin(split) & times["family"].isin(tuple(COMPUTE_FAMILIES))
     compute = float(times.loc[divided, "seconds"].sum()) / ways + float(times.loc[~divided, "seconds"].sum())
-    gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
-    comm = 0.0
-    for module in split:
-        in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
-        comm += collectives.allgather(out_bytes, ways, gather_link) + collectives.allreduce(
-            in_bytes, ways, reduce_link, algorithm
-        )
     split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
     share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)
     memory = memory_estimate(graph, share)
@@ -319,6 +322,41 @@ def predict(
         detail={"split_modules": len(split)},
         memory=memory.to_dict(),
     )
+
+
+def _tp_regions(
+    graph: StepGraph,
+    times: pd.DataFrame,
+    ways: int,
+    gather_link: collectives.Link,
+    reduce_link: collectives.Link,
+    algorithm: str,
+    name: str,
+) -> tuple[set[str], float]:
+    """The modules split and the collectives' seconds, region by region as the implementation splits:
+    Megatron's attention and MLP blocks (an all-reduce of the block's output in forward, of its input
+    gradient in backward), or a layer split by output channel (an all-gather of its output, an
+    all-reduce of its input gradient); a layer whose channels do not divide stays whole."""
+    modules = set(times["module"])
+    split: set[str] = set()
+    comm = 0.0
+    for region in graph.tp_regions:
+        if region["count"] % ways:
+            if region["kind"] != "column":
+                by = "heads" if region["kind"] == "attention" else "hidden units"
+                raise UsageError(
+                    f"tp splits {name}'s {region['kind']} by {by}: {region['count']} {by} do not divide "
+                    f"over {ways} devices"
+                )
+            continue
+        prefix = region["module"] + "."
+        split |= {m for m in modules if m == region["module"] or m.startswith(prefix)}
+        backward = collectives.allreduce(region["input_bytes"], ways, reduce_link, algorithm)
+        if region["kind"] == "column":
+            comm += collectives.allgather(region["output_bytes"], ways, gather_link) + backward
+        else:
+            comm += collectives.allreduce(region["output_bytes"], ways, reduce_link, algorithm) + backward
+    return split, comm
 
 
 def best_strategy(predictions: Sequence[Prediction]) -> Prediction | None:
