@@ -77,7 +77,8 @@ def test_dp_record_has_every_rank_and_every_gradient_byte(dp_run):
             assert sum(b["bytes"] for b in step) == 4 * parameters
             assert all(0 < b["seconds"] < wall for b in step)
             for b in step:  # the wait's parts add up to it
-                assert b["skew_s"] + b["queued_s"] + b["allreduce_s"] == pytest.approx(b["seconds"], abs=1e-9)
+                parts = b["skew_s"] + b["queued_s"] + b["shared_s"] + b["allreduce_s"]
+                assert parts == pytest.approx(b["seconds"], abs=1e-9)
         # the stages of each rank tile its step
         for i, wall in enumerate(rank.wall_s):
             assert sum(v[i] for v in rank.stages.values()) == pytest.approx(wall, rel=1e-6)
@@ -241,10 +242,15 @@ def test_bucket_wait_split_against_a_hand_made_two_rank_schedule():
     for name, values in expected.items():
         assert [b[name] for b in buckets] == pytest.approx(values), name
     # Alone (no peer known): no skew, and the split falls back to this rank's own queue.
+    assert [b["shared_s"] for b in buckets] == [0.0, 0.0, 0.0]  # one lane: never two at once
     alone = split_wait(pending, lanes=2)
     assert [b["skew_s"] for b in alone] == [0.0, 0.0, 0.0]
     assert [b["queued_s"] for b in alone] == pytest.approx([0.0, 0.0, 0.3])
-    assert [b["allreduce_s"] for b in alone] == pytest.approx([0.5, 0.5, 0.4])
+    # Two lanes: 0 runs 0-0.5, 1 runs 0.1-0.6, 2 runs 0.6-0.9... from 0.5 (queued until 0 ended).
+    # Each moment is split among the collectives running: 0 and 1 share 0.1-0.5, 1 and 2 share 0.5-0.6.
+    assert [b["allreduce_s"] for b in alone] == pytest.approx([0.1 + 0.2, 0.2 + 0.05, 0.05 + 0.3])
+    assert [b["shared_s"] for b in alone] == pytest.approx([0.2, 0.25, 0.05])
+    assert sum(b["allreduce_s"] for b in alone) == pytest.approx(0.9)  # the time any one ran
 
 
 SKEW_WORKER = """
@@ -318,7 +324,7 @@ def test_a_rank_launching_late_shows_as_skew_on_its_peer_not_in_the_allreduce(tm
         waiting, late_buckets = ranks[early]["steps"][step]["buckets"], ranks[late]["steps"][step]["buckets"]
         assert len(waiting) >= 2 and len(waiting) == len(late_buckets)  # several buckets at 0.05 MB
         for bucket in waiting:
-            total = bucket["skew_s"] + bucket["queued_s"] + bucket["allreduce_s"]
+            total = bucket["skew_s"] + bucket["queued_s"] + bucket["shared_s"] + bucket["allreduce_s"]
             assert total == pytest.approx(bucket["seconds"], abs=1e-9)
             assert slept - margin < bucket["skew_s"] < slept + margin
             assert bucket["allreduce_s"] < margin

@@ -16,6 +16,7 @@ makes wait for every bucket's allreduce. Communication that overlapped the backw
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -133,7 +134,7 @@ def ready_times(pending: list[tuple[int, int, float, float]], lanes: int = 1) ->
 def split_wait(
     pending: list[tuple[int, int, float, float]], latest: dict[int, list[float]] | None = None, lanes: int = 1
 ) -> list[dict[str, float]]:
-    """Each bucket's launch-to-completion wait on this rank, split in three that add up to it.
+    """Each bucket's launch-to-completion wait on this rank, split in four that add up to it.
 
     ``pending``: (index, bytes, launch, completion) in seconds on one clock; ``latest``: per index the
     latest over all ranks of [launch, ready (:func:`ready_times`)] on the same clock (None: this rank
@@ -142,14 +143,23 @@ def split_wait(
     - ``skew_s``: until the last rank launched it (a collective cannot complete before then);
     - ``queued_s``: then until every rank's process group could start it (earlier buckets occupying
       every lane);
-    - ``allreduce_s``: the collective's own time, from then to its completion here.
+    - ``shared_s`` and ``allreduce_s``: from then to its completion here, while other buckets' own
+      time ran beside it in the group's other lanes. The collectives in flight share the link (and
+      the cores), so each moment is divided evenly among them (processor sharing): ``allreduce_s`` is
+      the collective's own share, ``shared_s`` the rest, the others' shares. The buckets' own shares
+      add up to the time any bucket's collective was running.
     """
     ready = ready_times(pending, lanes)
-    buckets = []
+    spans = []
     for index, size, begin, end in pending:
         last_launch, last_ready = (latest or {}).get(index, [begin, ready[index]])
         launched = min(max(begin, last_launch), end)
         start = min(max(launched, ready[index], last_ready), end)
+        spans.append((index, size, begin, launched, start, end))
+    own = _shares([(start, end) for *_, start, end in spans])
+    buckets = []
+    for (index, size, begin, launched, start, end), mine in zip(spans, own, strict=True):
+        running = max(end - start, 0.0)
         buckets.append(
             {
                 "index": index,
@@ -157,10 +167,22 @@ def split_wait(
                 "seconds": max(end - begin, 0.0),
                 "skew_s": max(launched - begin, 0.0),
                 "queued_s": max(start - launched, 0.0),
-                "allreduce_s": max(end - start, 0.0),
+                "shared_s": max(running - mine, 0.0),
+                "allreduce_s": min(mine, running),
             }
         )
     return sorted(buckets, key=lambda b: b["index"])
+
+
+def _shares(spans: list[tuple[float, float]]) -> list[float]:
+    """Per (start, end) span: the integral over it of 1 / (the number of spans running then)."""
+    edges = sorted({t for span in spans for t in span})
+    shares = [0.0] * len(spans)
+    for lo, hi in itertools.pairwise(edges):
+        running = [i for i, (start, end) in enumerate(spans) if start <= lo and hi <= end]
+        for i in running:
+            shares[i] += (hi - lo) / len(running)
+    return shares
 
 
 class BucketTimer:

@@ -22,8 +22,9 @@ DETAIL_NAMES = ("compute", "send", "recv", "bubble", "collective")
 #: Stages that are waiting for other ranks rather than working.
 WAIT_STAGES = ("exchange",)
 #: Optional parts of a dp bucket's ``seconds`` (launch to completion), which they add up to: waiting
-#: for the last rank to launch it, for a free lane of the process group, and the collective itself.
-BUCKET_PARTS = ("skew_s", "queued_s", "allreduce_s")
+#: for the last rank to launch it, for a free lane of the process group, other buckets' collectives
+#: sharing the link meanwhile (``ddp.split_wait``; absent from older records) and its own share.
+BUCKET_PARTS = ("skew_s", "queued_s", "shared_s", "allreduce_s")
 
 
 @dataclass
