@@ -244,8 +244,9 @@ def suite_document(suite: list[dict], note: str = "") -> list[str]:
         "twice: with glibc's default malloc, whose",
         "dynamic mmap threshold serves large blocks from the heap and keeps their pages after release",
         "(so the resident peak also counts freed-but-retained heap), and with a fixed 64 KiB mmap",
-        "threshold (`MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`), where each large block is",
-        "mapped and unmapped with its allocation. Target: within 10% (second setting). The last column",
+        "threshold (`MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0`), where a block of 64 KiB or",
+        "more is mapped (and unmapped when freed) whenever no free heap chunk fits it (docs/memory.md).",
+        "Target: within 10% (second setting). The last column",
         "repeats the second setting with oneDNN turned off (`torch.backends.mkldnn.enabled = False`): oneDNN",
         "keeps some buffers outside torch's allocator (resident, not counted) and has torch allocate",
         "others it never fully touches (counted, not resident).",
@@ -279,6 +280,20 @@ def suite_document(suite: list[dict], note: str = "") -> list[str]:
     return lines
 
 
+#: The sections this script writes; any other "## " section of the output is hand-written and kept.
+GENERATED = ("## The suite at", "## Overhead")
+
+
+def hand_written(text: str) -> str:
+    """The output file's hand-written sections: from the first "## " heading after the generated
+    ones that is not generated itself, to the end (they follow the generated sections)."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("## ") and not line.startswith(GENERATED):
+            return "\n" + "".join(lines[i:])
+    return ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks-memory.md"))
@@ -310,27 +325,30 @@ def main() -> None:
         print(json.dumps(one_workload(args.one)))
         return
     names = [n for n in args.workloads.split(",") if n]
+    previous = args.output.read_text() if args.output.exists() else ""
+    kept = hand_written(previous)
     if args.overhead_only:
         overheads = run_overhead(names, args.rounds, args.overhead_json)
-        text = args.output.read_text() if args.output.exists() else ""
+        text = previous[: previous.index(kept)] if kept else previous
         head = text[: text.index("## Overhead")] if "## Overhead" in text else text + "\n"
-        args.output.write_text(head + "\n".join(overhead_section(overheads)) + "\n")
+        args.output.write_text(head + "\n".join(overhead_section(overheads)) + "\n" + kept)
         print(f"wrote {args.output}", file=sys.stderr)
         return
     print("1/2 the suite at small", file=sys.stderr)
     suite = _suite(args)
     if args.suite_only:
-        text = args.output.read_text() if args.output.exists() else ""
+        text = previous[: previous.index(kept)] if kept else previous
         tail = text[text.index("## Overhead") :] if "## Overhead" in text else ""
         note = " with `--suite-only` (the overhead section as before, its date per row)" if tail else ""
-        args.output.write_text("\n".join(suite_document(suite, note)) + "\n" + ("\n" + tail if tail else ""))
+        document = "\n".join(suite_document(suite, note)) + "\n" + ("\n" + tail if tail else "")
+        args.output.write_text(document + kept)
         print(f"wrote {args.output}", file=sys.stderr)
         return
     print("2/2 overhead (paired, interleaved)", file=sys.stderr)
     overheads = run_overhead(names, args.rounds, args.overhead_json)
     lines = suite_document(suite)
     lines += ["", *overhead_section(overheads)]
-    args.output.write_text("\n".join(lines) + "\n")
+    args.output.write_text("\n".join(lines) + "\n" + kept)
     print(f"wrote {args.output}", file=sys.stderr)
 
 
