@@ -263,3 +263,9 @@ def test_ranks_section_shows_every_rank(full):
     truth = np.median(full.points[0].stages.steps["forward"])
     assert float(forward["rank 0"][1]) == pytest.approx(truth)
     assert float(forward["rank 1"][1]) == pytest.approx(1.2 * truth)
+
+
+def test_milliseconds_read_without_exponents():
+    from dnnperf.report.html import ms
+
+    assert [ms(1.1106), ms(0.0781), ms(1.23e-5), ms(None)] == ["1,111", "78.1", "0.0123", ""]

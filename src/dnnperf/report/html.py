@@ -79,7 +79,11 @@ def _missing(value: Any) -> bool:
 
 
 def ms(value: Any) -> str:
-    return "" if _missing(value) else f"{float(value) * 1e3:.3g}"
+    """Milliseconds to 3 significant digits, without an exponent: 0.0123, 12.3, 1,110."""
+    if _missing(value):
+        return ""
+    milli = float(value) * 1e3
+    return f"{milli:,.0f}" if abs(milli) >= 1000 else f"{milli:.3g}"
 
 
 def pct(value: Any) -> str:
