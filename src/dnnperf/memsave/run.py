@@ -391,14 +391,14 @@ def memsave(
     exposed = Samples.of(offload_all.step_s).median - plain_median
     offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
     offload_s_per_byte = max(exposed, 0.0) / offloaded
-    # Feasible means measured within the budget: a plan that measures above it joins the calibration
-    # (the model's ``rest`` rises to cover it) and the planner plans again, a few times at most.
-    calibration = [(everything, offload_all.peak), (sqrt_plan, variants[-1].peak)]
-    # The baselines as plans the planner may choose at their measured cost (never below zero).
+    # The baselines as plans the planner may choose at their measured cost (never below zero), and
+    # as its calibration. Feasible means measured within the budget: a plan that measures above it
+    # joins the calibration (the model's ``rest`` rises to cover it) and the planner plans again.
     baselines = [
         MeasuredPlan(v.name, plan, v.peak, max(v.overhead, 0.0) * plain_median)
         for v, plan in ((offload_all, everything), (variants[-1], sqrt_plan))
     ]
+    calibration = [(b.plan, b.peak) for b in baselines]
     missed: list[str] = []
     for attempt in range(1, _PLAN_ATTEMPTS + 1):
         result = plan_budget(

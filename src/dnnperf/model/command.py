@@ -296,7 +296,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         validate_memory,
         validate_single,
     )
-    from dnnperf.report.terminal import validation_tables
+    from dnnperf.report.terminal import memory_validation_table, validation_tables
     from dnnperf.workloads import get_workload
 
     if not args.workloads and not args.collectives:
@@ -405,60 +405,6 @@ def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path 
     path = RunStore(args.runs_dir).save(record)
     report = None if args.no_report else write_report(record, default_path(path))
     return path, report
-
-
-def memory_validation_table(frame: Any, summary: dict[str, float]) -> Any:
-    """dnnperf validate --memory: measured against predicted peak per configuration, with the bytes
-    of each category at both sides' peaks (predicted / measured) to say where a miss comes from."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from dnnperf.report.terminal import human_count
-
-    def signed(value: Any) -> str:
-        return "n/a" if value is None or value != value else f"{100 * value:+.1f}%"
-
-    table = Table(
-        title=(
-            f"peak memory of one step, measured (memory profiler) vs predicted: median |error| "
-            f"{summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
-            f"{summary['within_10_percent']} of {summary['runs']} within 10%"
-        ),
-        caption="per category: bytes at the predicted / the measured peak (bwd: backward, upd: update)",
-    )
-    parts = {
-        "parameters": "params",
-        "gradients": "grads",
-        "optimizer_state": "opt state",
-        "activations": "activations",
-        "temporaries": "temporaries",
-    }
-    for column in ("workload", "batch", "measured", "predicted", "error", "peak in", *parts.values()):
-        table.add_column(column, justify="left" if column in ("workload", "peak in") else "right")
-    short = {"backward": "bwd", "update": "upd", "forward": "fwd"}
-    for row in frame.to_dict(orient="records"):
-        if isinstance(row.get("reason"), str):
-            table.add_row(
-                row["workload"],
-                str(row["batch"]),
-                "",
-                human_count(row["predicted_bytes"], "B"),
-                "",
-                escape(row["reason"][:60]),
-                *([""] * len(parts)),
-            )
-            continue
-        phases = [short.get(row[k], row[k]) for k in ("predicted_phase", "measured_phase")]
-        table.add_row(
-            row["workload"],
-            str(row["batch"]),
-            human_count(row["measured_bytes"], "B"),
-            human_count(row["predicted_bytes"], "B"),
-            signed(row["error"]),
-            " / ".join(phases),
-            *(f"{human_count(row[f'predicted[{p}]'])} / {human_count(row[f'measured[{p}]'])}" for p in parts),
-        )
-    return table
 
 
 def _links(text: str | None) -> list[float | None] | None:

@@ -744,6 +744,52 @@ def collectives_table(table: Any, summary: dict[str, float]) -> Table:
     return out
 
 
+def memory_validation_table(frame: Any, summary: dict[str, float]) -> Table:
+    """dnnperf validate --memory: measured against predicted peak per configuration, with the bytes
+    of each category at both sides' peaks (predicted / measured) to say where a miss comes from."""
+    table = Table(
+        title=(
+            f"peak memory of one step, measured (memory profiler) vs predicted: median |error| "
+            f"{summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
+            f"{summary['within_10_percent']} of {summary['runs']} within 10%"
+        ),
+        caption="per category: bytes at the predicted / the measured peak (bwd: backward, upd: update)",
+    )
+    parts = {
+        "parameters": "params",
+        "gradients": "grads",
+        "optimizer_state": "opt state",
+        "activations": "activations",
+        "temporaries": "temporaries",
+    }
+    for column in ("workload", "batch", "measured", "predicted", "error", "peak in", *parts.values()):
+        table.add_column(column, justify="left" if column in ("workload", "peak in") else "right")
+    short = {"backward": "bwd", "update": "upd", "forward": "fwd"}
+    for row in frame.to_dict(orient="records"):
+        if isinstance(row.get("reason"), str):
+            table.add_row(
+                row["workload"],
+                str(row["batch"]),
+                "",
+                human_count(row["predicted_bytes"], "B"),
+                "",
+                escape(row["reason"][:60]),
+                *([""] * len(parts)),
+            )
+            continue
+        phases = [short.get(row[k], row[k]) for k in ("predicted_phase", "measured_phase")]
+        table.add_row(
+            row["workload"],
+            str(row["batch"]),
+            human_count(row["measured_bytes"], "B"),
+            human_count(row["predicted_bytes"], "B"),
+            "n/a" if row["error"] != row["error"] else f"{100 * row['error']:+.1f}%",
+            " / ".join(phases),
+            *(f"{human_count(row[f'predicted[{p}]'])} / {human_count(row[f'measured[{p}]'])}" for p in parts),
+        )
+    return table
+
+
 def distributed_validation_table(frame: Any, ranking: Any) -> Table:
     """dnnperf validate --distributed: 2-rank runs against the model, and the strategies' ranking."""
     ran = frame[frame["reason"].isna()] if "reason" in frame else frame
