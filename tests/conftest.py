@@ -23,6 +23,9 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
     monkeypatch.setenv("DNNPERF_RUNS_DIR", str(runs))
     monkeypatch.setenv("DNNPERF_DATA_DIR", str(data))
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path / "cache"))
+    # Counting a workload's page faults starts a fresh interpreter per description (model/faults.py):
+    # seconds each, and the caches above are per test. tests/test_model_faults.py turns it back on.
+    monkeypatch.setenv("DNNPERF_COUNT_FAULTS", "0")
     return {"runs": runs, "data": data}
 
 

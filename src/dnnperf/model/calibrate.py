@@ -11,6 +11,9 @@ batch and layer norm, ReLU, GELU, max pooling, linear, softmax, dropout), forwar
 operator timed (``OpCounter(timed=True)``), and compares the time with the machine's roofline for the
 same operators: per family and phase, the achieved fraction (predicted / measured seconds, summed)
 is the efficiency the model divides its roofline time by.
+
+:func:`measure_page_fault_cost` times what a minor page fault adds to a write into fresh memory: the
+model charges it per fault a step takes (``StepGraph.page_faults``, counted when it is described).
 """
 
 from __future__ import annotations
@@ -82,6 +85,49 @@ def op_overhead(refresh: bool = False) -> float:
     if isinstance(cached, (int, float)) and cached > 0 and not refresh:
         return float(cached)
     value = measure_op_overhead()
+    store.put(key, value)
+    return value
+
+
+def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
+    """Seconds per minor page fault: a fresh ``nbytes`` tensor (above glibc's largest mmap threshold,
+    so its pages come new from the OS) written and released, less the same write into a warm one,
+    over the faults counted. 0 where the OS does not count faults, or none happened."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 0.0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    warm = torch.empty(nbytes // 4)
+    try:
+        samples = []
+        for i in range(repeats + 2):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            started = time.perf_counter()
+            fresh = torch.empty(nbytes // 4)
+            fresh.fill_(1.0)
+            del fresh
+            total = time.perf_counter() - started
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            started = time.perf_counter()
+            warm.fill_(1.0)
+            touched = time.perf_counter() - started
+            if i >= 2 and faults > 0:
+                samples.append(max(total - touched, 0.0) / faults)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(samples) if samples else 0.0
+
+
+def page_fault_cost(refresh: bool = False) -> float:
+    """:func:`measure_page_fault_cost` of this host, measured once and cached."""
+    store = JsonCache("model-calibration")
+    key = f"page_fault/{platform.node()}/{torch.__version__}"
+    cached = store.get(key)
+    if isinstance(cached, (int, float)) and not refresh:
+        return float(cached)
+    value = measure_page_fault_cost()
     store.put(key, value)
     return value
 

@@ -90,7 +90,7 @@ def load_machine(spec: str) -> Machine:
 
     if spec == "hw":
         from dnnperf import hardware
-        from dnnperf.model.calibrate import calibrated, op_overhead
+        from dnnperf.model.calibrate import calibrated, op_overhead, page_fault_cost
 
         profile = hardware.load_profile("cpu")
         if profile is None:
@@ -99,7 +99,11 @@ def load_machine(spec: str) -> Machine:
 
         efficiency, _ = calibrated(machines.from_profile(profile))
         return machines.from_profile(
-            profile, link=link_calibration(), op_overhead_s=op_overhead(), efficiency=efficiency
+            profile,
+            link=link_calibration(),
+            op_overhead_s=op_overhead(),
+            efficiency=efficiency,
+            page_fault_s=page_fault_cost(),
         )
     if spec in PRESETS:
         return machines.preset(spec)
@@ -463,6 +467,7 @@ def _validate_distributed(
         link=link_calibration(),
         op_overhead_s=model.dispatch_s,
         efficiency=model.efficiency,
+        page_fault_s=model.page_fault_s,
     )
     frame = validate_distributed(
         names,

@@ -5,11 +5,15 @@ For each (module, phase, operator) row of a :class:`~dnnperf.model.graph.StepGra
 convolutions, attention and RNN kernels is the machine's peak, or on a calibrated machine the measured
 curve at the call's FLOPs; every other family computes at the float32 peak (it is
 memory-bound in practice). The bandwidth is the machine's, or the calibrated triad curve at the
-call's bytes (working sets in cache run faster). The roofline time is divided by the machine's
-efficiency for the operator's family (``"family/phase"`` first, then ``"family"``; 1.0 when absent).
-``combine`` is ``max`` (roofline) or ``sum``;
+call's bytes (working sets in cache run faster), except for the optimizer's update: it streams every
+parameter, gradient and state tensor once a step, none of them touched since backward, so its rows
+take the bandwidth at the whole update's bytes (from memory, not cache). The roofline time is
+divided by the machine's efficiency for the operator's family (``"family/phase"`` first, then
+``"family"``; 1.0 when absent). ``combine`` is ``max`` (roofline) or ``sum``;
 overhead is the machine's dispatch cost per call (views and metadata operators excluded, they cost
-no kernel). The ablation of both choices is in docs/validation.md.
+no kernel). On a host that counts them, each page fault the step takes (``StepGraph.page_faults``)
+costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of these choices is in
+docs/validation.md.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ NO_KERNEL = ("free",)
 
 @dataclass(frozen=True)
 class ComputeOptions:
-    """Model variants, for the ablation: roofline max or sum of the two terms, overhead on or off."""
+    """Model variants, for the ablation: roofline max or sum of the two terms, overhead, page faults and
+    the update's bandwidth from memory on or off."""
 
     combine: str = "max"
     overhead: bool = True
+    faults: bool = True
+    update_from_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -62,7 +69,11 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
                 scale = rate[mask] / machine.peak("float32")
                 rate[mask] = curve(per_call_flops[mask]) * scale
     if machine.bandwidth_curve is not None:
-        bandwidth = machine.bandwidth_curve(nbytes / calls)
+        working_set = nbytes / calls
+        update = phases == "update"
+        if options.update_from_memory and update.any():
+            working_set = np.where(update, nbytes[update].sum(), working_set)
+        bandwidth = machine.bandwidth_curve(working_set)
     else:
         bandwidth = np.full(len(ops), machine.memory_bandwidth)
     compute = flops / rate
@@ -94,16 +105,22 @@ class StepTime:
     data_s: float
     compute_s: float  # roofline part of forward + backward + update
     overhead_s: float  # per-call overhead of forward + backward + update
+    faults_s: float = 0.0  # page faults of the step
 
     @property
     def total_s(self) -> float:
-        return self.forward_s + self.backward_s + self.update_s + self.data_s
+        return self.forward_s + self.backward_s + self.update_s + self.data_s + self.faults_s
 
 
 def data_seconds(graph: StepGraph, machine: Machine) -> float:
     """Taking a batch from the in-memory pool and placing it: one copy of the batch (read + write),
     one call per tensor."""
     return 2 * graph.batch_bytes / machine.memory_bandwidth
+
+
+def fault_seconds(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> float:
+    """What the step's page faults cost on ``machine`` (0 when either side does not count them)."""
+    return graph.page_faults * machine.page_fault_s if options.faults else 0.0
 
 
 def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:
@@ -117,4 +134,5 @@ def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = Comp
         data_s=data_seconds(graph, machine),
         compute_s=float(times["compute_s"].sum()),
         overhead_s=float(times["overhead_s"].sum()),
+        faults_s=fault_seconds(graph, machine, options),
     )

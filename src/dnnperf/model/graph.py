@@ -28,6 +28,8 @@ import dnnperf
 from dnnperf.analysis.opcount import OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
+from dnnperf.model.faults import steady_page_faults, workload_faults
+from dnnperf.workloads.base import no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
 BASE_BATCHES = (2, 4)
@@ -94,6 +96,9 @@ class StepGraph:
     #: region's first call: module, kind (attention, mlp, column), the count the ranks must divide,
     #: input bytes that need a gradient (backward's all-reduce), output bytes. Empty in older ones.
     tp_regions: list[dict[str, Any]] = field(default_factory=list)
+    #: Minor page faults one step takes in steady state on the host that described it (model/faults.py:
+    #: a suite workload's in a fresh process); 0 when not counted (shapes only, older descriptions).
+    page_faults: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -161,6 +166,7 @@ class StepGraph:
             memory_walk=walk,
             ops=ops,
             saved_bytes=lerp(self.saved_bytes, other.saved_bytes),
+            page_faults=float(lerp(self.page_faults, other.page_faults)),
             batch_bytes=lerp(self.batch_bytes, other.batch_bytes),
             layers=layers,
         )
@@ -492,9 +498,12 @@ def describe_model(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     name: str = "model",
+    count_faults: bool = True,
 ) -> StepGraph:
     """Describe one training step of a user's model on an example batch (its first dimension is the
-    batch). Default loss: the sum of the output; default optimizer: SGD with momentum."""
+    batch). Default loss: the sum of the output; default optimizer: SGD with momentum. On the CPU,
+    ``count_faults`` runs four more plain steps to count the step's page faults (``page_faults``):
+    like the counted step, they train the model."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     first = batch if isinstance(batch, torch.Tensor) else next(iter(batch.values()), None)
@@ -519,7 +528,10 @@ def describe_model(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    return capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
+    graph = capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
+    if count_faults and first.device.type == "cpu":  # in this process: see model/faults.py
+        graph.page_faults = steady_page_faults(lambda: step(no_stages))
+    return graph
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
@@ -538,7 +550,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-5"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-7"],
         sort_keys=True,
         default=str,
     )
@@ -583,6 +595,8 @@ def describe_workload(workload: str, preset: str, batch_size: int, device: str =
             f"{spec.name} ({preset}) cannot train at a batch of {batch_size} per device "
             f"(micro-batch, with pp): {first}"
         ) from None
+    if device == "cpu":
+        graph.page_faults = workload_faults(spec.name, preset, batch_size)
     store.put(key, graph.to_dict())
     return graph
 

@@ -30,7 +30,7 @@ _POSITIVE = (
     "intra_bandwidth",
     "reduce_bandwidth",
 )
-_NON_NEGATIVE = ("link_latency", "intra_latency", "dispatch_s")
+_NON_NEGATIVE = ("link_latency", "intra_latency", "dispatch_s", "page_fault_s")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,10 @@ class Machine:
     nodes: int = 1
     #: Host overhead per operator call (eager dispatch, kernel launch), seconds.
     dispatch_s: float = 5e-6
+    #: Seconds one minor page fault costs the host: the first touch of a page the allocator took fresh
+    #: from the OS (CPU training: glibc returns large freed blocks and maps them again). 0: not modelled
+    #: (GPU presets: the caching allocator keeps its memory). Calibrated: calibrate.page_fault_cost.
+    page_fault_s: float = 0.0
     #: Bytes/s at which a collective reduces (its gamma is 1/this); default: memory bandwidth / 3.
     reduce_bandwidth: float = 0.0
     #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
@@ -192,11 +196,14 @@ def from_profile(
     op_overhead_s: float | None = None,
     efficiency: dict[str, float] | None = None,
     zoo_curves: dict[str, Curve] | None = None,
+    page_fault_s: float = 0.0,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
     ``op_overhead_s``: the per-call overhead of an eager training step (calibrate.op_overhead); default
     the profile's bare dispatch overhead, which leaves autograd and module calls out.
+
+    ``page_fault_s``: the cost of one page fault (calibrate.page_fault_cost); default 0 (not modelled).
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
     loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
@@ -229,6 +236,7 @@ def from_profile(
         intra_bandwidth=beta_bandwidth,
         intra_latency=alpha,
         dispatch_s=op_overhead_s if op_overhead_s is not None else profile.dispatch_overhead_us * 1e-6,
+        page_fault_s=page_fault_s,
         reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),

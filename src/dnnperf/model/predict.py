@@ -18,7 +18,7 @@ import pandas as pd
 
 from dnnperf.errors import UsageError
 from dnnperf.model import collectives, strategies
-from dnnperf.model.compute import COMPUTE_FAMILIES, ComputeOptions, data_seconds, op_times
+from dnnperf.model.compute import COMPUTE_FAMILIES, ComputeOptions, data_seconds, fault_seconds, op_times
 from dnnperf.model.graph import StepGraph, workload_graph
 from dnnperf.model.machine import AXES, Machine
 
@@ -38,7 +38,7 @@ class Prediction:
     compute_s: float  # forward + backward + update on the critical path (roofline + per-call overhead)
     communication_s: float  # exposed: not hidden behind compute
     bubble_s: float  # pipeline fill and drain
-    other_s: float  # the data stage
+    other_s: float  # the data stage and the host's page faults
     memory_bytes: float  # per device, the peak: see MemoryEstimate
     memory_capacity: float
     detail: dict[str, Any] = field(default_factory=dict)
@@ -242,7 +242,7 @@ def predict(
             compute_s=compute,
             communication_s=exposed,
             bubble_s=0.0,
-            other_s=data_seconds(graph, machine),
+            other_s=data_seconds(graph, machine) + fault_seconds(graph, machine, options),
             memory_bytes=memory.peak,
             detail=detail,
             memory=memory.to_dict(),
@@ -277,7 +277,9 @@ def predict(
             compute_s=pipe.compute_s + update * share,
             communication_s=pipe.communication_s,
             bubble_s=pipe.bubble_s,
-            other_s=data_seconds(graph, machine) * m,
+            # Each micro-batch's faults, in the heaviest stage's share of them.
+            other_s=(data_seconds(graph, machine) + fault_seconds(graph, machine, options) * stage_share)
+            * m,
             memory_bytes=memory.peak,
             memory=memory.to_dict(),
             detail={
@@ -317,7 +319,7 @@ def predict(
         compute_s=compute,
         communication_s=comm,
         bubble_s=0.0,
-        other_s=data_seconds(graph, machine),
+        other_s=data_seconds(graph, machine) + fault_seconds(graph, machine, options),
         memory_bytes=memory.peak,
         detail={"split_modules": len(split)},
         memory=memory.to_dict(),

@@ -20,7 +20,7 @@ import torch
 
 from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile
-from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
+from dnnperf.model.calibrate import measure_op_overhead, measure_page_fault_cost, zoo_calibration
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
 from dnnperf.model.machine import Machine, from_profile
@@ -33,6 +33,8 @@ VARIANTS = {
     "sum": ComputeOptions("sum", True),
     "hw dispatch": ComputeOptions("max", True),
     "no overhead": ComputeOptions("max", False),
+    "no page faults": ComputeOptions(faults=False),
+    "update in cache": ComputeOptions(update_from_memory=False),
     "no efficiency": ComputeOptions("max", True),
     "zoo curves": ComputeOptions("max", True),
 }
@@ -47,6 +49,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             f"{torch.get_num_threads()}: run `dnnperf hw` with the same OMP_NUM_THREADS"
         )
     overhead = measure_op_overhead()
+    fault = measure_page_fault_cost()
     efficiency, curves = zoo_calibration(from_profile(profile))
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
@@ -55,10 +58,15 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             op_overhead_s=None if v == "hw dispatch" else overhead,
             efficiency={} if v == "no efficiency" else gemm_free if v == "zoo curves" else efficiency,
             zoo_curves=curves if v == "zoo curves" else None,
+            page_fault_s=fault,
         )
         for v in VARIANTS
     }
-    return machines, {"op_overhead_s": overhead, "dispatch_s": profile.dispatch_overhead_us * 1e-6}
+    return machines, {
+        "op_overhead_s": overhead,
+        "dispatch_s": profile.dispatch_overhead_us * 1e-6,
+        "page_fault_s": fault,
+    }
 
 
 def validate_single(
@@ -69,17 +77,32 @@ def validate_single(
     machines: dict[str, Machine],
     progress: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
-    """One row per workload x batch: measured median step, each variant's prediction and error."""
-    from dnnperf.runner import BenchSettings, bench
+    """One row per workload x batch: measured median step, each variant's prediction and error.
+
+    Each configuration is measured by a fresh ``dnnperf bench`` (3 warm-up steps, data in memory,
+    this process's thread count): a training job is a process of its own, and what a process ran
+    before changes how its allocator maps memory (model/faults.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
 
     rows = []
     for name in workloads:
         for batch in batches:
             graph = describe_workload(name, preset, batch)
             predicted = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
-            settings = BenchSettings(name, preset, (batch,), steps=steps, warmup=3, device="cpu")
-            point = bench(settings).points[0]
-            measured = point.step_time.median if point.step_s else float("nan")
+            argv = [sys.executable, "-m", "dnnperf", "bench", name, "--preset", preset, "-b", str(batch)]
+            argv += ["--steps", str(steps), "--warmup", "3", "--device", "cpu", "--json"]
+            env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+            with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
+                done = subprocess.run([*argv, "--runs-dir", runs], capture_output=True, text=True, env=env)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise UsageError(f"{name} batch {batch}: the run failed: {last}")
+            step_s = json.loads(done.stdout)["record"]["points"][0]["step_s"]
+            measured = float(np.median(step_s)) if step_s else float("nan")
             row = {"workload": name, "batch": batch, "measured_s": measured}
             for variant, seconds in predicted.items():
                 row[f"pred[{variant}]"] = seconds

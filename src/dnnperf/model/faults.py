@@ -1,0 +1,83 @@
+"""Page faults of a training step: the model charges each one the machine's ``page_fault_s``.
+
+A minor page fault is the first touch of a page the allocator took fresh from the OS. On the CPU,
+glibc hands large freed blocks back to the OS and trims its heap, so an eager step maps and touches
+part of its memory anew every time; on this project's machine that was 9,000-37,000 faults a step at
+about 1.4 us each (alexnet, vgg16 `small`), up to a quarter of a small batch's step. The operator
+rows carry no such cost. Faults are counted, like FLOPs, not timed.
+
+How many a step takes depends on what the process allocated before (glibc raises its mmap threshold
+as large blocks are freed): a process that trained other models first takes fewer. A user's job is a
+process of its own, so a suite workload's count comes from a fresh interpreter
+(:func:`workload_faults`); a user's model is counted in the calling process (``describe_model``).
+``DNNPERF_COUNT_FAULTS=0`` turns the fresh-process count off (the test suite does, for speed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from dnnperf.errors import DnnperfError
+
+
+def steady_page_faults(step: Callable[[], Any], warm: int = 1, counted: int = 3) -> float:
+    """Minor page faults of one step in steady state: the median over ``counted`` plain steps after
+    ``warm`` more (the first steps create optimizer state and grow the heap). 0 where the OS does not
+    count faults."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 0.0
+    for _ in range(warm):
+        step()
+    counts = []
+    for _ in range(counted):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        step()
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return float(np.median(counts))
+
+
+def enabled() -> bool:
+    return os.environ.get("DNNPERF_COUNT_FAULTS", "1") != "0"
+
+
+def workload_faults(workload: str, preset: str, batch_size: int, timeout_s: float = 600.0) -> float:
+    """Steady-state page faults of one CPU step of a suite workload, counted in a fresh interpreter at
+    this process's thread count (0 when counting is off)."""
+    if not enabled():
+        return 0.0
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    argv = [sys.executable, "-m", __name__, workload, preset, str(batch_size)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise DnnperfError(f"counting {workload}'s page faults took over {timeout_s:g} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise DnnperfError(f"counting {workload}'s page faults failed: {last}")
+    return float(json.loads(done.stdout)["page_faults"])
+
+
+def _main(workload: str, preset: str, batch_size: int) -> None:
+    from dnnperf.workloads import get_workload
+    from dnnperf.workloads.base import no_stages
+
+    spec = get_workload(workload)
+    torch.manual_seed(0)
+    task = spec.build(preset, "cpu")
+    batch = spec.data(preset).synthesize(batch_size, 0)
+    task.step(batch, no_stages)  # the first step, as the described one
+    print(json.dumps({"page_faults": steady_page_faults(lambda: task.step(batch, no_stages))}))
+
+
+if __name__ == "__main__":  # python -m dnnperf.model.faults WORKLOAD PRESET BATCH
+    _main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
