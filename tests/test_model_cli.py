@@ -186,11 +186,15 @@ def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
 
     fits = {"allreduce": {"alpha": 1e-4, "bandwidth": 2e9}, "send_recv": {"alpha": 1e-4, "bandwidth": 1e8}}
     machine = dataclasses.replace(preset("a100-ib"), collectives=fits)
+    def wire(collectives: dict) -> dict:  # without the CPU's part (test_model_predict checks it)
+        return {op: {k: fit[k] for k in ("alpha", "bandwidth")} for op, fit in collectives.items()}
+
     for unshaped in (None, LOOPBACK):
-        assert shaped_link(machine, unshaped).collectives == fits
+        assert wire(shaped_link(machine, unshaped).collectives) == fits
     shaped = shaped_link(machine, 100.0)  # 100 Mbit/s: 12.5e6 bytes/s
     assert (shaped.devices_per_node, shaped.nodes) == (2, 1)
-    assert shaped.collectives["allreduce"] == {"alpha": 1e-4, "bandwidth": 12.5e6}
+    assert wire(shaped.collectives)["allreduce"] == {"alpha": 1e-4, "bandwidth": 12.5e6}
+    assert shaped.collectives["allreduce"]["cpu_bandwidth"] == 2e9
     assert shaped.collectives["send_recv"]["bandwidth"] == 12.5e6 and shaped.intra_bandwidth == 12.5e6
     # 2-rank ring allreduce of n bytes: each rank sends n/2 twice, n bytes over the shaped wire.
     n = 8e6
@@ -199,30 +203,39 @@ def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
 
 
 def test_validate_runs_each_link_in_its_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runs are faked (the namespaces themselves are tests/test_netns.py's): each rate's runs ask
-    `dnnperf profile` for --netns and that rate, and each is predicted on the link capped at it."""
+    """The runs and the link's collective microbenchmarks are faked (the namespaces themselves are
+    tests/test_netns.py's): each rate's runs ask `dnnperf profile` for --netns and that rate, and each
+    is predicted with the collectives fitted over that link, capped at its rate."""
     import subprocess
 
+    from dnnperf.model import collective_calibration, validate
     from dnnperf.model.machine import preset
-    from dnnperf.model.validate import validate_distributed
 
     launched: list[list[str]] = []
+    calibrated: list[float | None] = []
 
-    def fake_run(argv, **kwargs):
+    def fake_run(argv, env=None, **kwargs):
         launched.append(list(argv))
         document = {"record": {"points": [{"step_s": [0.5, 0.7, 0.6]}]}}
         return subprocess.CompletedProcess(argv, 0, json.dumps(document), "")
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
-    frame = validate_distributed(
+    def fake_fits(mbit):
+        calibrated.append(mbit)
+        bandwidth = 1e9 if mbit is None else mbit * 1e6 / 8 * 0.9  # TCP's share of the rate
+        return {"allreduce": {"alpha": 2e-4, "bandwidth": bandwidth}}
+
+    monkeypatch.setattr(validate, "run_child", fake_run)
+    monkeypatch.setattr(collective_calibration, "shaped_fits", fake_fits)
+    frame = validate.validate_distributed(
         ["basic_cnn"], [8], ["dp"], "tiny", 2, preset("a100-ib"), links=[None, 10.0]
     ).set_index("link")
     assert [a[a.index("--netns") :] for a in launched] == [
         ["--netns"],
         ["--netns", "--link-mbit", "10"],
     ]
+    assert sorted(calibrated, key=str) == [10.0, None]  # each link timed once
     assert frame.loc["unshaped veth", "measured_s"] == 0.6
-    # basic_cnn tiny's 84 kB of gradients take ~67 ms at 10 Mbit/s: the shaped prediction pays them.
+    # basic_cnn tiny's 84 kB of gradients take ~75 ms at 90% of 10 Mbit/s: the shaped prediction pays them.
     slower = frame.loc["10 Mbit/s", "predicted_s"] - frame.loc["unshaped veth", "predicted_s"]
     assert slower > 0.03
 

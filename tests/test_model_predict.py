@@ -147,3 +147,34 @@ def test_a_module_list_is_cut_between_its_blocks_and_every_op_belongs_to_a_layer
     assert costs[1] > 0 and costs[1] == pytest.approx(costs[2]) == pytest.approx(costs[3])  # alike
     block_1 = work[work["module"].str.startswith("blocks.1.")]["seconds"].sum()
     assert costs[2] == pytest.approx(block_1)
+
+
+def test_on_cores_that_compute_a_collectives_cpu_time_is_not_hidden(mlp_graph) -> None:
+    # The wire is free (no latency, 1 TB/s); what the CPU does for the collective costs 10 ms a
+    # message. Ring allreduce on 2 ranks: 2 messages per bucket, the gradients in one bucket.
+    fit = {"alpha": 0.0, "bandwidth": 1e12, "cpu_alpha": 1e-2, "cpu_bandwidth": 1e12}
+    base = dataclasses.replace(preset("seed002"), devices_per_node=2, collectives={"allreduce": fit})
+    overlapped = predict(mlp_graph, base, 8, "dp")
+    shared = predict(mlp_graph, dataclasses.replace(base, comm_on_compute_cores=True), 8, "dp")
+    assert overlapped.communication_s < 1e-6
+    messages = 2 * overlapped.detail["buckets"]
+    assert shared.detail["allreduce_cpu_s"] == pytest.approx(messages * 1e-2, rel=1e-3)
+    assert shared.communication_s == pytest.approx(shared.detail["allreduce_cpu_s"])
+    assert shared.compute_s == overlapped.compute_s
+
+
+def test_a_shaped_link_keeps_the_cpu_cost_and_caps_the_wire() -> None:
+    from dnnperf.model.validate import shaped_link
+
+    machine = dataclasses.replace(
+        preset("seed002"), collectives={"allreduce": {"alpha": 1e-4, "bandwidth": 4e9}}
+    )
+    over_link = {"allreduce": {"alpha": 3e-4, "bandwidth": 9e6}}
+    veth = {"allreduce": {"alpha": 2e-4, "bandwidth": 1e9}}
+    two = shaped_link(machine, 100.0, over_link, cpu_fits=veth)
+    fit = two.collectives["allreduce"]
+    assert two.devices == 2
+    assert fit["alpha"] == 3e-4 and fit["bandwidth"] == 9e6  # below 100 Mbit/s (12.5 MB/s): kept
+    assert fit["cpu_alpha"] == 2e-4 and fit["cpu_bandwidth"] == 1e9
+    capped = shaped_link(machine, 100.0).collectives
+    assert capped["allreduce"]["bandwidth"] == 100e6 / 8 and capped["allreduce"]["cpu_bandwidth"] == 4e9

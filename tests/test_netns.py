@@ -77,3 +77,21 @@ def test_link_delay_without_netem_is_one_line_or_runs(isolated_dirs):
         assert result.returncode == 2 and "netem" in result.stderr and len(result.stderr.splitlines()) == 1
     assert existing_namespaces() == []
     assert not list(isolated_dirs["runs"].glob("*.log"))  # nothing left beside the records
+
+
+def test_collectives_timed_over_a_shaped_link_never_beat_its_rate():
+    from dnnperf.distributed.netns import LinkShape
+    from dnnperf.model.collective_calibration import fit_op, measure, reduce_seconds_per_byte
+
+    mbit = 50.0
+    frame = measure(2, (64 << 10, 1 << 20), rounds=2, shape=LinkShape(mbit))
+    assert existing_namespaces() == []
+    rate = mbit * 1e6 / 8
+    mib = frame[frame["bytes"] == 1 << 20].set_index("op")["median_s"]
+    # What each operation sends one way over the link, at most at the token bucket's rate: a 2-rank
+    # allreduce and a send each move the whole MiB, an allgather half of it.
+    assert mib["send_recv"] >= (1 << 20) / rate
+    assert mib["allreduce"] >= (1 << 20) / rate
+    assert mib["allgather"] >= (1 << 19) / rate
+    fit = fit_op(frame, "send_recv", 2, reduce_seconds_per_byte())
+    assert fit is not None and fit["bandwidth"] <= rate * 1.02

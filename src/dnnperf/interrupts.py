@@ -9,8 +9,9 @@ not stop. The handler here also records the request, and the runner checks it be
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,3 +40,34 @@ def stop_on_signals() -> Iterator[None]:
         for number, handler in previous.items():
             signal.signal(number, handler)
         _requested.clear()
+
+
+def run_child(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    grace_s: float = 30.0,
+    timeout_s: float | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a child command and capture its output, like ``subprocess.run``, except when this process
+    is stopped (Ctrl-C, SIGTERM) or the child overruns ``timeout_s``: the child is sent SIGTERM and
+    given ``grace_s`` to remove what it started (ranks, network namespaces, temporary files) before
+    it is killed. ``subprocess.run`` kills at once, which leaves a dnnperf child's own children behind.
+    """
+    process = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=None if env is None else dict(env),
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except BaseException:
+        process.terminate()
+        try:
+            process.communicate(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        raise
+    return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)

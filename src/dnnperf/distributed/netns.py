@@ -41,6 +41,13 @@ def _check(*command: str) -> None:
         raise UsageError(f"--netns: `{' '.join(command)}` failed: {message}")
 
 
+def burst_bytes(mbit: float) -> int:
+    """The token bucket's burst at ``mbit`` Mbit/s: 4 ms worth of bytes, no less than a tick of a
+    250 Hz kernel can release (or the rate is not reached), and small beside the transfers measured,
+    which the burst speeds up."""
+    return max(int(mbit * 1e6 / 8 / 250), 16 * 1024)
+
+
 class NetnsPair:
     """Two namespaces ``dnnperf-<tag>-0`` and ``-1`` with addresses 10.231.0.1 and .2 on a veth pair."""
 
@@ -92,10 +99,7 @@ class NetnsPair:
                 )
             parent = ("parent", "1:1")
         if self.shape.mbit is not None:
-            rate = self.shape.mbit * 1e6 / 8  # bytes per second
-            # 4 ms worth of bytes: no less than a tick of a 250 Hz kernel can release (or the rate is not
-            # reached), and small beside the transfers measured, which the burst would speed up.
-            burst = max(int(rate / 250), 16 * 1024)
+            burst = burst_bytes(self.shape.mbit)
             _check(*tc, *parent, "handle", "10:", "tbf", "rate", f"{self.shape.mbit}mbit",
                    "burst", str(burst), "latency", "100ms")  # fmt: skip
 

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dnnperf.distributed.netns import LinkShape, NetnsPair, burst_bytes
 from dnnperf.errors import DnnperfError
 from dnnperf.model import collectives
 from dnnperf.model.machine import GLOO_SEGMENT
@@ -90,14 +92,30 @@ def _rank_main(
 
 
 def measure(
-    world: int = 2, sizes: Sequence[int] = SIZES, rounds: int = ROUNDS, timeout_s: float = 300.0
+    world: int = 2,
+    sizes: Sequence[int] = SIZES,
+    rounds: int = ROUNDS,
+    timeout_s: float = 300.0,
+    shape: LinkShape | None = None,
 ) -> pd.DataFrame:
     """Median (and p10, p90) seconds per operation and size: one row each, the slowest rank per sample.
 
     The ranks are plain subprocesses (no multiprocessing helper outlives the call); a rank that fails
-    or overruns ``timeout_s`` stops all of them, and the error names it."""
+    or overruns ``timeout_s`` stops all of them, and the error names it. ``shape``: the 2 ranks in
+    their own network namespaces on a veth pair shaped so (root only; distributed/netns.py), gloo on
+    the veth."""
     if world < 2:
         raise DnnperfError("collectives need at least 2 ranks")
+    if shape is not None and world != 2:
+        raise DnnperfError("a shaped link joins exactly 2 ranks")
+    with ExitStack() as stack:
+        pair = stack.enter_context(NetnsPair(shape)) if shape is not None else None
+        return _measure(world, sizes, rounds, timeout_s, pair)
+
+
+def _measure(
+    world: int, sizes: Sequence[int], rounds: int, timeout_s: float, pair: NetnsPair | None
+) -> pd.DataFrame:
     scratch = Path(tempfile.mkdtemp(prefix="dnnperf-collectives-"))
     ranks: list[subprocess.Popen] = []
     try:
@@ -105,13 +123,18 @@ def measure(
         settings = json.dumps([world, str(scratch / "store"), str(out), list(sizes), rounds])
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         for rank in range(world):
+            argv = [sys.executable, "-m", __name__, str(rank), settings]
+            rank_env = env
+            if pair is not None:
+                argv = pair.rank_command(rank, argv)
+                rank_env = {**env, "GLOO_SOCKET_IFNAME": pair.interfaces[rank]}
             ranks.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", __name__, str(rank), settings],
+                    argv,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
-                    env=env,
+                    env=rank_env,
                 )
             )
         deadline = time.monotonic() + timeout_s
@@ -257,6 +280,38 @@ def calibrate(world: int = 2, rounds: int = ROUNDS) -> tuple[dict[str, Any], pd.
         ),
     }
     return link, table
+
+
+SHAPED_ROUNDS = 7
+
+
+def shaped_sizes(mbit: float | None) -> tuple[tuple[int, ...], int]:
+    """Sizes to time over a link shaped to ``mbit`` (powers of 4 from 1 KiB to at least 4 MiB and 32
+    token-bucket bursts) and the smallest the fit takes: 8 bursts (1 MiB at 100 Mbit/s, 4 MiB at 1
+    Gbit/s), where the burst the bucket lets through at once is at most an eighth of the message."""
+    if mbit is None:
+        return tuple(1024 * 4**i for i in range(7)), 0
+    burst = burst_bytes(mbit)
+    sizes = [1024]
+    while sizes[-1] < max(4 << 20, 32 * burst):
+        sizes.append(sizes[-1] * 4)
+    return tuple(sizes), 8 * burst
+
+
+def shaped_fits(mbit: float | None, rounds: int = SHAPED_ROUNDS) -> dict[str, dict[str, float]]:
+    """Every operation's alpha and bandwidth over 2 network namespaces joined by a veth pair shaped to
+    ``mbit`` Mbit/s (None: the veth unshaped), fitted on every size timed there: what TCP, the veth
+    and the token bucket leave of the nominal rate (frames, acknowledgements, queueing), which a cap
+    at the nominal rate does not see. On a shaped link the fit takes messages of 8 token-bucket
+    bursts or more (``shaped_sizes``): the bucket lets a burst through at once, so smaller messages
+    outrun the rate (allgather of 64 KiB at 26.6 MB/s over 100 Mbit/s) and say little of it. Root
+    only."""
+    gamma = reduce_seconds_per_byte()
+    sizes, smallest = shaped_sizes(mbit)
+    frame = measure(2, sizes, rounds, timeout_s=600.0, shape=LinkShape(mbit))
+    frame = frame[frame["bytes"] >= smallest]
+    fits = {op: fit_op(frame, op, 2, gamma) for op in frame["op"].unique()}
+    return {op: fit for op, fit in fits.items() if fit is not None}
 
 
 def cache_key() -> str:

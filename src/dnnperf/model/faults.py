@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dnnperf.errors import DnnperfError
+from dnnperf.interrupts import run_child
 
 
 def steady_page_faults(step: Callable[[], Any], warm: int = 1, counted: int = 3) -> float:
@@ -58,7 +59,7 @@ def workload_faults(workload: str, preset: str, batch_size: int, timeout_s: floa
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     argv = [sys.executable, "-m", __name__, workload, preset, str(batch_size)]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+        done = run_child(argv, env, timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         raise DnnperfError(f"counting {workload}'s page faults took over {timeout_s:g} s") from None
     if done.returncode != 0:

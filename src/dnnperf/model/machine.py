@@ -75,6 +75,11 @@ class Machine:
     bandwidth_curve: Curve | None = None
     #: Largest message the backend sends in one piece (gloo: 1 MiB segments); 0 = no segmentation.
     segment_bytes: int = 0
+    #: Collectives run on the cores that compute (CPU ranks that fill a host: gloo copies and reduces
+    #: on them), so their CPU time cannot hide behind backward. Their CPU time is the cost at the
+    #: collective's fit on an unshaped link (``cpu_alpha``/``cpu_bandwidth`` in a fit, where a shaped
+    #: link slowed the wire; else the fit itself). False: communication overlaps (GPUs, NCCL).
+    comm_on_compute_cores: bool = False
     #: Per collective ("allreduce", "allgather", "broadcast", "send_recv"), the backend's own fit inside
     #: a node: {"alpha": s, "bandwidth": bytes/s, "reduce_bandwidth": bytes/s} (collective_calibration);
     #: a collective without one uses intra_latency / intra_bandwidth.
@@ -241,6 +246,7 @@ def from_profile(
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),
         segment_bytes=GLOO_SEGMENT,
+        comm_on_compute_cores=True,
         collectives=dict(link.get("ops", {})),
         efficiency=dict(efficiency or {}),
         sources={

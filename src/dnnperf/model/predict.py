@@ -167,15 +167,17 @@ def memory_estimate(
     return best
 
 
-def _link(machine: Machine, ranks: int, op: str = "allreduce") -> collectives.Link:
+def _link(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = False) -> collectives.Link:
     """The slowest link ``ranks`` consecutive devices span; inside a node, the backend's own fit of
-    ``op`` where the machine was calibrated with one."""
+    ``op`` where the machine was calibrated with one. ``cpu``: the fit's CPU cost, as on an unshaped
+    link (Machine.comm_on_compute_cores)."""
     inside = ranks <= machine.devices_per_node
     fit = machine.collectives.get(op) if inside else None
     if fit is not None:
-        return collectives.Link.of(
-            fit.get("alpha", 0.0), fit["bandwidth"], fit.get("reduce_bandwidth", 0.0), machine.segment_bytes
-        )
+        alpha, bandwidth = fit.get("alpha", 0.0), fit["bandwidth"]
+        if cpu:
+            alpha, bandwidth = fit.get("cpu_alpha", alpha), fit.get("cpu_bandwidth", bandwidth)
+        return collectives.Link.of(alpha, bandwidth, fit.get("reduce_bandwidth", 0.0), machine.segment_bytes)
     return collectives.Link.of(
         machine.intra_latency if inside else machine.link_latency,
         machine.intra_bandwidth if inside else machine.link_bandwidth,
@@ -236,6 +238,13 @@ def predict(
                 costs = [collectives.allreduce(n, devices, link, algorithm) for n in sizes]
             exposed = strategies.bucket_overlap(ready, costs, backward_s)
             detail = {"buckets": len(sizes), "allreduce_s": sum(costs), "backward_s": backward_s}
+            if machine.comm_on_compute_cores and machine.nodes == 1:
+                # gloo copies and reduces on the cores backward runs on: on a host the ranks fill,
+                # that CPU time is added to the step, whatever the overlap would hide.
+                cpu_link = _link(machine, devices, cpu=True)
+                cpu_s = sum(collectives.allreduce(n, devices, cpu_link, algorithm) for n in sizes)
+                exposed = max(exposed, cpu_s)
+                detail["allreduce_cpu_s"] = cpu_s
         memory = memory_estimate(graph)
         return Prediction(
             **common,

@@ -20,6 +20,7 @@ import torch
 
 from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile
+from dnnperf.interrupts import run_child
 from dnnperf.model.calibrate import measure_op_overhead, measure_page_fault_cost, zoo_calibration
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
@@ -84,7 +85,6 @@ def validate_single(
     before changes how its allocator maps memory (model/faults.py)."""
     import json
     import os
-    import subprocess
     import sys
     import tempfile
 
@@ -97,7 +97,7 @@ def validate_single(
             argv += ["--steps", str(steps), "--warmup", "3", "--device", "cpu", "--json"]
             env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
             with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
-                done = subprocess.run([*argv, "--runs-dir", runs], capture_output=True, text=True, env=env)
+                done = run_child([*argv, "--runs-dir", runs], env)
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]
                 raise UsageError(f"{name} batch {batch}: the run failed: {last}")
@@ -220,17 +220,34 @@ def validate_distributed(
     model's prediction on ``machine`` with 2 devices in one node.
 
     ``links``: instead of loopback, the ranks in two network namespaces joined by a veth pair, once per
-    rate given (Mbit/s; None: unshaped), with the model's link capped at that rate (``shaped_link``).
-    Root only (``dnnperf profile --netns``)."""
-    import subprocess
+    rate given (Mbit/s; None: unshaped); the model's collectives calibrated over that link first
+    (``collective_calibration.shaped_fits``: microbenchmarks, not the runs) and capped at the rate
+    (``shaped_link``). Root only (``dnnperf profile --netns``)."""
     import sys
     import tempfile
 
     from dnnperf.model.predict import predict
 
     rows = []
+    from dnnperf.model.collective_calibration import shaped_fits
+
+    calibrated: dict[float | None, dict[str, dict[str, float]]] = {}
+
+    def fits_over(link: float | None) -> dict[str, dict[str, float]]:
+        if link not in calibrated:
+            if progress is not None:
+                progress(f"timing gloo's collectives over the {link_label(link)} link")
+            calibrated[link] = shaped_fits(link)
+            if progress is not None:
+                for op, fit in calibrated[link].items():
+                    progress(f"  {op}: alpha {fit['alpha'] * 1e6:.0f} us, {fit['bandwidth'] / 1e6:.2f} MB/s")
+        return calibrated[link]
+
     for link in [LOOPBACK] if links is None else links:
-        two = shaped_link(machine, link)
+        if link == LOOPBACK:
+            two = shaped_link(machine, link)
+        else:  # the CPU's part of a collective: the veth's own cost, unshaped (same frames, MTU)
+            two = shaped_link(machine, link, fits_over(link), cpu_fits=fits_over(None))
         for name in workloads:
             for batch in batches:
                 for strategy in strategies:
@@ -249,7 +266,7 @@ def validate_distributed(
                         argv += ["--runs-dir", runs, "--json"]
                         if link != LOOPBACK:
                             argv += ["--netns"] + ([] if link is None else ["--link-mbit", f"{link:g}"])
-                        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                        done = run_child(argv)
                     if done.returncode != 0:
                         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
                         raise UsageError(
@@ -270,13 +287,27 @@ def link_label(link: float | None) -> str:
     return "unshaped veth" if link is None else f"{link:g} Mbit/s"
 
 
-def shaped_link(machine: Machine, mbit: float | None) -> Machine:
+def shaped_link(
+    machine: Machine,
+    mbit: float | None,
+    fits: dict[str, dict[str, float]] | None = None,
+    cpu_fits: dict[str, dict[str, float]] | None = None,
+) -> Machine:
     """``machine`` as 2 devices in one node whose link between them carries at most ``mbit`` Mbit/s
     (None or LOOPBACK: as calibrated): every collective's fitted bandwidth, and the intra-node one,
-    capped at the shaped rate; latencies as calibrated."""
+    capped at the shaped rate; latencies as calibrated. ``fits``: the collectives' own fits over that
+    link (``shaped_fits``), in place of the machine's. ``cpu_fits``: what each costs the CPU
+    (Machine.comm_on_compute_cores; default: the machine's own fits, unshaped)."""
     import dataclasses
 
     two = dataclasses.replace(machine, devices_per_node=2, nodes=1)
+    cpu = {
+        op: {"cpu_alpha": fit.get("alpha", 0.0), "cpu_bandwidth": fit["bandwidth"]}
+        for op, fit in (cpu_fits or machine.collectives).items()
+    }
+    merged = {op: {**fit, **cpu.get(op, {})} for op, fit in two.collectives.items()}
+    merged.update({op: {**fit, **cpu.get(op, {})} for op, fit in (fits or {}).items()})
+    two = dataclasses.replace(two, collectives=merged)
     if mbit is None or mbit == LOOPBACK:
         return two
     rate = mbit * 1e6 / 8

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from dnnperf.errors import DnnperfError
+from dnnperf.interrupts import run_child
 from dnnperf.results.record import RunRecord
 from dnnperf.results.store import read_record
 
@@ -75,7 +75,7 @@ class Session:
         full = [sys.executable, "-m", "dnnperf", *args, "--json", "--runs-dir", str(self.runs_dir)]
         if args[0] in ("libcompare", "hw"):  # commands that write no run record
             full = [sys.executable, "-m", "dnnperf", *args, "--json"]
-        done = subprocess.run(full, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        done = run_child(full, {**os.environ, **(env or {})})
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise DnnperfError(f"`{shown}` failed (exit {done.returncode}): {last}")
