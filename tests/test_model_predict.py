@@ -178,3 +178,35 @@ def test_a_shaped_link_keeps_the_cpu_cost_and_caps_the_wire() -> None:
     assert fit["cpu_alpha"] == 2e-4 and fit["cpu_bandwidth"] == 1e9
     capped = shaped_link(machine, 100.0).collectives
     assert capped["allreduce"]["bandwidth"] == 100e6 / 8 and capped["allreduce"]["cpu_bandwidth"] == 4e9
+
+
+class TiedLM(nn.Module):
+    """An embedding tied to the output projection, as GPT-2's: two pipeline layers hold one weight."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.mid = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 64, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mid(self.embed(tokens))))
+
+
+def test_pipeline_stages_sharing_a_weight_pay_its_allreduce() -> None:
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (4, 4))  # one micro-batch of the global 8
+    tied = describe_model(TiedLM(tied=True), tokens, name="tied")
+    untied = describe_model(TiedLM(tied=False), tokens, name="untied")
+    assert tied.shared_params == [{"bytes": 64 * 16 * 4, "layers": ["embed", "head"]}]
+    assert untied.shared_params == []
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=2)
+    with_tie = predict(tied, machine, 8, "pp", micro_batches=2)
+    without = predict(untied, machine, 8, "pp", micro_batches=2)
+    link = collectives.Link.of(machine.intra_latency, machine.intra_bandwidth, machine.reduce_bandwidth)
+    loss = collectives.broadcast(8, 2, link)
+    assert without.detail["collective_s"] == pytest.approx(loss)
+    allreduce = collectives.allreduce(64 * 16 * 4, 2, link)
+    assert with_tie.detail["collective_s"] == pytest.approx(loss + allreduce)

@@ -99,6 +99,10 @@ class StepGraph:
     #: Minor page faults one step takes in steady state on the host that described it (model/faults.py:
     #: a suite workload's in a fresh process); 0 when not counted (shapes only, older descriptions).
     page_faults: float = 0.0
+    #: Trainable parameters held by more than one pipeline layer (GPT-2's token embedding, tied to its
+    #: output projection): bytes and the layers holding them. Pipeline stages that share one sum its
+    #: gradient with an all-reduce every step (distributed/pipeline.py). Empty in older descriptions.
+    shared_params: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -387,7 +391,13 @@ def capture(
     ``inputs``: the batch, whose storages are not activations when saved for backward."""
     layers: dict[str, Layer] = {}
     handles = []
+    holders: dict[int, tuple[int, list[str]]] = {}
     for child_name, child in pipeline_units(model):
+        for parameter in child.parameters():
+            if parameter.requires_grad:
+                names = holders.setdefault(id(parameter), (_nbytes(parameter), []))[1]
+                if child_name not in names:
+                    names.append(child_name)
 
         def hook(module: nn.Module, args: Any, output: Any, _name: str = child_name) -> None:
             if _name not in layers:
@@ -489,6 +499,7 @@ def capture(
         update_temp_bytes=max((update_temporaries(opt) for opt in optimizers or []), default=0),
         frozen_param_bytes=frozen,
         tp_regions=list(tp_regions.values()),
+        shared_params=[{"bytes": n, "layers": names} for n, names in holders.values() if len(names) > 1],
     )
 
 
@@ -550,7 +561,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-7"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-8"],
         sort_keys=True,
         default=str,
     )

@@ -272,6 +272,14 @@ def predict(
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
         send = collectives.send_recv(boundary, _link(machine, devices, "send_recv"))
         pipe = strategies.pipeline_time(stage_s, m, send)
+        # After the last backward: the loss broadcast from the last stage, then an all-reduce of each
+        # parameter that several stages hold (tied weights), over those stages (pipeline.py).
+        stage_of = {name: i for i, (a, b) in enumerate(itertools.pairwise(bounds)) for name in names[a:b]}
+        tail = collectives.broadcast(8, stages, _link(machine, stages, "broadcast"))
+        for shared in graph.shared_params:
+            holders = len({stage_of[name] for name in shared["layers"] if name in stage_of})
+            if holders > 1:
+                tail += collectives.allreduce(shared["bytes"], holders, _link(machine, holders), algorithm)
         update = float(times.loc[times["phase"] == "update", "seconds"].sum())
         params = [
             sum(layer.param_bytes for layer in graph.layers[a:b]) for a, b in itertools.pairwise(bounds)
@@ -284,7 +292,7 @@ def predict(
         return Prediction(
             **common,
             compute_s=pipe.compute_s + update * share,
-            communication_s=pipe.communication_s,
+            communication_s=pipe.communication_s + tail,
             bubble_s=pipe.bubble_s,
             # Each micro-batch's faults, in the heaviest stage's share of them.
             other_s=(data_seconds(graph, machine) + fault_seconds(graph, machine, options) * stage_share)
@@ -297,6 +305,7 @@ def predict(
                 "stage_s": stage_s,
                 "stage_starts": starts,
                 "bubble_share": (stages - 1) / m,
+                "collective_s": tail,  # the loss broadcast and the shared parameters' all-reduce
             },
         )
     # tensor parallel
