@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -24,20 +25,30 @@ resource = pytest.importorskip("resource")
 BLOCK = 64 << 20
 
 
+def _fewest_faults() -> int:
+    """The fewest faults a fresh BLOCK can take: one per page, or with transparent huge pages always
+    on, one per 2 MiB where the kernel finds them."""
+    try:
+        thp_always = "[always]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        thp_always = False
+    return BLOCK // (2 << 20) if thp_always else BLOCK // mmap.PAGESIZE
+
+
 def test_the_count_is_the_pages_a_step_maps_anew() -> None:
     def step() -> None:
         torch.empty(BLOCK // 4).fill_(1.0)  # allocated, written, freed
 
     faults = steady_page_faults(step)
     pages = BLOCK // mmap.PAGESIZE
-    assert pages <= faults <= pages * 1.05  # a few more: the interpreter's own pages
+    assert _fewest_faults() <= faults <= pages * 1.05  # a few more: the interpreter's own pages
 
     keep = torch.empty(BLOCK // 4)
 
     def reuse() -> None:
         keep.fill_(2.0)  # the same pages every time: nothing new to map
 
-    assert steady_page_faults(reuse) < pages * 0.01
+    assert steady_page_faults(reuse) < _fewest_faults() * 0.05
 
 
 def test_a_suite_workload_is_counted_in_a_fresh_process_and_can_be_turned_off(monkeypatch) -> None:
@@ -122,5 +133,5 @@ def test_a_users_model_on_the_cpu_is_counted_in_this_process() -> None:
             return x * self.w + scratch[:1]
 
     graph = describe_model(Fresh(), torch.randn(2, 1))
-    assert graph.page_faults >= BLOCK // mmap.PAGESIZE
+    assert graph.page_faults >= _fewest_faults()
     assert describe_model(Fresh(), torch.randn(2, 1), count_faults=False).page_faults == 0
