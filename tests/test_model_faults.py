@@ -134,4 +134,25 @@ def test_a_users_model_on_the_cpu_is_counted_in_this_process() -> None:
 
     graph = describe_model(Fresh(), torch.randn(2, 1))
     assert graph.page_faults >= _fewest_faults()
-    assert describe_model(Fresh(), torch.randn(2, 1), count_faults=False).page_faults == 0
+    assert describe_model(Fresh(), torch.randn(2, 1), count_faults=False).page_faults is None
+
+
+def test_faults_are_counted_only_for_a_machine_that_charges_them(monkeypatch) -> None:
+    from dnnperf.model import graph as graphs
+
+    counted: list[tuple[str, str, int]] = []
+
+    def fake_count(workload: str, preset: str, batch_size: int) -> float:
+        counted.append((workload, preset, batch_size))
+        return 1000.0
+
+    monkeypatch.setattr(graphs, "workload_faults", fake_count)
+    gpu = preset("seed002")  # page_fault_s 0: a GPU's caching allocator
+    cpu = dataclasses.replace(gpu, page_fault_s=2e-6)
+    free = predict("basic_cnn", gpu, 2, "single", preset="tiny")
+    assert counted == []
+    charged = predict("basic_cnn", cpu, 2, "single", preset="tiny")
+    assert counted == [("basic_cnn", "tiny", 2)]
+    assert charged.other_s - free.other_s == pytest.approx(1000 * 2e-6)
+    predict("basic_cnn", cpu, 2, "single", preset="tiny")  # kept with the cached description
+    assert len(counted) == 1

@@ -117,3 +117,23 @@ def test_predict_sweep_writes_a_record_whose_report_draws_every_axis(
     assert main(["show", document["record_path"]]) == 0
     shown = capsys.readouterr().out
     assert "crossovers" in shown and "what-if" in shown
+
+
+def test_a_configuration_where_nothing_fits_is_a_crossing_only_where_something_does() -> None:
+    from rich.console import Console
+
+    from dnnperf.report.terminal import crossover_table
+
+    frame = pd.DataFrame(
+        [
+            {"nodes": n, "strategy": "dp", "reason": None, "fits": n == 2, "throughput": 1.0}
+            for n in (1, 2, 4, 8)
+        ]
+    )
+    found = crossovers(frame, ["nodes"])
+    # nothing -> dp between 1 and 2, dp -> nothing between 2 and 4; none between 4 and 8
+    assert [(r.below, r.above) for r in found.itertuples()] == [(1, 2), (2, 4)]
+    console = Console(width=120, record=True)
+    console.print(crossover_table(found))
+    text = console.export_text()
+    assert text.count("none fits") == 2 and "dp" in text

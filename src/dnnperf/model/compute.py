@@ -120,7 +120,9 @@ def data_seconds(graph: StepGraph, machine: Machine) -> float:
 
 def fault_seconds(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> float:
     """What the step's page faults cost on ``machine`` (0 when either side does not count them)."""
-    return graph.page_faults * machine.page_fault_s if options.faults else 0.0
+    if not options.faults or not graph.page_faults:  # not counted, or none
+        return 0.0
+    return graph.page_faults * machine.page_fault_s
 
 
 def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:

@@ -97,8 +97,9 @@ class StepGraph:
     #: input bytes that need a gradient (backward's all-reduce), output bytes. Empty in older ones.
     tp_regions: list[dict[str, Any]] = field(default_factory=list)
     #: Minor page faults one step takes in steady state on the host that described it (model/faults.py:
-    #: a suite workload's in a fresh process); 0 when not counted (shapes only, older descriptions).
-    page_faults: float = 0.0
+    #: a suite workload's in a fresh process); None when not counted (shapes only, or a prediction
+    #: for a machine that charges none).
+    page_faults: float | None = None
     #: Trainable parameters held by more than one pipeline layer (GPT-2's token embedding, tied to its
     #: output projection): bytes and the layers holding them. Pipeline stages that share one sum its
     #: gradient with an all-reduce every step (distributed/pipeline.py). Empty in older descriptions.
@@ -170,7 +171,11 @@ class StepGraph:
             memory_walk=walk,
             ops=ops,
             saved_bytes=lerp(self.saved_bytes, other.saved_bytes),
-            page_faults=float(lerp(self.page_faults, other.page_faults)),
+            page_faults=(
+                None
+                if self.page_faults is None or other.page_faults is None
+                else float(lerp(self.page_faults, other.page_faults))
+            ),
             batch_bytes=lerp(self.batch_bytes, other.batch_bytes),
             layers=layers,
         )
@@ -561,17 +566,21 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-9"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-10"],
         sort_keys=True,
         default=str,
     )
     return f"{workload}/{preset}/{batch_size}/{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
-def describe_workload(workload: str, preset: str, batch_size: int, device: str = "cpu") -> StepGraph:
+def describe_workload(
+    workload: str, preset: str, batch_size: int, device: str = "cpu", count_faults: bool = False
+) -> StepGraph:
     """One counted training step of a suite workload at ``batch_size`` (cached on disk). The step
     runs on ``device`` ("cpu": the operator stream this machine runs; "meta": shapes only, for presets
-    too large to run here)."""
+    too large to run here). ``count_faults``: also its page faults on this CPU (model/faults.py: eight
+    more steps in a fresh process), once, kept with the description; only a machine that charges
+    them needs them."""
     from dnnperf.workloads import get_workload
 
     if batch_size <= 0:
@@ -581,12 +590,18 @@ def describe_workload(workload: str, preset: str, batch_size: int, device: str =
         raise UsageError(f"{workload} has no preset {preset!r} (presets: {', '.join(spec.presets)})")
     store = JsonCache("model-graph")
     key = _cache_key(spec.name, preset, batch_size, device)
+    count_faults = count_faults and device == "cpu"
     cached = store.get(key)
     if isinstance(cached, dict):
         try:
-            return StepGraph.from_dict(cached)
+            graph = StepGraph.from_dict(cached)
         except (KeyError, TypeError, ValueError):
             pass  # an older or damaged entry: count again
+        else:
+            if count_faults and graph.page_faults is None:
+                graph.page_faults = workload_faults(spec.name, preset, batch_size)
+                store.put(key, graph.to_dict())
+            return graph
     torch.manual_seed(0)
     task = spec.build(preset, device)
     batch = {k: v.to(device) for k, v in spec.data(preset).synthesize(batch_size, 0).items()}
@@ -606,16 +621,18 @@ def describe_workload(workload: str, preset: str, batch_size: int, device: str =
             f"{spec.name} ({preset}) cannot train at a batch of {batch_size} per device "
             f"(micro-batch, with pp): {first}"
         ) from None
-    if device == "cpu":
+    if count_faults:
         graph.page_faults = workload_faults(spec.name, preset, batch_size)
     store.put(key, graph.to_dict())
     return graph
 
 
-def workload_graph(workload: str, preset: str, batch_size: int, exact: bool = True) -> StepGraph:
+def workload_graph(
+    workload: str, preset: str, batch_size: int, exact: bool = True, count_faults: bool = False
+) -> StepGraph:
     """The description at ``batch_size``: counted at it (``exact``), or interpolated from the counts at
     BASE_BATCHES (a sweep over batch sizes then counts only twice)."""
     if exact or batch_size in BASE_BATCHES:
-        return describe_workload(workload, preset, batch_size)
-    a, b = (describe_workload(workload, preset, size) for size in BASE_BATCHES)
+        return describe_workload(workload, preset, batch_size, count_faults=count_faults)
+    a, b = (describe_workload(workload, preset, size, count_faults=count_faults) for size in BASE_BATCHES)
     return a.at_batch(b, batch_size)

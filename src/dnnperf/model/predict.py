@@ -61,7 +61,9 @@ class Prediction:
         return {**asdict(self), "step_s": self.step_s, "throughput": self.throughput, "fits": self.fits}
 
 
-def _graph_for(source: str | StepGraph, preset: str, batch: int, exact: bool) -> StepGraph:
+def _graph_for(
+    source: str | StepGraph, preset: str, batch: int, exact: bool, count_faults: bool = False
+) -> StepGraph:
     if isinstance(source, StepGraph):
         if batch != source.batch_size:
             raise UsageError(
@@ -69,7 +71,7 @@ def _graph_for(source: str | StepGraph, preset: str, batch: int, exact: bool) ->
                 f"not {batch}: describe it with an example batch of {batch}"
             )
         return source
-    return workload_graph(source, preset, batch, exact=exact)
+    return workload_graph(source, preset, batch, exact=exact, count_faults=count_faults)
 
 
 def _per_device(batch_size: int, ways: int, what: str) -> int:
@@ -209,6 +211,7 @@ def predict(
         raise UsageError(f"batch size must be a positive integer, got {batch_size!r}")
     batch_size = int(batch_size)
     devices = 1 if strategy == "single" else machine.devices
+    faults = machine.page_fault_s > 0 and options.faults  # count them only where they are charged
     name = source.name if isinstance(source, StepGraph) else source
     common = dict(
         workload=name,
@@ -219,7 +222,9 @@ def predict(
         memory_capacity=machine.memory_bytes,
     )
     if strategy in ("single", "dp"):
-        graph = _graph_for(source, preset, _per_device(batch_size, devices, "data-parallel ranks"), exact)
+        graph = _graph_for(
+            source, preset, _per_device(batch_size, devices, "data-parallel ranks"), exact, faults
+        )
         times = op_times(graph, machine, options)
         compute = float(times["seconds"].sum())
         exposed, detail = 0.0, {}
@@ -260,7 +265,7 @@ def predict(
         stages = devices
         # Default: the most micro-batches up to 4 per stage that split the batch evenly.
         m = micro_batches or max(d for d in range(1, min(batch_size, 4 * stages) + 1) if batch_size % d == 0)
-        graph = _graph_for(source, preset, _per_device(batch_size, m, "micro-batches"), exact)
+        graph = _graph_for(source, preset, _per_device(batch_size, m, "micro-batches"), exact, faults)
         times = op_times(graph, machine, options)
         names = [layer.name for layer in graph.layers]
         if stages < 2:
@@ -310,7 +315,7 @@ def predict(
         )
     # tensor parallel
     ways = devices
-    graph = _graph_for(source, preset, batch_size, exact)
+    graph = _graph_for(source, preset, batch_size, exact, faults)
     times = op_times(graph, machine, options)
     gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
     if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)

@@ -91,7 +91,7 @@ def validate_single(
     rows = []
     for name in workloads:
         for batch in batches:
-            graph = describe_workload(name, preset, batch)
+            graph = describe_workload(name, preset, batch, count_faults=True)
             predicted = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
             argv = [sys.executable, "-m", "dnnperf", "bench", name, "--preset", preset, "-b", str(batch)]
             argv += ["--steps", str(steps), "--warmup", "3", "--device", "cpu", "--json"]

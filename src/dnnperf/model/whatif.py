@@ -103,6 +103,12 @@ def best_per_configuration(frame: pd.DataFrame, axes: Sequence[str]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def _strategy(best: Any) -> str | None:
+    """A configuration's best strategy, None where none fits (pandas reads a missing one as NaN, and
+    NaN != NaN would report a change from nothing to nothing)."""
+    return best if isinstance(best, str) else None
+
+
 def crossovers(frame: pd.DataFrame, axes: Sequence[str]) -> pd.DataFrame:
     """Where the best strategy changes between two neighbouring values of one axis, the other axes
     held at each of their combinations: columns axis, held (text), below, above, before, after."""
@@ -116,15 +122,15 @@ def crossovers(frame: pd.DataFrame, axes: Sequence[str]) -> pd.DataFrame:
             ordered = group.sort_values(axis)
             pairs = zip(ordered.iloc[:-1].itertuples(), ordered.iloc[1:].itertuples(), strict=True)
             for low, high in pairs:
-                if low.best != high.best:
+                if _strategy(low.best) != _strategy(high.best):
                     rows.append(
                         {
                             "axis": axis,
                             "held": ", ".join(f"{a}={v:g}" for a, v in zip(others, held, strict=True)),
                             "below": getattr(low, axis),
                             "above": getattr(high, axis),
-                            "before": low.best,
-                            "after": high.best,
+                            "before": _strategy(low.best),
+                            "after": _strategy(high.best),
                         }
                     )
     return pd.DataFrame(rows, columns=["axis", "held", "below", "above", "before", "after"])

@@ -714,8 +714,8 @@ def crossover_table(crossings: Any) -> Table:
             r.axis,
             r.held or "-",
             f"{r.below:g} and {r.above:g}",
-            r.before or "none fits",
-            r.after or "none fits",
+            r.before if isinstance(r.before, str) else "none fits",  # None, or NaN once in a frame
+            r.after if isinstance(r.after, str) else "none fits",
         )
     return table
 
