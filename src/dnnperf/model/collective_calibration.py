@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,7 @@ def measure(
         raise DnnperfError("collectives need at least 2 ranks")
     if shape is not None and world != 2:
         raise DnnperfError("a shaped link joins exactly 2 ranks")
-    with ExitStack() as stack:
-        pair = stack.enter_context(NetnsPair(shape)) if shape is not None else None
+    with NetnsPair(shape) if shape is not None else nullcontext() as pair:
         return _measure(world, sizes, rounds, timeout_s, pair)
 
 

@@ -29,10 +29,11 @@ from dnnperf.errors import DnnperfError
 from dnnperf.interrupts import run_child
 
 
-def steady_page_faults(step: Callable[[], Any], warm: int = 1, counted: int = 3) -> float:
+def steady_page_faults(step: Callable[[], Any], warm: int = 2, counted: int = 5) -> float:
     """Minor page faults of one step in steady state: the median over ``counted`` plain steps after
-    ``warm`` more (the first steps create optimizer state and grow the heap). 0 where the OS does not
-    count faults."""
+    ``warm`` more (the first steps create optimizer state and grow the heap, and one step in a few
+    can take none: basic_cnn batch 4 takes 992 a step, with an occasional 0 or 1). 0 where the OS
+    does not count faults."""
     try:
         import resource
     except ImportError:  # not a Unix
@@ -77,10 +78,7 @@ def _main(workload: str, preset: str, batch_size: int) -> None:
     task = spec.build(preset, "cpu")
     batch = spec.data(preset).synthesize(batch_size, 0)
     task.step(batch, no_stages)  # the first step, as the described one
-    # A few more than steady_page_faults' default: a fresh process settles over its first steps, and
-    # one step in a few can take none (basic_cnn batch 4: 992 a step, with an occasional 0 or 1).
-    faults = steady_page_faults(lambda: task.step(batch, no_stages), warm=2, counted=5)
-    print(json.dumps({"page_faults": faults}))
+    print(json.dumps({"page_faults": steady_page_faults(lambda: task.step(batch, no_stages))}))
 
 
 if __name__ == "__main__":  # python -m dnnperf.model.faults WORKLOAD PRESET BATCH

@@ -518,7 +518,7 @@ def describe_model(
 ) -> StepGraph:
     """Describe one training step of a user's model on an example batch (its first dimension is the
     batch). Default loss: the sum of the output; default optimizer: SGD with momentum. On the CPU,
-    ``count_faults`` runs four more plain steps to count the step's page faults (``page_faults``):
+    ``count_faults`` runs seven more plain steps to count the step's page faults (``page_faults``):
     like the counted step, they train the model."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -83,7 +83,6 @@ def validate_single(
     Each configuration is measured by a fresh ``dnnperf bench`` (3 warm-up steps, data in memory,
     this process's thread count): a training job is a process of its own, and what a process ran
     before changes how its allocator maps memory (model/faults.py)."""
-    import json
     import os
     import sys
     import tempfile
@@ -101,8 +100,7 @@ def validate_single(
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no message"])[-1]
                 raise UsageError(f"{name} batch {batch}: the run failed: {last}")
-            step_s = json.loads(done.stdout)["record"]["points"][0]["step_s"]
-            measured = float(np.median(step_s)) if step_s else float("nan")
+            measured = _median_step(done.stdout)
             row = {"workload": name, "batch": batch, "measured_s": measured}
             for variant, seconds in predicted.items():
                 row[f"pred[{variant}]"] = seconds
@@ -320,11 +318,16 @@ def shaped_link(
     )
 
 
-def _measured_row(row: dict, stdout: str, p: Any, progress: Callable[[str], None] | None) -> None:
+def _median_step(stdout: str) -> float:
+    """The median step of a child ``dnnperf bench``/``profile --json`` run (NaN when none ran)."""
     import json
 
     step_s = json.loads(stdout)["record"]["points"][0]["step_s"]
-    measured = float(np.median(step_s))
+    return float(np.median(step_s)) if step_s else float("nan")
+
+
+def _measured_row(row: dict, stdout: str, p: Any, progress: Callable[[str], None] | None) -> None:
+    measured = _median_step(stdout)
     row.update(
         measured_s=measured,
         predicted_s=p.step_s,
