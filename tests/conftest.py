@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
@@ -17,16 +18,29 @@ import torch
 torch.set_num_threads(1)
 
 
+#: The model's calibration cache (microbenchmarks of this host: the gloo link, the layer zoo, the
+#: per-call overhead, the page-fault cost) carried from test to test, as a user's cache keeps it: each
+#: is a fact about the machine, and measuring the gloo link alone takes ~10 s. Every other cache
+#: (workload descriptions, FLOPs) stays per test.
+_CALIBRATION = "model-calibration.json"
+_shared_calibration: dict[str, str] = {}
+
+
 @pytest.fixture(autouse=True)
-def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    runs, data = tmp_path / "runs", tmp_path / "datasets"
+def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    runs, data, cache = tmp_path / "runs", tmp_path / "datasets", tmp_path / "cache"
     monkeypatch.setenv("DNNPERF_RUNS_DIR", str(runs))
     monkeypatch.setenv("DNNPERF_DATA_DIR", str(data))
-    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(cache))
     # Counting a workload's page faults starts a fresh interpreter per description (model/faults.py):
     # seconds each, and the caches above are per test. tests/test_model_faults.py turns it back on.
     monkeypatch.setenv("DNNPERF_COUNT_FAULTS", "0")
-    return {"runs": runs, "data": data}
+    if "text" in _shared_calibration:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / _CALIBRATION).write_text(_shared_calibration["text"], encoding="utf-8")
+    yield {"runs": runs, "data": data}
+    with contextlib.suppress(OSError):  # no calibration made yet
+        _shared_calibration["text"] = (cache / _CALIBRATION).read_text(encoding="utf-8")
 
 
 def run_cli(

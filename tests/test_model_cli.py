@@ -186,6 +186,7 @@ def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
 
     fits = {"allreduce": {"alpha": 1e-4, "bandwidth": 2e9}, "send_recv": {"alpha": 1e-4, "bandwidth": 1e8}}
     machine = dataclasses.replace(preset("a100-ib"), collectives=fits)
+
     def wire(collectives: dict) -> dict:  # without the CPU's part (test_model_predict checks it)
         return {op: {k: fit[k] for k in ("alpha", "bandwidth")} for op, fit in collectives.items()}
 

@@ -113,12 +113,12 @@ def test_the_update_streams_from_memory_while_forward_reads_from_cache() -> None
     machine = dataclasses.replace(
         preset("seed002"), bandwidth_curve=Curve((1e6, 1e7), (1e11, 1e10)), efficiency={}
     )
-    times = op_times(_graph(0), machine, ComputeOptions(overhead=False))
+    times = op_times(_graph(0), machine, ComputeOptions("max", overhead=False))  # the bandwidth term
     forward = times[times.phase == "forward"]["seconds"].iloc[0]
     update = times[times.phase == "update"]["seconds"].to_numpy()
     assert forward == pytest.approx(1e6 / 1e11)
     assert update == pytest.approx([1e6 / 1e10] * 10)
-    cached = op_times(_graph(0), machine, ComputeOptions(overhead=False, update_from_memory=False))
+    cached = op_times(_graph(0), machine, ComputeOptions("max", overhead=False, update_from_memory=False))
     assert cached[cached.phase == "update"]["seconds"].to_numpy() == pytest.approx([1e6 / 1e11] * 10)
 
 

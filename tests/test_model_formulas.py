@@ -117,12 +117,36 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
     )
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
     machine = _machine(efficiency={"matmul/forward": 0.5, "matmul/backward": 0.25})
-    times = op_times(graph, machine)
+    times = op_times(graph, machine, ComputeOptions("max"))
     # mm: max(2e9 / 1e12, 1e8 / 1e11) / 0.5 = 4 ms + 2 calls x 1 us; add: max(1 us, 3 ms) + 4 us;
     # view: nothing
     assert times["seconds"].tolist() == pytest.approx([4e-3 + 2e-6, 3e-3 + 4e-6, 0.0])
-    summed = op_times(graph, machine, ComputeOptions("sum", overhead=False))
+    summed = op_times(graph, machine, ComputeOptions(overhead=False))  # the default: the sum
     assert summed["seconds"].tolist() == pytest.approx([(2e-3 + 1e-3) / 0.5, 3e-3 + 1e-6, 0.0])
+    # An operator's own efficiency comes before its family's and phase's, which comes before the family's.
+    machine = _machine(efficiency={"matmul/forward/aten.mm": 0.8, "matmul/forward": 0.5, "elementwise": 0.25})
+    times = op_times(graph, machine, ComputeOptions("max", overhead=False))
+    assert times["seconds"].tolist() == pytest.approx([2e-3 / 0.8, 3e-3 / 0.25, 0.0])
+    # A family's fixed cost per call joins the dispatch overhead of each of its calls, in its phase only.
+    machine = _machine(call_s={"matmul/forward": 3e-6, "elementwise/backward": 1.0})
+    times = op_times(graph, machine)
+    assert times["overhead_s"].tolist() == pytest.approx([2 * (1e-6 + 3e-6), 4 * 1e-6, 0.0])
+    assert op_times(graph, machine, ComputeOptions(overhead=False))["overhead_s"].sum() == 0
+
+
+def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
+    from dnnperf.model.calibrate import fixed_cost_fit
+
+    roofline = [1e-6, 1e-5, 1e-4, 1e-3]
+    # 50 us a call, then twice the roofline: efficiency 0.5.
+    assert fixed_cost_fit(roofline, [5e-5 + 2 * x for x in roofline]) == pytest.approx((5e-5, 0.5))
+    # Faster than the roofline at every size: efficiency 1, what is left is the fixed cost (here none).
+    fixed, efficiency = fixed_cost_fit(roofline, [0.5 * x for x in roofline])
+    assert efficiency == 1.0 and fixed == pytest.approx(0.0, abs=1e-9)
+    # A fit whose fixed cost would be negative: none, and the slope through the origin.
+    fixed, efficiency = fixed_cost_fit(roofline, [4 * x - 5e-7 for x in roofline])
+    assert fixed == 0.0 and 0.25 < efficiency < 1
+    assert fixed_cost_fit([], []) == (0.0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -134,6 +158,7 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
         ({"nodes": 0}, "nodes must be a positive integer"),
         ({"link_latency": -1e-6}, "link_latency must be zero or a positive number"),
         ({"efficiency": {"matmul": 1.5}}, r"efficiency\['matmul'\] must be in \(0, 1\]"),
+        ({"call_s": {"convolution/forward": -1e-6}}, r"call_s\['convolution/forward'\] must be zero or"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

@@ -115,6 +115,17 @@ def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None
     assert set(family_efficiency(slow, repeats=1).values()) == {1.0}
 
 
+def test_zoo_layers_get_a_materialised_output_gradient() -> None:
+    """A loss's backward hands a layer a real gradient; ``.sum().backward()`` would hand it a stride-0
+    expanded one, 4 bytes of storage, which a bias gradient's sum reads at another cost."""
+    from dnnperf.model.calibrate import _timed_rows
+
+    rows = _timed_rows(nn.Linear(64, 32), (16, 64), repeats=1)
+    (bias_sum,) = rows[(rows["phase"] == "backward") & (rows["op"] == "aten.sum")]["bytes"]
+    assert bias_sum == (16 * 32 + 32) * 4  # reads the (16, 32) output gradient, writes 32 values
+    assert (rows["module"] != "(none)").all()  # no loss operator outside the layer
+
+
 class Blocks(nn.Module):
     """A stem, then blocks in a ModuleList (never called itself, like GPT-2's), then a head."""
 

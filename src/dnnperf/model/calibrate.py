@@ -21,8 +21,9 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -132,6 +133,17 @@ def page_fault_cost(refresh: bool = False) -> float:
     return value
 
 
+class _Sequence(nn.Module):
+    """A recurrent layer's output sequence alone (it also returns its final states)."""
+
+    def __init__(self, rnn: nn.RNNBase) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
+
+
 def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     """(layer, input shape): shapes of the small presets' early, middle and late layers."""
     return [
@@ -144,9 +156,18 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Conv2d(64, 64, 3, padding=1), (16, 64, 32, 32)),
         (nn.Conv2d(128, 128, 3, padding=1), (16, 128, 16, 16)),
         (nn.Conv2d(3, 64, 11, stride=4, padding=2), (8, 3, 128, 128)),
+        (nn.Conv2d(64, 128, 3, stride=2, padding=1), (8, 64, 16, 16)),
+        (nn.Conv2d(128, 128, (1, 7), padding=(0, 3)), (4, 128, 17, 17)),
+        (nn.ConvTranspose2d(128, 64, 4, stride=2, padding=1), (8, 128, 8, 8)),
+        # Small calls, which a convolution's fixed cost per call (reorders, primitive set-up) decides.
+        (nn.Conv2d(8, 8, 3, padding=1), (4, 8, 4, 4)),
+        (nn.Conv2d(8, 8, 1), (4, 8, 4, 4)),
+        (nn.Conv2d(16, 16, 4, stride=2, padding=1), (4, 16, 8, 8)),
+        (nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1), (4, 8, 4, 4)),
         (nn.BatchNorm2d(64), (8, 64, 32, 32)),
         (nn.ReLU(), (8, 64, 32, 32)),
         (nn.MaxPool2d(2), (8, 64, 32, 32)),
+        (nn.AvgPool2d(3, stride=1, padding=1), (8, 64, 32, 32)),
         (nn.Linear(512, 512), (64, 512)),
         (nn.Linear(256, 1024), (256, 256)),
         (nn.Linear(1024, 1024), (512, 1024)),
@@ -155,17 +176,24 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.GELU(), (64, 32, 256)),
         (nn.Softmax(dim=-1), (64, 32, 256)),
         (nn.Dropout(0.1), (64, 32, 256)),
+        (_Sequence(nn.LSTM(256, 256, batch_first=True)), (8, 24, 256)),
+        (_Sequence(nn.GRU(128, 128, batch_first=True, bidirectional=True)), (8, 50, 128)),
     ]
 
 
 def _timed_rows(layer: nn.Module, shape: tuple[int, ...], repeats: int) -> pd.DataFrame:
     """Per operator of one forward + backward of ``layer``: counts and the median measured seconds."""
     x = torch.randn(shape, requires_grad=True)
+    # A materialised output gradient, as a loss's backward hands a layer: ``.sum().backward()`` would
+    # give every layer a stride-0 expanded gradient (4 bytes of storage), which kernels walk at a
+    # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
+    with torch.no_grad():
+        grad = torch.randn_like(layer(x))
     counter = OpCounter(layer, timed=True)
     tables = []
     with counter:
         for i in range(repeats + 2):
-            layer(x).sum().backward()
+            layer(x).backward(grad)
             table = counter.take_step()
             if i >= 2:  # the first calls pay for primitive creation and page faults
                 tables.append(table)
@@ -189,9 +217,36 @@ def _timed_rows(layer: nn.Module, shape: tuple[int, ...], repeats: int) -> pd.Da
     return frame.groupby(keys, as_index=False, sort=False).median()
 
 
+#: Families whose calls carry a fixed cost beyond dispatch, fitted with their efficiency: a 3x3
+#: convolution of a (4, 8, 4, 4) batch took 68 us forward and 171 us backward here (oneDNN's reorders
+#: and primitive set-up), against ~5 us for any call of the eager overhead microbenchmark.
+FIXED_COST_FAMILIES = ("convolution",)
+
+
+def fixed_cost_fit(roofline: Sequence[float], measured: Sequence[float]) -> tuple[float, float]:
+    """(fixed seconds per call, efficiency) with ``measured ~ fixed + roofline / efficiency`` per call,
+    least squares on the relative error (small calls count as much as large ones); the fixed cost is
+    at least 0 and the efficiency at most 1."""
+    x, y = np.asarray(roofline, float), np.asarray(measured, float)
+    keep = (x > 0) & (y > 0)
+    x, y = x[keep], y[keep]
+    if len(x) == 0:
+        return 0.0, 1.0
+    u = 1 / y
+    a = np.array([[np.sum(u * u), np.sum(x * u * u)], [np.sum(x * u * u), np.sum(x * x * u * u)]])
+    b = np.array([np.sum(u), np.sum(x * u)])
+    fixed, slope = np.linalg.lstsq(a, b, rcond=None)[0] if len(x) > 1 else (0.0, 0.0)
+    if len(x) < 2 or fixed < 0:  # no fixed cost: the slope alone
+        fixed, slope = 0.0, b[1] / a[1, 1]
+    if slope < 1:  # faster than the roofline: efficiency 1, the rest is fixed
+        slope = 1.0
+        fixed = max(0.0, (b[0] - a[0, 1]) / a[0, 0])
+    return float(fixed), float(1 / slope)
+
+
 def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
-) -> tuple[dict[str, float], pd.DataFrame]:
+) -> tuple[dict[str, float], dict[str, float], pd.DataFrame]:
     torch.manual_seed(0)
     frames = []
     for layer, shape in _zoo():
@@ -201,7 +256,7 @@ def _zoo_rows(
     rows = pd.concat(frames, ignore_index=True)
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
-    # which the model counts separately). The harness's own operators (the loss sum) are left out too.
+    # which the model counts separately). The harness's own operators (outside the layer) are left out too.
     per_call = rows["measured"] / rows["calls"]
     floor = float(per_call[(rows["bytes"] / rows["calls"]) <= 1024].median())
     floor = floor if floor == floor else 0.0  # NaN when no such call ran
@@ -213,28 +268,44 @@ def _zoo_rows(
     graph = StepGraph("zoo", 1, rows.drop(columns="measured").reset_index(drop=True), 0, {}, 0, 0, 0)
     predicted = op_times(graph, machine, ComputeOptions(overhead=False))["compute_s"].to_numpy()
     rows = rows.assign(predicted=predicted)
+    fixed: dict[str, float] = {}
+    fitted: dict[str, float] = {}
+    for (family, phase), group in rows[rows["family"].isin(FIXED_COST_FAMILIES)].groupby(["family", "phase"]):
+        key = f"{family}/{phase}"
+        fixed[key], fitted[key] = fixed_cost_fit(
+            group["predicted"] / group["calls"], group["measured"] / group["calls"]
+        )
     sums = rows.groupby(["family", "phase"])[["predicted", "measured"]].sum()
-    return {
-        f"{family}/{phase}": float(min(1.0, max(p / m, 1e-3)))
-        for (family, phase), (p, m) in sums.iterrows()
-        if m > 0
-    }, rows
+    efficiency = {f"{family}/{phase}": (p, m) for (family, phase), (p, m) in sums.iterrows()}
+    # Where a family's phase ran several operators, each its own too: a 3x3 average pool's backward
+    # ran at a tenth of a max pool's, batch norm's forward at a quarter of layer norm's.
+    by_op = rows.groupby(["family", "phase", "op"])[["predicted", "measured"]].sum()
+    several = by_op.groupby(level=["family", "phase"]).size() > 1
+    for (family, phase, op), (p, m) in by_op.iterrows():
+        if several[(family, phase)]:
+            efficiency[f"{family}/{phase}/{op}"] = (p, m)
+    ratios = {key: float(min(1.0, max(p / m, 1e-3))) for key, (p, m) in efficiency.items() if m > 0}
+    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows
 
 
 def family_efficiency(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
 ) -> dict[str, float]:
-    """Achieved fraction of ``machine``'s roofline per "family/phase" over the layer zoo, in (0, 1]."""
+    """Achieved fraction of ``machine``'s roofline per "family/phase" over the layer zoo, in (0, 1], and
+    per "family/phase/op" where the zoo ran several operators of the family in that phase."""
     return _zoo_rows(machine, repeats, progress)[0]
 
 
-def zoo_calibration(machine: Machine, repeats: int = 7) -> tuple[dict[str, float], dict[str, Curve]]:
+def zoo_calibration(
+    machine: Machine, repeats: int = 7
+) -> tuple[dict[str, float], dict[str, Curve], dict[str, float]]:
     """Efficiencies per family and phase (against the machine's hw curves), and rate curves (FLOPs per
     call -> FLOP/s) per phase of convolutions and matrix products measured on the zoo's shapes. The
     model uses the efficiencies with the hw curves; the zoo curves (to be used without the
     convolution/matmul efficiencies) are an ablation variant: a few noisy points, interpolated by FLOPs
-    alone, they rank shapes of equal FLOPs (a 3-channel stem, a 512-channel late layer) as one."""
-    efficiency, rows = _zoo_rows(machine, repeats)
+    alone, they rank shapes of equal FLOPs (a 3-channel stem, a 512-channel late layer) as one. Third:
+    the fixed seconds per call of the families that have one (``FIXED_COST_FAMILIES``), per phase."""
+    efficiency, fixed, rows = _zoo_rows(machine, repeats)
     curves: dict[str, Curve] = {}
     for (family, phase), group in rows[rows["family"].isin(("convolution", "matmul"))].groupby(
         ["family", "phase"]
@@ -244,20 +315,30 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> tuple[dict[str, float
         points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
         if points:
             curves[f"{family}/{phase}"] = Curve(*dedupe(points))  # shapes of equal FLOPs: their median
-    return efficiency, curves
+    return efficiency, curves, fixed
 
 
-def calibrated(machine: Machine, refresh: bool = False) -> tuple[dict[str, float], dict[str, Curve]]:
+def calibrated(
+    machine: Machine, refresh: bool = False
+) -> tuple[dict[str, float], dict[str, Curve], dict[str, float]]:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-2/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
             curves = {k: Curve(tuple(v[0]), tuple(v[1])) for k, v in cached["curves"].items()}
-            return {str(k): float(v) for k, v in cached["efficiency"].items()}, curves
-        except (KeyError, TypeError, ValueError, IndexError):
+            efficiency = {str(k): float(v) for k, v in cached["efficiency"].items()}
+            return efficiency, curves, {str(k): float(v) for k, v in cached["call_s"].items()}
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             pass
-    efficiency, curves = zoo_calibration(machine)
-    store.put(key, {"efficiency": efficiency, "curves": {k: [c.sizes, c.rates] for k, c in curves.items()}})
-    return efficiency, curves
+    efficiency, curves, fixed = zoo_calibration(machine)
+    store.put(
+        key,
+        {
+            "efficiency": efficiency,
+            "curves": {k: [c.sizes, c.rates] for k, c in curves.items()},
+            "call_s": fixed,
+        },
+    )
+    return efficiency, curves, fixed

@@ -97,13 +97,14 @@ def load_machine(spec: str) -> Machine:
             raise UsageError("--machine hw needs a calibrated profile: run `dnnperf hw` first")
         from dnnperf.model.collective_calibration import link_calibration
 
-        efficiency, _ = calibrated(machines.from_profile(profile))
+        efficiency, _, call_s = calibrated(machines.from_profile(profile))
         return machines.from_profile(
             profile,
             link=link_calibration(),
             op_overhead_s=op_overhead(),
             efficiency=efficiency,
             page_fault_s=page_fault_cost(),
+            call_s=call_s,
         )
     if spec in PRESETS:
         return machines.preset(spec)
@@ -358,6 +359,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         document.update(
             calibration=figures,
             efficiency=machines["model"].efficiency,
+            call_s=machines["model"].call_s,
             rows=frame.to_dict(orient="records"),
             ablation=summary.to_dict(orient="records"),
         )
@@ -468,6 +470,7 @@ def _validate_distributed(
         op_overhead_s=model.dispatch_s,
         efficiency=model.efficiency,
         page_fault_s=model.page_fault_s,
+        call_s=model.call_s,
     )
     frame = validate_distributed(
         names,

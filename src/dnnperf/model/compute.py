@@ -8,10 +8,12 @@ memory-bound in practice). The bandwidth is the machine's, or the calibrated tri
 call's bytes (working sets in cache run faster), except for the optimizer's update: it streams every
 parameter, gradient and state tensor once a step, none of them touched since backward, so its rows
 take the bandwidth at the whole update's bytes (from memory, not cache). The roofline time is
-divided by the machine's efficiency for the operator's family (``"family/phase"`` first, then
-``"family"``; 1.0 when absent). ``combine`` is ``max`` (roofline) or ``sum``;
-overhead is the machine's dispatch cost per call (views and metadata operators excluded, they cost
-no kernel). On a host that counts them, each page fault the step takes (``StepGraph.page_faults``)
+divided by the machine's efficiency for the operator (``"family/phase/op"`` first, then
+``"family/phase"``, then ``"family"``; 1.0 when absent). ``combine`` is ``sum`` (a CPU core overlaps
+little of its memory traffic with arithmetic: session 6's ablation, docs/validation.md) or ``max`` (the
+roofline); overhead is the machine's dispatch cost per call plus its family's fixed cost per call
+(``Machine.call_s``: a convolution's reorders and set-up), views and metadata operators excluded (they
+cost no kernel). On a host that counts them, each page fault the step takes (``StepGraph.page_faults``)
 costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of these choices is in
 docs/validation.md.
 """
@@ -37,7 +39,7 @@ class ComputeOptions:
     """Model variants, for the ablation: roofline max or sum of the two terms, overhead, page faults and
     the update's bandwidth from memory on or off."""
 
-    combine: str = "max"
+    combine: str = "sum"
     overhead: bool = True
     faults: bool = True
     update_from_memory: bool = True
@@ -80,14 +82,17 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     memory = nbytes / bandwidth
     roofline = np.maximum(compute, memory) if options.combine == "max" else compute + memory
     if machine.efficiency:
-        # Achieved fraction of the roofline per family (and phase), from calibration microbenchmarks.
+        # Achieved fraction of the roofline per operator, else per family and phase, else per family,
+        # from calibration microbenchmarks.
+        efficiency = machine.efficiency
         factor = [
-            machine.efficiency.get(f"{f}/{p}", machine.efficiency.get(f, 1.0))
-            for f, p in zip(families, phases, strict=True)
+            efficiency.get(f"{f}/{p}/{o}") or efficiency.get(f"{f}/{p}", efficiency.get(f, 1.0))
+            for f, p, o in zip(families, phases, ops["op"].to_numpy(str), strict=True)
         ]
         roofline = roofline / np.array(factor)
     kernel = ~np.isin(families, NO_KERNEL)
-    overhead = calls * machine.dispatch_s * kernel if options.overhead else np.zeros(len(ops))
+    fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
+    overhead = calls * (machine.dispatch_s + fixed) * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()
     out["compute_s"] = roofline
     out["overhead_s"] = overhead

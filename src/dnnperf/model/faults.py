@@ -29,10 +29,12 @@ from dnnperf.errors import DnnperfError
 from dnnperf.interrupts import run_child
 
 
-def steady_page_faults(step: Callable[[], Any], warm: int = 2, counted: int = 5) -> float:
+def steady_page_faults(step: Callable[[], Any], warm: int = 2, counted: int = 10) -> float:
     """Minor page faults of one step in steady state: the median over ``counted`` plain steps after
-    ``warm`` more (the first steps create optimizer state and grow the heap, and one step in a few
-    can take none: basic_cnn batch 4 takes 992 a step, with an occasional 0 or 1). 0 where the OS
+    ``warm`` more (the first steps create optimizer state and grow the heap). The count varies from
+    step to step as glibc's thresholds move (inception_v3 `small` batch 4: 1,652 to 6,809 a step;
+    basic_cnn batch 4: 992 with an occasional 0), so it is the median of as many steps as a
+    validation run times, after as many as it warms up (with the described step). 0 where the OS
     does not count faults."""
     try:
         import resource
@@ -77,7 +79,7 @@ def _main(workload: str, preset: str, batch_size: int) -> None:
     torch.manual_seed(0)
     task = spec.build(preset, "cpu")
     batch = spec.data(preset).synthesize(batch_size, 0)
-    task.step(batch, no_stages)  # the first step, as the described one
+    task.step(batch, no_stages)  # the first step: it creates the optimizer state, the rest do not
     print(json.dumps({"page_faults": steady_page_faults(lambda: task.step(batch, no_stages))}))
 
 

@@ -70,6 +70,9 @@ class Machine:
     #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
     #: phase) achieves; absent: 1.0 (pure roofline). Calibrated: calibrate.family_efficiency.
     efficiency: dict[str, float] = field(default_factory=dict)
+    #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
+    #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
+    call_s: dict[str, float] = field(default_factory=dict)
     #: Calibrated curves (from_profile): FLOPs per call -> FLOP/s per family; bytes per call -> bytes/s.
     compute_curves: dict[str, Curve] = field(default_factory=dict)
     bandwidth_curve: Curve | None = None
@@ -168,6 +171,9 @@ def validate(machine: Machine) -> None:
     for family, value in machine.efficiency.items():
         if not (_finite_positive(value) and value <= 1):
             raise UsageError(f"{where}: efficiency[{family!r}] must be in (0, 1], got {value!r}")
+    for family, value in machine.call_s.items():
+        if not (_finite_positive(value) or value == 0):
+            raise UsageError(f"{where}: call_s[{family!r}] must be zero or positive, got {value!r}")
 
 
 def from_dict(document: Any) -> Machine:
@@ -202,6 +208,7 @@ def from_profile(
     efficiency: dict[str, float] | None = None,
     zoo_curves: dict[str, Curve] | None = None,
     page_fault_s: float = 0.0,
+    call_s: dict[str, float] | None = None,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -249,6 +256,7 @@ def from_profile(
         comm_on_compute_cores=True,
         collectives=dict(link.get("ops", {})),
         efficiency=dict(efficiency or {}),
+        call_s=dict(call_s or {}),
         sources={
             "all": f"dnnperf hw calibration of {profile.created}",
             "link": link.get("source", "default"),

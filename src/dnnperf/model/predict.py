@@ -300,8 +300,7 @@ def predict(
             communication_s=pipe.communication_s + tail,
             bubble_s=pipe.bubble_s,
             # Each micro-batch's faults, in the heaviest stage's share of them.
-            other_s=(data_seconds(graph, machine) + fault_seconds(graph, machine, options) * stage_share)
-            * m,
+            other_s=(data_seconds(graph, machine) + fault_seconds(graph, machine, options) * stage_share) * m,
             memory_bytes=memory.peak,
             memory=memory.to_dict(),
             detail={

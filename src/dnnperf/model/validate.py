@@ -26,18 +26,21 @@ from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
 from dnnperf.model.machine import Machine, from_profile
 
-#: The model (first) and its ablation: roofline max or sum; per-call overhead from the training-step
-#: microbenchmark, hw's bare dispatch, or none; per-family efficiencies from the layer zoo against
-#: hw's curves, none, or the zoo's own convolution/matmul curves.
+#: The model (first) and its ablation: the two roofline terms summed or their max; per-call overhead
+#: from the training-step microbenchmark, hw's bare dispatch, or none; page faults or none; the
+#: update's bandwidth from memory or in cache; convolutions' fixed cost per call or none; per-family
+#: efficiencies from the layer zoo against hw's curves, none, or the zoo's own convolution/matmul
+#: curves. Every variant shares one calibration (fitted against the model's sum).
 VARIANTS = {
-    "model": ComputeOptions("max", True),
-    "sum": ComputeOptions("sum", True),
-    "hw dispatch": ComputeOptions("max", True),
-    "no overhead": ComputeOptions("max", False),
+    "model": ComputeOptions("sum", True),
+    "max": ComputeOptions("max", True),
+    "hw dispatch": ComputeOptions("sum", True),
+    "no overhead": ComputeOptions("sum", False),
     "no page faults": ComputeOptions(faults=False),
     "update in cache": ComputeOptions(update_from_memory=False),
-    "no efficiency": ComputeOptions("max", True),
-    "zoo curves": ComputeOptions("max", True),
+    "no fixed call cost": ComputeOptions("sum", True),
+    "no efficiency": ComputeOptions("sum", True),
+    "zoo curves": ComputeOptions("sum", True),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 
@@ -51,7 +54,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         )
     overhead = measure_op_overhead()
     fault = measure_page_fault_cost()
-    efficiency, curves = zoo_calibration(from_profile(profile))
+    efficiency, curves, call_s = zoo_calibration(from_profile(profile))
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
         v: from_profile(
@@ -60,6 +63,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             efficiency={} if v == "no efficiency" else gemm_free if v == "zoo curves" else efficiency,
             zoo_curves=curves if v == "zoo curves" else None,
             page_fault_s=fault,
+            call_s={} if v in ("no fixed call cost", "no efficiency", "zoo curves") else call_s,
         )
         for v in VARIANTS
     }
@@ -438,6 +442,7 @@ def single_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def distributed_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """validate_distributed's runs (those that ran) as ValidationResult rows."""
     ran = frame[frame["reason"].isna()] if "reason" in frame else frame
+
     def strategy(r: dict[str, Any]) -> str:  # with its link where not loopback: a point per link
         link = r.get("link")
         return r["strategy"] if not isinstance(link, str) or link == "loopback" else f"{r['strategy']} {link}"
