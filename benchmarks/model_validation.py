@@ -39,22 +39,37 @@ BATCHES = (4, 8, 16)
 
 
 def run(
-    workloads: tuple[str, ...], batches: tuple[int, ...], preset: str, steps: int, profile_path: str | None
+    workloads: tuple[str, ...],
+    batches: tuple[int, ...],
+    preset: str,
+    steps: int,
+    profile_path: str | None,
+    processes: int = 3,
 ) -> pd.DataFrame:
     profile = read_profile(profile_path) if profile_path else load_profile("cpu")
     if profile is None:
         sys.exit("no hardware profile: run `dnnperf hw` first")
     machines, figures = calibrated_machines(profile)
-    print(f"calibration: {figures}; efficiencies {machines['model'].efficiency}", file=sys.stderr)
-    return validate_single(workloads, batches, preset, steps, machines, lambda m: print(m, file=sys.stderr))
+    model = machines["model"]
+    print(
+        f"calibration: {figures}; efficiencies {model.efficiency}; fixed cost per call {model.call_s}",
+        file=sys.stderr,
+    )
+    return validate_single(
+        workloads, batches, preset, steps, machines, lambda m: print(m, file=sys.stderr), processes
+    )
 
 
 def markdown(frame: pd.DataFrame) -> str:
-    lines = ["| workload | batch | measured ms | predicted ms | error |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| workload | batch | measured ms | runs' medians ms | predicted ms | error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in frame.itertuples(index=False):
         d = r._asdict()
         lines.append(
             f"| {d['workload']} | {d['batch']} | {d['measured_s'] * 1e3:.2f} | "
+            f"{d['measured_min_s'] * 1e3:.2f}-{d['measured_max_s'] * 1e3:.2f} | "
             f"{d['pred_max_overhead'] * 1e3:.2f} | {d['err_max_overhead']:+.1%} |"
         )
     return "\n".join(lines)
@@ -73,6 +88,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--processes", type=int, default=3, help="fresh runs per configuration (3)")
     parser.add_argument("--json")
     parser.add_argument("--profile", help="hardware profile JSON (default: this machine's cached one)")
     args = parser.parse_args()
@@ -82,6 +98,7 @@ def main() -> None:
         args.preset,
         args.steps,
         args.profile,
+        args.processes,
     )
     if args.json:
         frame.to_json(args.json, orient="records", indent=1)

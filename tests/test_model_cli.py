@@ -83,6 +83,8 @@ def test_validate_json_errors_follow_from_its_own_numbers(
             "2",
             "--steps",
             "2",
+            "--processes",
+            "2",
             "--hw",
             str(path),
             "--runs-dir",
@@ -94,6 +96,9 @@ def test_validate_json_errors_follow_from_its_own_numbers(
     assert code == 0
     (row,) = document["rows"]
     assert row["workload"] == "basic_cnn" and row["batch"] == 2 and row["measured_s"] > 0
+    # Two fresh runs: the measured figure is their medians' median, between the two.
+    assert row["measured_min_s"] <= row["measured_s"] <= row["measured_max_s"]
+    assert row["measured_s"] == pytest.approx((row["measured_min_s"] + row["measured_max_s"]) / 2)
     assert row["err[model]"] == pytest.approx(row["pred[model]"] / row["measured_s"] - 1)
     model = next(a for a in document["ablation"] if a["variant"] == "model")
     assert model["median_abs_error"] == pytest.approx(abs(row["err[model]"]))

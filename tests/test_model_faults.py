@@ -54,8 +54,27 @@ def test_the_count_is_the_pages_a_step_maps_anew() -> None:
 def test_a_suite_workload_is_counted_in_a_fresh_process_and_can_be_turned_off(monkeypatch) -> None:
     assert workload_faults("basic_cnn", "tiny", 2) == 0.0  # the test suite turns counting off
     monkeypatch.setenv("DNNPERF_COUNT_FAULTS", "1")
-    counted = workload_faults("basic_cnn", "tiny", 2)
+    counted = workload_faults("basic_cnn", "tiny", 2, processes=1)
     assert counted >= 0 and counted == int(counted)
+
+
+def test_the_count_is_the_median_of_fresh_processes(monkeypatch) -> None:
+    """Two processes of one job can fault differently (0 or 992 a step): the middle one counts."""
+    import subprocess
+
+    from dnnperf.model import faults
+
+    counts = iter([0.0, 992.0, 990.0])
+    calls = []
+
+    def fake_child(argv, env, timeout_s=None):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, f'{{"page_faults": {next(counts)}}}', "")
+
+    monkeypatch.setenv("DNNPERF_COUNT_FAULTS", "1")
+    monkeypatch.setattr(faults, "run_child", fake_child)
+    assert workload_faults("basic_cnn", "tiny", 2) == 990.0
+    assert len(calls) == 3 and all(a[-3:] == ["basic_cnn", "tiny", "2"] for a in calls)
 
 
 def _graph(page_faults: float) -> StepGraph:

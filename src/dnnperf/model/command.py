@@ -256,6 +256,13 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         "--batch-sizes", default="4,8,16", help="comma-separated batch sizes, each predicted and run (4,8,16)"
     )
     parser.add_argument("--steps", type=positive_int, default=10, help="measured steps per run (10)")
+    parser.add_argument(
+        "--processes",
+        type=positive_int,
+        default=3,
+        help="single process: fresh runs per configuration, their median steps' median is the measured "
+        "figure (3: two processes of one job differ by up to 15%% on a small CPU step)",
+    )
     parser.add_argument("--hw", type=Path, help="hardware profile (default: this machine's saved one)")
     parser.add_argument(
         "--distributed",
@@ -352,7 +359,13 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
             raise UsageError("validate needs a calibrated profile: run `dnnperf hw` first")
         machines, figures = calibrated_machines(profile)
         frame = validate_single(
-            names, batches, args.preset, args.steps, machines, out.error if not args.json else None
+            names,
+            batches,
+            args.preset,
+            args.steps,
+            machines,
+            out.error if not args.json else None,
+            processes=args.processes,
         )
         summary = ablation(frame)
         result.runs = single_rows(frame)

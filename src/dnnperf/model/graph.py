@@ -523,7 +523,7 @@ def describe_model(
 ) -> StepGraph:
     """Describe one training step of a user's model on an example batch (its first dimension is the
     batch). Default loss: the sum of the output; default optimizer: SGD with momentum. On the CPU,
-    ``count_faults`` runs seven more plain steps to count the step's page faults (``page_faults``):
+    ``count_faults`` runs twelve more plain steps to count the step's page faults (``page_faults``):
     like the counted step, they train the model."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -571,7 +571,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-12"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-13"],
         sort_keys=True,
         default=str,
     )
@@ -583,9 +583,9 @@ def describe_workload(
 ) -> StepGraph:
     """One counted training step of a suite workload at ``batch_size`` (cached on disk). The step
     runs on ``device`` ("cpu": the operator stream this machine runs; "meta": shapes only, for presets
-    too large to run here). ``count_faults``: also its page faults on this CPU (model/faults.py: eight
-    more steps in a fresh process), once, kept with the description; only a machine that charges
-    them needs them."""
+    too large to run here). ``count_faults``: also its page faults on this CPU (model/faults.py: 13
+    steps in each of three fresh processes), once, kept with the description; only a machine that
+    charges them needs them."""
     from dnnperf.workloads import get_workload
 
     if batch_size <= 0:
