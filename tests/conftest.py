@@ -28,7 +28,8 @@ _shared_calibration: dict[str, str] = {}
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    runs, data, cache = tmp_path / "runs", tmp_path / "datasets", tmp_path / "cache"
+    runs, data = tmp_path / "runs", tmp_path / "datasets"
+    cache = tmp_path.parent / f"{tmp_path.name}-cache"  # beside it: tests check that tmp_path stays empty
     monkeypatch.setenv("DNNPERF_RUNS_DIR", str(runs))
     monkeypatch.setenv("DNNPERF_DATA_DIR", str(data))
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(cache))
