@@ -150,24 +150,6 @@ def test_ranking_agreement_on_a_hand_made_table() -> None:
     assert not ranking.loc["a", "agrees"] and ranking.loc["b", "agrees"]
 
 
-def test_validate_distributed_runs_two_ranks_and_reports_its_own_numbers(
-    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import torch
-
-    from dnnperf import hardware
-
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # a profile of one thread, like each rank
-    path = hardware.save_profile(hardware.calibrate("cpu", quick=True), tmp_path / "hw.json")
-    argv = ["validate", "basic_cnn", "--preset", "tiny", "--batch-sizes", "4", "--steps", "2"]
-    code = main([*argv, "--distributed", "dp", "--hw", str(path), "--runs-dir", str(tmp_path), "--json"])
-    document = json.loads(capsys.readouterr().out)
-    assert code == 0
-    (row,) = document["distributed"]["rows"]
-    assert row["strategy"] == "dp" and row["measured_s"] > 0
-    assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
-
-
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -28,6 +28,12 @@ def test_every_paper_reproduces_at_smoke_size(tmp_path):
     assert set(reproductions) == set(PAPERS)
     records, skipped = RunStore(runs).scan()
     assert records and not skipped
+    # The parallelism paper's 2-rank validation (`validate --distributed dp`, read back from its JSON)
+    # kept its runs: dp on two ranks, measured and predicted.
+    (validation,) = [r for r in records if r.kind == "validate"]
+    assert validation.validation is not None and validation.validation.runs
+    for run in validation.validation.runs:
+        assert run["strategy"] == "dp" and run["measured_s"] > 0 and run["predicted_s"] > 0
     ran = {" ".join(r.command) for r in records}
     text = output.read_text()
     for key, reproduction in reproductions.items():
