@@ -129,6 +129,10 @@ def test_memory_source_cycles_its_pool():
     a, b, c = next(source), next(source), next(source)
     assert a["image"].shape == (3, 3, 8, 8)
     assert not torch.equal(a["image"], b["image"]) and torch.equal(a["image"], c["image"])
+    # Each batch owns its storage, no more than the batch (the memory profiler counts storages).
+    for batch in (a, b):
+        for tensor in batch.values():
+            assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
 
 
 def test_disk_source_runs_past_an_epoch_and_close_stops_its_workers(tmp_path):

@@ -147,8 +147,10 @@ class MemorySource(BatchSource):
 
     def __init__(self, fmt: DataFormat, batch_size: int, pool: int = 2, seed: int = 0, pin: bool = False):
         data = fmt.synthesize(batch_size * pool, seed)
+        # Each batch its own storage (a clone, not a view of the pool), as a loader's collate makes it:
+        # the memory profiler counts a batch's storage, which a view would make the whole pool's.
         self.batches = [
-            {key: value[i * batch_size : (i + 1) * batch_size].contiguous() for key, value in data.items()}
+            {key: value[i * batch_size : (i + 1) * batch_size].clone() for key, value in data.items()}
             for i in range(pool)
         ]
         if pin:
