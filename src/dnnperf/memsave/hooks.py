@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from dnnperf.memsave.policy import OFFLOAD
+from dnnperf.probes.saved import detached
 
 
 class Store(Protocol):
@@ -74,12 +75,12 @@ class SavedTensorHook:
 
     def pack(self, tensor: torch.Tensor) -> Any:
         if self.store is None:
-            return tensor
+            return detached(tensor)
         # The clock counts what could be offloaded (the planner's model counts the same: its
         # ``read_ahead_window`` is in these bytes); parameters never move the read-ahead.
         position = self._position
         if not self._may_offload(tensor):
-            return Kept(tensor, position)
+            return Kept(detached(tensor), position)
         self._position += tensor.untyped_storage().nbytes()
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
@@ -89,10 +90,10 @@ class SavedTensorHook:
         handle = seen[1]() if seen is not None and self._same(seen, key, tensor) else None
         if handle is None:
             if self.policy_now() != OFFLOAD:
-                return Kept(tensor, position)
+                return Kept(detached(tensor), position)
             handle = self.store.put(tensor, position)
             if handle is None:  # the store is full (CUDA pool): keep it
-                return Kept(tensor, position)
+                return Kept(detached(tensor), position)
             self._seen[(*key, view)] = (weakref.ref(tensor), weakref.ref(handle), tensor._version)
             self.offloaded_bytes += storage.nbytes()
             self.offloaded_tensors += 1

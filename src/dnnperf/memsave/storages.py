@@ -31,6 +31,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from dnnperf.memsave.policy import Unit
+from dnnperf.probes.saved import observe_saved
 
 
 @dataclass(frozen=True)
@@ -110,12 +111,11 @@ class _Recorder:
         self._ids[key] = (index, weakref.ref(tensor))
         return index
 
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def pack(self, tensor: torch.Tensor) -> None:
         if tensor.device.type != "meta":
             unit = self._stack[-1] if self._stack else None
             nbytes = tensor.untyped_storage().nbytes()
             self.profile.packs.append(Pack(unit, self.storage_of(tensor), nbytes))
-        return tensor
 
     def _storages(self, value: Any) -> tuple[int, ...]:
         found: list[int] = []
@@ -165,7 +165,7 @@ def profile_storages(model: torch.nn.Module, units: Sequence[Unit], step: Any, b
         for i, unit in enumerate(units):
             handles.append(modules[unit.name].register_forward_pre_hook(recorder.enter(i)))
             handles.append(modules[unit.name].register_forward_hook(recorder.leave(i), always_call=True))
-        with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+        with observe_saved(recorder.pack):
             step()
     finally:
         for handle in handles:

@@ -29,6 +29,7 @@ from dnnperf.analysis.opcount import OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.model.faults import steady_page_faults, workload_faults
+from dnnperf.probes.saved import observe_saved
 from dnnperf.workloads.base import no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
@@ -443,14 +444,10 @@ def capture(
 
         handles.append(model.get_submodule(region).register_forward_hook(region_hook))
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        walk.pack(tensor)
-        return tensor
-
     counter = OpCounter(model)
     walk = _MemoryWalk(model, inputs, counter)
     try:
-        with counter, walk, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter, walk, observe_saved(walk.pack):
             run_step(walk)
     finally:
         for handle in handles:

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from dnnperf.analysis.opcount import NO_MODULE, ROOT_MODULE, _tensors
+from dnnperf.probes.saved import observe_saved
 
 CATEGORIES = (
     "parameters",
@@ -512,7 +513,7 @@ class MemoryTracker:
         self._module_stack: list[str] = []
         self._module_changes: list[tuple[float, str]] = []
         self._outputs: dict[str, int] = {}
-        self._saved: list[tuple[float, int, int, str]] = []  # (time, address, bytes, module)
+        self._saved_storages: list[tuple[float, int, int, str]] = []  # (time, address, bytes, module)
         self._gradients_at_update: list[tuple[float, set[int]]] = []  # one per update (WGAN-GP: two)
         self._stages: list[tuple[float, str]] = []
         self._start = 0.0
@@ -566,7 +567,7 @@ class MemoryTracker:
             for module in self.model.modules():
                 self._hooks.append(module.register_forward_pre_hook(self._enter_module))
                 self._hooks.append(module.register_forward_hook(self._leave_module, always_call=True))
-            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+            self._saved_hooks = observe_saved(self._on_saved)
             self._saved_hooks.__enter__()
             self._counters = CacheCounters().__enter__()
             self._start = time.perf_counter()
@@ -619,12 +620,11 @@ class MemoryTracker:
         )
         self._outputs[name] = self._outputs.get(name, 0) + sum(storages(_tensors(output)).values())
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _on_saved(self, tensor: torch.Tensor) -> None:
         if tensor.device.type != "meta":
             storage = tensor.untyped_storage()
             module = self._module_stack[-1] if self._module_stack else NO_MODULE
-            self._saved.append((self._now(), storage.data_ptr(), storage.nbytes(), module))
-        return tensor
+            self._saved_storages.append((self._now(), storage.data_ptr(), storage.nbytes(), module))
 
     def _grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -681,7 +681,7 @@ class MemoryTracker:
             block = candidates[index]
             return block if block.freed is None or block.freed >= t - _SLACK_S else None
 
-        for t, address, _, module in self._saved:
+        for t, address, _, module in self._saved_storages:
             block = alive(address, t)
             if block is not None and block.saved_by is None:
                 block.saved_by = module
@@ -778,10 +778,6 @@ class MemoryTracker:
         if self._result is None:
             raise RuntimeError("no step tracked: use the tracker as a context manager around one step")
         return self._result
-
-
-def _unpack(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 def _addresses(tensors: Iterable[torch.Tensor]) -> set[int]:
