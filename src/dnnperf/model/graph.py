@@ -29,6 +29,7 @@ from dnnperf.analysis.opcount import OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.model.faults import steady_page_faults, workload_faults
+from dnnperf.model.workspace import WorkspaceCalls
 from dnnperf.probes.saved import observe_saved
 from dnnperf.workloads.base import no_stages
 
@@ -66,6 +67,9 @@ class Segment:
     saved: int
     flow: int
     grads: int
+    #: The largest library workspace of an operator backward runs here (model/workspace.py: measured
+    #: in isolation on the describing device; 0 on "meta" and in older descriptions).
+    workspace: int = 0
 
 
 @dataclass
@@ -152,7 +156,14 @@ class StepGraph:
         walk = self.memory_walk
         if [(s.cycle, s.module) for s in walk] == [(s.cycle, s.module) for s in other.memory_walk]:
             walk = [
-                Segment(x.cycle, x.module, lerp(x.saved, y.saved), lerp(x.flow, y.flow), x.grads)
+                Segment(
+                    x.cycle,
+                    x.module,
+                    lerp(x.saved, y.saved),
+                    lerp(x.flow, y.flow),
+                    x.grads,
+                    lerp(x.workspace, y.workspace),
+                )
                 for x, y in zip(walk, other.memory_walk, strict=True)
             ]
         others = {r["module"]: r for r in other.tp_regions}
@@ -358,8 +369,10 @@ class _MemoryWalk:
         if self.largest[-1] >= 0:  # not a leaf module's own segment
             self.largest[-1] = max(self.largest[-1], nbytes)
 
-    def result(self) -> list[Segment]:
-        """The walk, gradients placed, segments that change nothing for the walk dropped."""
+    def result(self, workspace: Mapping[str, int] | None = None) -> list[Segment]:
+        """The walk, gradients and ``workspace`` (module -> bytes) placed, segments that change nothing
+        for the walk dropped."""
+        workspace = workspace or {}
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         for cycle in range(self.cycle + 1):
             indices = [i for i, s in enumerate(self.segments) if s["cycle"] == cycle]
@@ -374,11 +387,12 @@ class _MemoryWalk:
             # Operators outside leaf modules (a loss, attention written as functions): the gradient
             # that flows there is about the size of what they save, arriving and leaving.
             s["flow"] = max(s["flow"], 2 * largest)
+            s["workspace"] = workspace.get(s["module"], 0)
         kept: list[Segment] = []
         for s in self.segments:
             previous = kept[-1] if kept else None
             same = previous is not None and previous.cycle == s["cycle"] and previous.flow == s["flow"]
-            if same and not s["saved"] and not s["grads"]:
+            if same and not s["saved"] and not s["grads"] and s["workspace"] <= previous.workspace:
                 continue
             kept.append(Segment(**s))
         return kept
@@ -444,7 +458,8 @@ def capture(
 
         handles.append(model.get_submodule(region).register_forward_hook(region_hook))
 
-    counter = OpCounter(model)
+    workspace = WorkspaceCalls()
+    counter = OpCounter(model, observer=workspace)
     walk = _MemoryWalk(model, inputs, counter)
     try:
         with counter, walk, observe_saved(walk.pack):
@@ -487,7 +502,8 @@ def capture(
         for value in per_param.values()
         if isinstance(value, torch.Tensor) and value.numel() > 1
     )
-    segments = walk.result()
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    segments = walk.result(workspace.per_module(device))
     per_cycle: dict[int, int] = {}
     for segment in segments:
         per_cycle[segment.cycle] = per_cycle.get(segment.cycle, 0) + segment.saved
@@ -568,7 +584,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-13"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-15"],
         sort_keys=True,
         default=str,
     )

@@ -117,8 +117,9 @@ def memory_estimate(
 
     * **backward**, walked from the end of forward to its start over the graph's memory walk: at each
       forward segment, the activations saved up to it (not yet released), the parameter gradients
-      backward has made from there to the end, and the gradient flowing there (the output and input
-      gradients of the latest leaf module);
+      backward has made from there to the end, the gradient flowing there (the output and input
+      gradients of the latest leaf module) and the largest library workspace of an operator there
+      (both temporaries);
     * **the update**: every gradient of the cycle and the optimizer's transient buffers
       (``graph.update_temp_bytes``, by optimizer type).
 
@@ -155,7 +156,7 @@ def memory_estimate(
     for segments in cycles.values():
         saved = np.cumsum([s.saved for s in segments]) * activation_share
         grads = np.cumsum([s.grads for s in segments][::-1])[::-1] * param_share
-        flow = np.array([s.flow for s in segments], dtype=float)
+        flow = np.array([s.flow + s.workspace for s in segments], dtype=float)
         k = int(np.argmax(saved + grads + flow))
         if saved[k] + grads[k] + flow[k] > best.gradients + best.activations + best.temporaries:
             best = MemoryEstimate(
