@@ -134,6 +134,29 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
     assert op_times(graph, machine, ComputeOptions(overhead=False))["overhead_s"].sum() == 0
 
 
+def test_zero_operands_cost_what_the_machine_says_per_zero() -> None:
+    ops = pd.DataFrame(
+        {
+            "phase": ["update", "update"],
+            "module": ["(none)", "(none)"],
+            "op": ["aten.sqrt", "aten.add"],
+            "family": ["elementwise", "elementwise"],
+            "dtype": ["float32"] * 2,
+            "flops": [1e6, 1e6],
+            "bytes": [8e6, 8e6],
+            "calls": [1.0, 1.0],
+            "zeros": [5e5, 5e5],
+        }
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = _machine(zero_operand_s={"aten.sqrt": 4e-9})
+    plain = op_times(graph, machine, ComputeOptions(zero_operands=False))["compute_s"]
+    charged = op_times(graph, machine)["compute_s"]
+    # 500,000 zeros at 4 ns each, on the square root only (the add is not slow on zeros here).
+    assert (charged - plain).tolist() == pytest.approx([2e-3, 0.0])
+    assert op_times(graph, _machine())["compute_s"].tolist() == pytest.approx(plain.tolist())
+
+
 def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
     from dnnperf.model.calibrate import fixed_cost_fit
 
@@ -159,6 +182,7 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"link_latency": -1e-6}, "link_latency must be zero or a positive number"),
         ({"efficiency": {"matmul": 1.5}}, r"efficiency\['matmul'\] must be in \(0, 1\]"),
         ({"call_s": {"convolution/forward": -1e-6}}, r"call_s\['convolution/forward'\] must be zero or"),
+        ({"zero_operand_s": {"aten.sqrt": float("inf")}}, r"zero_operand_s\['aten.sqrt'\] must be zero or"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

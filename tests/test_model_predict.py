@@ -221,3 +221,39 @@ def test_pipeline_stages_sharing_a_weight_pay_its_allreduce() -> None:
     assert without.detail["collective_s"] == pytest.approx(loss)
     allreduce = collectives.allreduce(64 * 16 * 4, 2, link)
     assert with_tie.detail["collective_s"] == pytest.approx(loss + allreduce)
+
+
+def test_the_description_counts_the_zeros_adams_square_root_is_fed() -> None:
+    """Adam's second moment of an embedding row no batch touched is exactly zero: the counted step's
+    square roots see (rows - touched) x dim zeros of the embedding and none of the linear layer."""
+    torch.manual_seed(0)
+    embedding, head = nn.Embedding(100, 8), nn.Linear(8, 1)
+    model = nn.Sequential(embedding, head)
+    batch = torch.tensor([3, 7, 7, 42])  # three distinct rows
+    graph = describe_model(
+        model, batch, optimizer=torch.optim.Adam(model.parameters()), name="emb", count_faults=False
+    )
+    sqrt = graph.ops[graph.ops["op"] == "aten.sqrt"]
+    assert sqrt["calls"].sum() == 3  # one per parameter: the embedding, the weight, the bias
+    assert sqrt["zeros"].sum() == (100 - 3) * 8
+    assert graph.ops.loc[graph.ops["op"] != "aten.sqrt", "zeros"].sum() == 0
+
+
+def test_the_zero_operand_calibration_finds_an_injected_slow_path(monkeypatch) -> None:
+    """A fake operator that sleeps 2 ms on zeros only: the calibration charges 2 ms over the elements;
+    one that sleeps as long on values as on zeros is left out."""
+    import time
+
+    from dnnperf.model import calibrate
+
+    def slow_on_zeros(x: torch.Tensor) -> None:
+        if x[0] == 0:
+            time.sleep(2e-3)
+
+    def even(x: torch.Tensor) -> None:
+        time.sleep(2e-3)
+
+    monkeypatch.setattr(calibrate, "CANDIDATES", {"fake.slow": slow_on_zeros, "fake.even": even})
+    found = calibrate.measure_zero_operand_cost(elements=1000, repeats=5)
+    assert set(found) == {"fake.slow"}
+    assert found["fake.slow"] * 1000 == pytest.approx(2e-3, rel=0.25)

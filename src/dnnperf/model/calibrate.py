@@ -14,6 +14,10 @@ is the efficiency the model divides its roofline time by.
 
 :func:`measure_page_fault_cost` times what a minor page fault adds to a write into fresh memory: the
 model charges it per fault a step takes (``StepGraph.page_faults``, counted when it is described).
+
+:func:`measure_zero_operand_cost` times each of ``model.zeros.CANDIDATES`` on zeros and on positive
+values: what a zero input element adds, where it adds anything (the model charges it per zero the
+description counted).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dnnperf.cache import JsonCache
 from dnnperf.model.compute import NO_KERNEL, ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph
 from dnnperf.model.machine import Curve, Machine, dedupe
+from dnnperf.model.zeros import CANDIDATES
 
 BLOCKS = 32
 #: Zoo operators shorter than this per call are left out of the efficiencies.
@@ -119,6 +124,44 @@ def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
     finally:
         torch.set_num_threads(threads)
     return statistics.median(samples) if samples else 0.0
+
+
+def measure_zero_operand_cost(elements: int = 1 << 20, repeats: int = 11) -> dict[str, float]:
+    """Per operator of ``CANDIDATES``: extra seconds per zero input element, the median over
+    ``repeats`` interleaved pairs (zeros, then values in [0.5, 1.5)) after one warm-up pair, on one
+    thread; operators whose zeros cost less than 20% more are left out (not slow on zeros here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    zeros = torch.zeros(elements)
+    values = torch.rand(elements) + 0.5
+    found: dict[str, float] = {}
+    try:
+        for op, run in CANDIDATES.items():
+            times: dict[int, list[float]] = {0: [], 1: []}
+            for i in range(repeats + 1):
+                for which, operand in enumerate((zeros, values)):
+                    started = time.perf_counter()
+                    run(operand)
+                    if i:
+                        times[which].append(time.perf_counter() - started)
+            slow, fast = statistics.median(times[0]), statistics.median(times[1])
+            if slow > 1.2 * fast:
+                found[op] = (slow - fast) / elements
+    finally:
+        torch.set_num_threads(threads)
+    return found
+
+
+def zero_operand_cost(refresh: bool = False) -> dict[str, float]:
+    """:func:`measure_zero_operand_cost` of this host, measured once and cached."""
+    store = JsonCache("model-calibration")
+    key = f"zero_operand/{platform.node()}/{torch.__version__}"
+    cached = store.get(key)
+    if isinstance(cached, dict) and not refresh:
+        return {str(k): float(v) for k, v in cached.items()}
+    value = measure_zero_operand_cost()
+    store.put(key, value)
+    return value
 
 
 def page_fault_cost(refresh: bool = False) -> float:

@@ -90,7 +90,7 @@ def load_machine(spec: str) -> Machine:
 
     if spec == "hw":
         from dnnperf import hardware
-        from dnnperf.model.calibrate import calibrated, op_overhead, page_fault_cost
+        from dnnperf.model.calibrate import calibrated, op_overhead, page_fault_cost, zero_operand_cost
 
         profile = hardware.load_profile("cpu")
         if profile is None:
@@ -105,6 +105,7 @@ def load_machine(spec: str) -> Machine:
             efficiency=efficiency,
             page_fault_s=page_fault_cost(),
             call_s=call_s,
+            zero_operand_s=zero_operand_cost(),
         )
     if spec in PRESETS:
         return machines.preset(spec)
@@ -373,6 +374,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
             calibration=figures,
             efficiency=machines["model"].efficiency,
             call_s=machines["model"].call_s,
+            zero_operand_s=machines["model"].zero_operand_s,
             rows=frame.to_dict(orient="records"),
             ablation=summary.to_dict(orient="records"),
         )
@@ -484,6 +486,7 @@ def _validate_distributed(
         efficiency=model.efficiency,
         page_fault_s=model.page_fault_s,
         call_s=model.call_s,
+        zero_operand_s=model.zero_operand_s,
     )
     frame = validate_distributed(
         names,

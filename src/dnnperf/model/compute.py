@@ -36,13 +36,14 @@ NO_KERNEL = ("free",)
 
 @dataclass(frozen=True)
 class ComputeOptions:
-    """Model variants, for the ablation: roofline max or sum of the two terms, overhead, page faults and
-    the update's bandwidth from memory on or off."""
+    """Model variants, for the ablation: roofline max or sum of the two terms, overhead, page faults,
+    the update's bandwidth from memory and the cost of zero operands on or off."""
 
     combine: str = "sum"
     overhead: bool = True
     faults: bool = True
     update_from_memory: bool = True
+    zero_operands: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -90,6 +91,10 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
             for f, p, o in zip(families, phases, ops["op"].to_numpy(str), strict=True)
         ]
         roofline = roofline / np.array(factor)
+    if machine.zero_operand_s and options.zero_operands and "zeros" in ops:
+        # Kernels that take a slow path on zeros (model/zeros.py): the calibrated cost of each.
+        per_zero = np.array([machine.zero_operand_s.get(o, 0.0) for o in ops["op"].to_numpy(str)])
+        roofline = roofline + ops["zeros"].to_numpy(float) * per_zero
     kernel = ~np.isin(families, NO_KERNEL)
     fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
     overhead = calls * (machine.dispatch_s + fixed) * kernel if options.overhead else np.zeros(len(ops))

@@ -30,13 +30,14 @@ from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.model.faults import steady_page_faults, workload_faults
 from dnnperf.model.workspace import WorkspaceCalls
+from dnnperf.model.zeros import ZeroCounts
 from dnnperf.probes.saved import observe_saved
 from dnnperf.workloads.base import no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
 BASE_BATCHES = (2, 4)
 _COLUMNS = ("phase", "module", "op", "family", "dtype")
-_NUMBERS = ("flops", "bytes", "calls")
+_NUMBERS = ("flops", "bytes", "calls", "zeros")
 
 
 @dataclass
@@ -78,7 +79,9 @@ class StepGraph:
 
     name: str
     batch_size: int
-    ops: pd.DataFrame  # phase, module, op, family, dtype, flops, bytes, calls (in first-seen order)
+    #: phase, module, op, family, dtype, flops, bytes, calls and zeros (input elements equal to zero,
+    #: for model/zeros.py's operators), in first-seen order.
+    ops: pd.DataFrame
     param_bytes: int
     #: Parameter bytes per module (parameters owned directly), for gradient buckets.
     module_param_bytes: dict[str, int]
@@ -119,6 +122,8 @@ class StepGraph:
     def from_dict(cls, document: Mapping[str, Any]) -> StepGraph:
         values = dict(document)
         values["ops"] = pd.DataFrame(values["ops"])
+        if "zeros" not in values["ops"]:  # a description from before zeros were counted
+            values["ops"]["zeros"] = 0.0
         values["layers"] = [Layer(**layer) for layer in values["layers"]]
         values["memory_walk"] = [Segment(**segment) for segment in values.get("memory_walk", [])]
         return cls(**values)
@@ -458,8 +463,13 @@ def capture(
 
         handles.append(model.get_submodule(region).register_forward_hook(region_hook))
 
-    workspace = WorkspaceCalls()
-    counter = OpCounter(model, observer=workspace)
+    workspace, zeros = WorkspaceCalls(), ZeroCounts()
+
+    def observe(*seen: Any) -> None:
+        workspace(*seen)
+        zeros(*seen)
+
+    counter = OpCounter(model, observer=observe)
     walk = _MemoryWalk(model, inputs, counter)
     try:
         with counter, walk, observe_saved(walk.pack):
@@ -477,6 +487,7 @@ def capture(
             "flops": float(r.flops or 0),
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
+            "zeros": float(zeros.zeros.get((r.module, r.phase, r.name), 0)),
         }
         for r in counter.table()
     ]
@@ -584,7 +595,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-15"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-16"],
         sort_keys=True,
         default=str,
     )

@@ -73,6 +73,10 @@ class Machine:
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
     #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
     call_s: dict[str, float] = field(default_factory=dict)
+    #: Extra seconds per element equal to zero in an operator's input, per operator ("aten.sqrt"), where
+    #: this host's kernel takes a slow path on zeros (Adam's square root of untouched embedding rows'
+    #: second moments); absent: 0. Calibrated: calibrate.zero_operand_cost.
+    zero_operand_s: dict[str, float] = field(default_factory=dict)
     #: Calibrated curves (from_profile): FLOPs per call -> FLOP/s per family; bytes per call -> bytes/s.
     compute_curves: dict[str, Curve] = field(default_factory=dict)
     bandwidth_curve: Curve | None = None
@@ -174,6 +178,9 @@ def validate(machine: Machine) -> None:
     for family, value in machine.call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: call_s[{family!r}] must be zero or positive, got {value!r}")
+    for op, value in machine.zero_operand_s.items():
+        if not (_finite_positive(value) or value == 0):
+            raise UsageError(f"{where}: zero_operand_s[{op!r}] must be zero or positive, got {value!r}")
 
 
 def from_dict(document: Any) -> Machine:
@@ -209,6 +216,7 @@ def from_profile(
     zoo_curves: dict[str, Curve] | None = None,
     page_fault_s: float = 0.0,
     call_s: dict[str, float] | None = None,
+    zero_operand_s: dict[str, float] | None = None,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -216,6 +224,7 @@ def from_profile(
     the profile's bare dispatch overhead, which leaves autograd and module calls out.
 
     ``page_fault_s``: the cost of one page fault (calibrate.page_fault_cost); default 0 (not modelled).
+    ``zero_operand_s``: operators' extra cost per zero input element (calibrate.zero_operand_cost).
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
     loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
@@ -257,6 +266,7 @@ def from_profile(
         collectives=dict(link.get("ops", {})),
         efficiency=dict(efficiency or {}),
         call_s=dict(call_s or {}),
+        zero_operand_s=dict(zero_operand_s or {}),
         sources={
             "all": f"dnnperf hw calibration of {profile.created}",
             "link": link.get("source", "default"),

@@ -21,7 +21,12 @@ import torch
 from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile
 from dnnperf.interrupts import run_child
-from dnnperf.model.calibrate import measure_op_overhead, measure_page_fault_cost, zoo_calibration
+from dnnperf.model.calibrate import (
+    measure_op_overhead,
+    measure_page_fault_cost,
+    measure_zero_operand_cost,
+    zoo_calibration,
+)
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
 from dnnperf.model.machine import Machine, from_profile
@@ -41,6 +46,7 @@ VARIANTS = {
     "no fixed call cost": ComputeOptions("sum", True),
     "no efficiency": ComputeOptions("sum", True),
     "zoo curves": ComputeOptions("sum", True),
+    "no zero operands": ComputeOptions(zero_operands=False),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 
@@ -54,6 +60,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         )
     overhead = measure_op_overhead()
     fault = measure_page_fault_cost()
+    zero_operand = measure_zero_operand_cost()
     efficiency, curves, call_s = zoo_calibration(from_profile(profile))
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
@@ -64,6 +71,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             zoo_curves=curves if v == "zoo curves" else None,
             page_fault_s=fault,
             call_s={} if v in ("no fixed call cost", "no efficiency", "zoo curves") else call_s,
+            zero_operand_s=zero_operand,
         )
         for v in VARIANTS
     }
@@ -71,6 +79,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "op_overhead_s": overhead,
         "dispatch_s": profile.dispatch_overhead_us * 1e-6,
         "page_fault_s": fault,
+        **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
 
 
