@@ -145,9 +145,16 @@ def computing_shares(
     return shares
 
 
-def rank_main(workload: str, preset: str, batch: int, bucket_mb: float, steps: int, output: Path) -> None:
+def rank_main(
+    workload: str, preset: str, batch: int, bucket_mb: float, steps: int, output: Path, compute_cpu: int
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    if compute_cpu >= 0:
+        # This thread only (Linux: pid 0 is the calling thread): gloo's worker threads, made by
+        # init_process_group, keep every core; the training step, and the load thread it starts, run
+        # on ``compute_cpu``, so the collectives have the other cores to themselves.
+        os.sched_setaffinity(0, {compute_cpu})
     rank, world = dist.get_rank(), dist.get_world_size()
     w = get_workload(workload)
     torch.manual_seed(0)
@@ -195,14 +202,21 @@ def rank_main(workload: str, preset: str, batch: int, bucket_mb: float, steps: i
 
 
 def run_case(
-    workload: str, preset: str, batch: int, bucket_mb: float, steps: int, link_mbit: float | None = None
+    workload: str,
+    preset: str,
+    batch: int,
+    bucket_mb: float,
+    steps: int,
+    link_mbit: float | None = None,
+    compute_cpu: int = -1,
 ) -> list[list[dict]]:
     """Both ranks under torchrun on loopback; with ``link_mbit``, each in its own network namespace,
-    joined by a veth pair shaped to that rate (root; ``dnnperf.distributed.netns``)."""
+    joined by a veth pair shaped to that rate (root; ``dnnperf.distributed.netns``). ``compute_cpu``
+    >= 0: both ranks' training threads on that core, their gloo threads free."""
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "result.json"
         rank_argv = [__file__, "--rank", workload, preset, str(batch), str(bucket_mb), str(steps)]
-        rank_argv.append(str(output))
+        rank_argv += [str(output), str(compute_cpu)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         if link_mbit is None:
             argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
@@ -243,11 +257,17 @@ def main() -> None:
         type=float,
         help="each rank in its own network namespace, the link between them shaped to this rate (root)",
     )
-    parser.add_argument("--rank", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compute-cpu",
+        type=int,
+        default=-1,
+        help="both ranks' training threads on this core only, leaving the others to gloo's threads",
+    )
+    parser.add_argument("--rank", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
-        workload, preset, batch, bucket_mb, steps, output = args.rank
-        rank_main(workload, preset, int(batch), float(bucket_mb), int(steps), Path(output))
+        workload, preset, batch, bucket_mb, steps, output, cpu = args.rank
+        rank_main(workload, preset, int(batch), float(bucket_mb), int(steps), Path(output), int(cpu))
         return
 
     if args.from_json:
@@ -259,12 +279,13 @@ def main() -> None:
         run |= {"cpu": machine["cpu_model"], "cores": machine["cores_usable"], "torch": torch.__version__}
         run["load_before"] = os.getloadavg()[0]
         run["link_mbit"] = args.link_mbit
+        run["compute_cpu"] = args.compute_cpu
         results = {}
         for workload, preset, batch, bucket_mb in CASES:
             if args.workloads and workload not in args.workloads:
                 continue
             print(f"{workload} ({preset}) ...", file=sys.stderr)
-            case = (workload, preset, batch, bucket_mb, args.steps, args.link_mbit)
+            case = (workload, preset, batch, bucket_mb, args.steps, args.link_mbit, args.compute_cpu)
             results[(workload, preset)] = run_case(*case)
         run["load_after"] = os.getloadavg()[0]
     if args.json:
@@ -332,6 +353,11 @@ def main() -> None:
             f"{run['link_mbit']:g} Mbit/s, "
             if run.get("link_mbit")
             else "loopback, "
+        )
+        + (
+            f"both ranks' training threads pinned to core {run['compute_cpu']} (gloo's threads free), "
+            if run.get("compute_cpu", -1) >= 0
+            else ""
         )
         + f"{run['steps']} measured steps after 2 warm-up steps "
         "(`python benchmarks/distributed_benchmarks.py`); "

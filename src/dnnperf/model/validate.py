@@ -94,46 +94,55 @@ def validate_single(
 ) -> pd.DataFrame:
     """One row per workload x batch: measured median step, each variant's prediction and error.
 
-    Each configuration is measured by ``processes`` fresh ``dnnperf bench`` runs, one after the other
-    (3 warm-up steps, data in memory, this process's thread count): a training job is a process of its
-    own, and two processes of the same job differ (their allocators map memory differently: basic_cnn
-    `small` batch 4 took 0 or 992 page faults a step, 3.7 to 5.0 ms, model/faults.py). ``measured_s``
-    is the median of the runs' median steps; ``measured_min_s`` and ``measured_max_s`` their range."""
+    Each configuration is measured by ``processes`` fresh ``dnnperf bench`` runs (3 warm-up steps, data
+    in memory, this process's thread count): a training job is a process of its own, and two processes
+    of the same job differ (their allocators map memory differently: basic_cnn `small` batch 4 took 0
+    or 992 page faults a step, 3.7 to 5.0 ms, model/faults.py). The runs go in rounds, every
+    configuration once per round, so that a slow spell of a shared host lands in one run of several
+    configurations rather than in every run of one. ``measured_s`` is the median of the runs' median
+    steps; ``measured_min_s`` and ``measured_max_s`` their range."""
     import os
     import sys
     import tempfile
 
-    rows = []
-    for name in workloads:
-        for batch in batches:
-            graph = describe_workload(name, preset, batch, count_faults=True)
-            predicted = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
+    configurations = [(name, batch) for name in workloads for batch in batches]
+    predicted: dict[tuple[str, int], dict[str, float]] = {}
+    for name, batch in configurations:
+        graph = describe_workload(name, preset, batch, count_faults=True)
+        predicted[name, batch] = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    medians: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
+    for round_ in range(processes):
+        for name, batch in configurations:
             argv = [sys.executable, "-m", "dnnperf", "bench", name, "--preset", preset, "-b", str(batch)]
             argv += ["--steps", str(steps), "--warmup", "3", "--device", "cpu", "--json"]
-            env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-            medians = []
-            for _ in range(processes):
-                with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
-                    done = run_child([*argv, "--runs-dir", runs], env)
-                if done.returncode != 0:
-                    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-                    raise UsageError(f"{name} batch {batch}: the run failed: {last}")
-                medians.append(_median_step(done.stdout))
-            measured = float(np.median(medians))
-            row = {
-                "workload": name,
-                "batch": batch,
-                "measured_s": measured,
-                "measured_min_s": min(medians),
-                "measured_max_s": max(medians),
-            }
-            for variant, seconds in predicted.items():
-                row[f"pred[{variant}]"] = seconds
-                row[f"err[{variant}]"] = seconds / measured - 1
-            rows.append(row)
+            with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
+                done = run_child([*argv, "--runs-dir", runs], env)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise UsageError(f"{name} batch {batch}: the run failed: {last}")
+            medians[name, batch].append(_median_step(done.stdout))
             if progress is not None:
-                model_ms = predicted["model"] * 1e3
-                progress(f"{name} b{batch}: measured {measured * 1e3:.2f} ms, predicted {model_ms:.2f} ms")
+                model_ms = predicted[name, batch]["model"] * 1e3
+                progress(
+                    f"run {round_ + 1}/{processes}, {name} b{batch}: measured "
+                    f"{medians[name, batch][-1] * 1e3:.2f} ms, predicted {model_ms:.2f} ms"
+                )
+    rows = []
+    for name, batch in configurations:
+        runs = medians[name, batch]
+        measured = float(np.median(runs))
+        row = {
+            "workload": name,
+            "batch": batch,
+            "measured_s": measured,
+            "measured_min_s": min(runs),
+            "measured_max_s": max(runs),
+        }
+        for variant, seconds in predicted[name, batch].items():
+            row[f"pred[{variant}]"] = seconds
+            row[f"err[{variant}]"] = seconds / measured - 1
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
