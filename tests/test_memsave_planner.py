@@ -128,6 +128,7 @@ def test_record_section_round_trips(feasible):
     document = feasible.to_dict()
     again = MemsaveResult.from_dict(document)
     assert again.to_dict() == document
+    assert 0.25 <= document["recompute_factor"] <= 2.0  # sqrt(n)'s, measured in the same call
     broken = {**document, "budget": -1}
     with pytest.raises(ValueError, match="budget"):
         MemsaveResult.from_dict(broken)
@@ -228,6 +229,27 @@ def test_a_measured_baseline_within_the_budget_is_chosen_when_cheaper():
         measured=[MeasuredPlan("sqrt(n)", everything, 8400, 5e-3)],
     )  # fmt: skip
     assert floor.feasible and floor.plan is everything
+
+
+def test_the_recompute_factor_scales_what_recomputing_costs():
+    """sqrt(n) recomputes every unit: measured 6 ms against the units' 8 ms of forward, a factor of
+    0.75; the same 7 ms plan as above is then predicted at 5.25 ms. Bounded both ways."""
+    from dnnperf.memsave.run import RECOMPUTE_FACTOR_BOUNDS, recompute_factor
+
+    profile = shared_profile()
+    costs = shared_costs(profile)
+    everything = Plan(policies={u.name: RECOMPUTE for u in UNITS}, segments=[[u.name for u in UNITS]])
+    forward = sum(c.forward_s for c in costs)
+    assert recompute_factor(costs, everything, 0.75 * forward) == pytest.approx(0.75)
+    assert recompute_factor(costs, everything, 0.0) == RECOMPUTE_FACTOR_BOUNDS[0]
+    assert recompute_factor(costs, everything, 100 * forward) == RECOMPUTE_FACTOR_BOUNDS[1]
+    assert recompute_factor(costs, Plan(policies={}), 1.0) == 1.0  # nothing recomputed: no evidence
+    scaled = plan_budget(
+        UNITS, costs, 10_000, 9000, 0.0, min_bytes=0, allow=(RECOMPUTE,), margin=0, profile=profile,
+        recompute_factor=0.75,
+    )  # fmt: skip
+    assert scaled.plan.segments == [["s.0", "s.1", "s.2"]]
+    assert scaled.predicted_overhead_s == pytest.approx(0.75 * 7e-3)
 
 
 def test_read_ahead_window_is_one_units_worth_on_the_hooks_clock():

@@ -278,6 +278,7 @@ def plan_budget(
     profile: StorageProfile | None = None,
     calibration: Sequence[tuple[Plan, int]] = (),
     measured: Sequence[MeasuredPlan] = (),
+    recompute_factor: float = 1.0,
 ) -> PlanResult:
     """The cheapest plan predicted to stay within ``budget * (1 - margin)`` (the margin covers what
     the model leaves out: recomputation's temporaries, allocator rounding; small, since ``memsave``
@@ -288,7 +289,8 @@ def plan_budget(
     ``measured``: plans already run (the baselines): one whose measured peak is within the budget is a
     candidate at its measured cost, so the plan chosen is never costlier than a baseline known to fit
     (the model, fitted to never predict below a measured peak, cannot promise less than sqrt(n)'s
-    own peak for any plan: at that budget the choice is between sqrt(n) and what the model finds)."""
+    own peak for any plan: at that budget the choice is between sqrt(n) and what the model finds).
+    ``recompute_factor``: a recomputed unit costs its forward time times this (``run.recompute_factor``)."""
     if profile is None:
         profile = profile_from_units([c.saved for c in costs], [c.inputs for c in costs])
     if prefetch_bytes is None:
@@ -299,6 +301,7 @@ def plan_budget(
         measured_peak,
         offload_s_per_byte,
         prefetch_bytes,
+        recompute_factor=recompute_factor,
         profile=profile,
         min_bytes=min_bytes,
         calibration=calibration,

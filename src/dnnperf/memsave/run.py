@@ -11,7 +11,7 @@ offloaded byte.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +31,7 @@ from dnnperf.memsave.planner import (
     read_ahead_window,
     sqrt_checkpointing,
 )
-from dnnperf.memsave.policy import OFFLOAD, Plan, Unit, find_units
+from dnnperf.memsave.policy import OFFLOAD, RECOMPUTE, Plan, Unit, find_units
 from dnnperf.memsave.saver import MemorySaver
 from dnnperf.memsave.storages import profile_storages
 from dnnperf.probes.memory import CATEGORIES, MemoryTracker, StepMemory
@@ -110,6 +110,9 @@ class MemsaveResult:
     variants: list[Variant]
     offload_s_per_byte: float
     bandwidth: dict[str, float]
+    #: Measured / predicted recomputation seconds of the sqrt(n) baseline (planner's recompute cost
+    #: scale; 1.0 in records from before it was measured).
+    recompute_factor: float = 1.0
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -125,6 +128,7 @@ class MemsaveResult:
             "plan_table": self.plan_table,
             "variants": [v.to_dict() for v in self.variants],
             "offload_s_per_byte": self.offload_s_per_byte,
+            "recompute_factor": self.recompute_factor,
             "bandwidth": self.bandwidth,
         }
 
@@ -156,6 +160,7 @@ class MemsaveResult:
             variants=parsed,
             offload_s_per_byte=float(data.get("offload_s_per_byte", 0.0)),
             bandwidth={str(k): float(v) for k, v in data.get("bandwidth", {}).items()},
+            recompute_factor=float(data.get("recompute_factor", 1.0)),
         )
 
 
@@ -174,6 +179,24 @@ def parse_budget(text: str, baseline_peak: int) -> int:
 
 
 # -- measuring ----------------------------------------------------------------------------------------
+
+
+#: The recompute factor is kept within these bounds: a baseline measured at a noisy moment must not
+#: make recomputation look free, or five times dearer than a forward pass.
+RECOMPUTE_FACTOR_BOUNDS = (0.25, 2.0)
+
+
+def recompute_factor(costs: Sequence[UnitCost], plan: Plan, measured_s: float) -> float:
+    """Measured / predicted seconds of a recompute-only plan (the sqrt(n) baseline): what recomputing
+    a unit costs against its forward time in a plain step. Below 1 where the plain forward pays what a
+    recomputation does not (page faults on fresh activations: recomputed ones reuse freed memory);
+    the planner scales every recomputation by it, as it prices an offloaded byte from the
+    offload-everything baseline."""
+    predicted = sum(c.forward_s for c in costs if plan.policies.get(c.name) == RECOMPUTE)
+    if predicted <= 0:
+        return 1.0
+    low, high = RECOMPUTE_FACTOR_BOUNDS
+    return min(max(measured_s / predicted, low), high)
 
 
 def unit_forward_times(task: Task, batch: Batch, units: list[Unit], device: torch.device, steps: int = 2):
@@ -391,6 +414,7 @@ def memsave(
     exposed = Samples.of(offload_all.step_s).median - plain_median
     offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
     offload_s_per_byte = max(exposed, 0.0) / offloaded
+    factor = recompute_factor(costs, sqrt_plan, max(variants[-1].overhead, 0.0) * plain_median)
     # The baselines as plans the planner may choose at their measured cost (never below zero), and
     # as its calibration. Feasible means measured within the budget: a plan that measures above it
     # joins the calibration (the model's ``rest`` rises to cover it) and the planner plans again.
@@ -410,6 +434,7 @@ def memsave(
             prefetch,
             min_bytes,
             profile=profile,
+            recompute_factor=factor,
             calibration=calibration,
             measured=baselines,
         )
@@ -457,4 +482,5 @@ def memsave(
         variants=variants,
         offload_s_per_byte=offload_s_per_byte,
         bandwidth=bandwidth,
+        recompute_factor=factor,
     )
