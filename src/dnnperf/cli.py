@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b", metavar="RUN_B", help="the run after")
     compare.add_argument("--top", type=positive_int, default=10, help="layers shown per batch size (10)")
     compare.add_argument(
-        "--min-change", type=float, default=0.12, help="smallest flagged change of a stage or layer (0.12)"
+        "--min-change", type=float, default=0.15, help="smallest flagged change of a stage or layer (0.15)"
     )
     compare.add_argument(
         "--min-run-change",

@@ -63,7 +63,7 @@ class CompareSettings:
     """The thresholds of the rule in the module docstring."""
 
     alpha: float = 0.01
-    min_relative: float = 0.12
+    min_relative: float = 0.15
     min_step_share: float = 0.01
     #: The step's own change must be at least this (see the module docstring).
     min_run_relative: float = 0.50
