@@ -7,7 +7,7 @@ autograd bookkeeping, module calls). ``dnnperf hw``'s dispatch overhead times a 
 without autograd and is several times smaller.
 
 :func:`family_efficiency` runs a zoo of standard layers (convolutions from stem to late-stage shapes,
-batch and layer norm, ReLU, GELU, max pooling, linear, softmax, dropout), forward and backward, each
+batch, layer and group norm, ReLU, GELU, max pooling, linear, softmax, dropout), forward and backward, each
 operator timed (``OpCounter(timed=True)``), and compares the time with the machine's roofline for the
 same operators: per family and phase, the achieved fraction (predicted / measured seconds, summed)
 is the efficiency the model divides its roofline time by.
@@ -207,6 +207,7 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Conv2d(16, 16, 4, stride=2, padding=1), (4, 16, 8, 8)),
         (nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1), (4, 8, 4, 4)),
         (nn.BatchNorm2d(64), (8, 64, 32, 32)),
+        (nn.GroupNorm(1, 64), (8, 64, 16, 16)),  # WGAN-GP's critic: layer norm over (C, H, W)
         (nn.ReLU(), (8, 64, 32, 32)),
         (nn.MaxPool2d(2), (8, 64, 32, 32)),
         (nn.AvgPool2d(3, stride=1, padding=1), (8, 64, 32, 32)),
@@ -369,7 +370,7 @@ def calibrated(
 ) -> tuple[dict[str, float], dict[str, Curve], dict[str, float]]:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-2/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-3/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
