@@ -414,7 +414,6 @@ def memsave(
     exposed = Samples.of(offload_all.step_s).median - plain_median
     offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
     offload_s_per_byte = max(exposed, 0.0) / offloaded
-    factor = recompute_factor(costs, sqrt_plan, max(variants[-1].overhead, 0.0) * plain_median)
     # The baselines as plans the planner may choose at their measured cost (never below zero), and
     # as its calibration. Feasible means measured within the budget: a plan that measures above it
     # joins the calibration (the model's ``rest`` rises to cover it) and the planner plans again.
@@ -423,6 +422,7 @@ def memsave(
         for v, plan in ((offload_all, everything), (variants[-1], sqrt_plan))
     ]
     calibration = [(b.plan, b.peak) for b in baselines]
+    factor = recompute_factor(costs, sqrt_plan, baselines[-1].overhead_s)  # sqrt(n)'s measured cost
     missed: list[str] = []
     for attempt in range(1, _PLAN_ATTEMPTS + 1):
         result = plan_budget(

@@ -25,7 +25,9 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -83,16 +85,36 @@ def measure_op_overhead(repeats: int = 30) -> float:
     return statistics.median(samples) / calls
 
 
-def op_overhead(refresh: bool = False) -> float:
-    """The per-call overhead of this host at the current thread count, measured once and cached."""
+def _measured_once(key: str, measure: Callable[[], Any], usable: Callable[[Any], bool], refresh: bool) -> Any:
+    """``measure()`` of this host, cached under ``key`` (a cached value ``usable`` rejects is measured
+    again)."""
     store = JsonCache("model-calibration")
-    key = f"op_overhead/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
     cached = store.get(key)
-    if isinstance(cached, (int, float)) and cached > 0 and not refresh:
-        return float(cached)
-    value = measure_op_overhead()
+    if usable(cached) and not refresh:
+        return cached
+    value = measure()
     store.put(key, value)
     return value
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread inside, the caller's count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def op_overhead(refresh: bool = False) -> float:
+    """The per-call overhead of this host at the current thread count, measured once and cached."""
+    key = f"op_overhead/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key, measure_op_overhead, lambda cached: isinstance(cached, (int, float)) and cached > 0, refresh
+    )
+    return float(found)
 
 
 def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
@@ -103,10 +125,8 @@ def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
         import resource
     except ImportError:  # not a Unix
         return 0.0
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    warm = torch.empty(nbytes // 4)
-    try:
+    with _one_thread():
+        warm = torch.empty(nbytes // 4)
         samples = []
         for i in range(repeats + 2):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -121,8 +141,6 @@ def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
             touched = time.perf_counter() - started
             if i >= 2 and faults > 0:
                 samples.append(max(total - touched, 0.0) / faults)
-    finally:
-        torch.set_num_threads(threads)
     return statistics.median(samples) if samples else 0.0
 
 
@@ -130,12 +148,10 @@ def measure_zero_operand_cost(elements: int = 1 << 20, repeats: int = 11) -> dic
     """Per operator of ``CANDIDATES``: extra seconds per zero input element, the median over
     ``repeats`` interleaved pairs (zeros, then values in [0.5, 1.5)) after one warm-up pair, on one
     thread; operators whose zeros cost less than 20% more are left out (not slow on zeros here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     zeros = torch.zeros(elements)
     values = torch.rand(elements) + 0.5
     found: dict[str, float] = {}
-    try:
+    with _one_thread():
         for op, run in CANDIDATES.items():
             times: dict[int, list[float]] = {0: [], 1: []}
             for i in range(repeats + 1):
@@ -147,33 +163,20 @@ def measure_zero_operand_cost(elements: int = 1 << 20, repeats: int = 11) -> dic
             slow, fast = statistics.median(times[0]), statistics.median(times[1])
             if slow > 1.2 * fast:
                 found[op] = (slow - fast) / elements
-    finally:
-        torch.set_num_threads(threads)
     return found
 
 
 def zero_operand_cost(refresh: bool = False) -> dict[str, float]:
     """:func:`measure_zero_operand_cost` of this host, measured once and cached."""
-    store = JsonCache("model-calibration")
     key = f"zero_operand/{platform.node()}/{torch.__version__}"
-    cached = store.get(key)
-    if isinstance(cached, dict) and not refresh:
-        return {str(k): float(v) for k, v in cached.items()}
-    value = measure_zero_operand_cost()
-    store.put(key, value)
-    return value
+    found = _measured_once(key, measure_zero_operand_cost, lambda cached: isinstance(cached, dict), refresh)
+    return {str(k): float(v) for k, v in found.items()}
 
 
 def page_fault_cost(refresh: bool = False) -> float:
     """:func:`measure_page_fault_cost` of this host, measured once and cached."""
-    store = JsonCache("model-calibration")
     key = f"page_fault/{platform.node()}/{torch.__version__}"
-    cached = store.get(key)
-    if isinstance(cached, (int, float)) and not refresh:
-        return float(cached)
-    value = measure_page_fault_cost()
-    store.put(key, value)
-    return value
+    return float(_measured_once(key, measure_page_fault_cost, lambda c: isinstance(c, (int, float)), refresh))
 
 
 class _Sequence(nn.Module):

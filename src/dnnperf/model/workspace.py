@@ -23,8 +23,6 @@ import torch
 
 from dnnperf.analysis.opcount import _tensors
 
-#: Operator families whose calls are measured (where libraries keep scratch memory of their own).
-WORKSPACE_FAMILIES = ("convolution",)
 #: Calls made in backward only (the memory estimate walks backward, where the step's peak is):
 #: convolutions' backward and, in a double backward (a gradient penalty), the convolutions it runs.
 MEASURED_OPS = ("aten.convolution_backward", "aten.convolution")
@@ -70,17 +68,6 @@ def _resolve(op_name: str) -> Any:
     return getattr(getattr(torch.ops, namespace), name).default
 
 
-def _result_bytes(result: Any) -> int:
-    seen: set[int] = set()
-    total = 0
-    for tensor in _tensors(result):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
-
-
 def measure(calls: Iterable[dict[str, Any]], device: torch.device | str = "cpu") -> list[int]:
     """The workspace of each call (see the module doc), in bytes, measured on ``device`` (0 where a
     call cannot be replayed)."""
@@ -95,7 +82,7 @@ def measure(calls: Iterable[dict[str, Any]], device: torch.device | str = "cpu")
 
 
 def _measure_one(call: dict[str, Any], device: torch.device) -> int:
-    from dnnperf.probes.memory import AllocatorEvents
+    from dnnperf.probes.memory import AllocatorEvents, storages
 
     op = _resolve(call["op"])
     operands = _operands(call, device)
@@ -114,7 +101,7 @@ def _measure_one(call: dict[str, Any], device: torch.device) -> int:
         for event in events.trace.allocations:
             running += event.bytes
             highest = max(highest, running)
-    return max(highest - _result_bytes(result), 0)
+    return max(highest - sum(storages(_tensors(result)).values()), 0)
 
 
 class WorkspaceCalls:
@@ -126,7 +113,7 @@ class WorkspaceCalls:
         self._index: dict[str, int] = {}
 
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
-        if phase != "backward" or info.family not in WORKSPACE_FAMILIES or info.name not in MEASURED_OPS:
+        if phase != "backward" or info.name not in MEASURED_OPS:
             return
         found = signature(info.name, call.args)
         if found is None:
