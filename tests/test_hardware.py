@@ -185,6 +185,15 @@ def test_memory_points_use_that_accounting(profile: hw.HardwareProfile) -> None:
 # -- the profile file ------------------------------------------------------------------------------------
 
 
+def test_only_a_profile_of_this_host_replays_kernels(profile: hw.HardwareProfile) -> None:
+    from dnnperf.model.machine import from_profile
+
+    assert from_profile(profile).replay_device == "cpu"
+    elsewhere = replace(profile, device_key="another-host-cpu")
+    assert from_profile(elsewhere).replay_device == ""
+    assert from_profile(replace(profile, device_type="cuda", device_index=0)).replay_device == ""
+
+
 def test_profile_round_trips_through_json(profile: hw.HardwareProfile, tmp_path: Path) -> None:
     assert hw.load_profile(CPU) is None  # nothing saved yet in this test's cache directory
     path = hw.save_profile(profile)

@@ -194,13 +194,15 @@ def test_described_machine_needs_every_field() -> None:
     described = {
         k: v
         for k, v in dataclasses.asdict(_machine()).items()
-        if k not in ("compute_curves", "bandwidth_curve")
+        if k not in ("compute_curves", "bandwidth_curve", "replay_device")
     }
     with pytest.raises(UsageError, match="lacks link_bandwidth"):
         from_dict({k: v for k, v in described.items() if k != "link_bandwidth"})
     with pytest.raises(UsageError, match="unknown fields bogus"):
         from_dict({**described, "bogus": 1})
     assert from_dict(described).memory_bandwidth == 1e11
+    with pytest.raises(UsageError, match="unknown fields replay_device"):  # a description is not this host
+        from_dict({**described, "replay_device": "cpu"})
 
 
 def test_presets_are_valid_and_axes_change_one_thing() -> None:

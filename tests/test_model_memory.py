@@ -166,7 +166,8 @@ def _scratch(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_an_operators_own_workspace_is_measured_in_isolation() -> None:
-    from dnnperf.model.workspace import measure, signature
+    from dnnperf.model.kernels import signature
+    from dnnperf.model.workspace import measure
 
     x = torch.randn(64, 64)
     expanded = torch.randn(64, 1).expand(64, 64)  # stride 0, as a sum's gradient arrives

@@ -13,9 +13,12 @@ divided by the machine's efficiency for the operator (``"family/phase/op"`` firs
 little of its memory traffic with arithmetic: session 6's ablation, docs/validation.md) or ``max`` (the
 roofline); overhead is the machine's dispatch cost per call plus its family's fixed cost per call
 (``Machine.call_s``: a convolution's reorders and set-up), views and metadata operators excluded (they
-cost no kernel). On a host that counts them, each page fault the step takes (``StepGraph.page_faults``)
-costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of these choices is in
-docs/validation.md.
+cost no kernel). On a machine that is this host's device (``Machine.replay_device``), a row whose
+every call is a convolution the description kept (model/kernels.py) takes its replayed seconds instead
+of the roofline and the family's fixed cost (the replay includes both); the dispatch cost stays (the
+eager step's module and autograd calls around the kernel). On a host that counts them, each page
+fault the step takes (``StepGraph.page_faults``) costs the machine's ``page_fault_s`` on top
+(``faults_s``). The ablation of these choices is in docs/validation.md.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from dnnperf.model.graph import StepGraph
+from dnnperf.model.kernels import replayed_rows
 from dnnperf.model.machine import Machine
 
 #: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
@@ -37,13 +41,14 @@ NO_KERNEL = ("free",)
 @dataclass(frozen=True)
 class ComputeOptions:
     """Model variants, for the ablation: roofline max or sum of the two terms, overhead, page faults,
-    the update's bandwidth from memory and the cost of zero operands on or off."""
+    the update's bandwidth from memory, the cost of zero operands and replayed kernels on or off."""
 
     combine: str = "sum"
     overhead: bool = True
     faults: bool = True
     update_from_memory: bool = True
     zero_operands: bool = True
+    replay_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -97,6 +102,14 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         roofline = roofline + ops["zeros"].to_numpy(float) * per_zero
     kernel = ~np.isin(families, NO_KERNEL)
     fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
+    if options.replay_kernels and machine.replay_device and graph.kernels:
+        keys = list(zip(ops["module"], phases, ops["op"], strict=True))
+        per_row = dict(zip(keys, ops["calls"], strict=True))
+        replayed = replayed_rows(graph.kernels, per_row, machine.replay_device, machine.page_fault_s)
+        measured = np.array([replayed.get(key, np.nan) for key in keys])
+        found = ~np.isnan(measured)
+        roofline = np.where(found, measured, roofline)
+        fixed = np.where(found, 0.0, fixed)
     overhead = calls * (machine.dispatch_s + fixed) * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()
     out["compute_s"] = roofline

@@ -28,8 +28,9 @@ import dnnperf
 from dnnperf.analysis.opcount import OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
+from dnnperf.model import workspace
 from dnnperf.model.faults import steady_page_faults, workload_faults
-from dnnperf.model.workspace import WorkspaceCalls
+from dnnperf.model.kernels import KernelCalls
 from dnnperf.model.zeros import ZeroCounts
 from dnnperf.probes.saved import observe_saved
 from dnnperf.workloads.base import no_stages
@@ -112,6 +113,10 @@ class StepGraph:
     #: output projection): bytes and the layers holding them. Pipeline stages that share one sum its
     #: gradient with an all-reduce every step (distributed/pipeline.py). Empty in older descriptions.
     shared_params: list[dict[str, Any]] = field(default_factory=list)
+    #: The step's distinct convolution calls as plain data, each with the rows that made it and how
+    #: often (model/kernels.py): replayed for workspace and, on this host, for time. Empty in older
+    #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
+    kernels: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -195,6 +200,7 @@ class StepGraph:
             ),
             batch_bytes=lerp(self.batch_bytes, other.batch_bytes),
             layers=layers,
+            kernels=[],
         )
 
 
@@ -463,10 +469,10 @@ def capture(
 
         handles.append(model.get_submodule(region).register_forward_hook(region_hook))
 
-    workspace, zeros = WorkspaceCalls(), ZeroCounts()
+    kernels, zeros = KernelCalls(), ZeroCounts()
 
     def observe(*seen: Any) -> None:
-        workspace(*seen)
+        kernels(*seen)
         zeros(*seen)
 
     counter = OpCounter(model, observer=observe)
@@ -514,7 +520,8 @@ def capture(
         if isinstance(value, torch.Tensor) and value.numel() > 1
     )
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    segments = walk.result(workspace.per_module(device))
+    described = kernels.to_list()
+    segments = walk.result(workspace.per_module(described, device))
     per_cycle: dict[int, int] = {}
     for segment in segments:
         per_cycle[segment.cycle] = per_cycle.get(segment.cycle, 0) + segment.saved
@@ -534,6 +541,7 @@ def capture(
         frozen_param_bytes=frozen,
         tp_regions=list(tp_regions.values()),
         shared_params=[{"bytes": n, "layers": names} for n, names in holders.values() if len(names) > 1],
+        kernels=described,
     )
 
 
@@ -595,7 +603,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-16"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-17"],
         sort_keys=True,
         default=str,
     )
@@ -660,8 +668,12 @@ def workload_graph(
     workload: str, preset: str, batch_size: int, exact: bool = True, count_faults: bool = False
 ) -> StepGraph:
     """The description at ``batch_size``: counted at it (``exact``), or interpolated from the counts at
-    BASE_BATCHES (a sweep over batch sizes then counts only twice)."""
-    if exact or batch_size in BASE_BATCHES:
+    BASE_BATCHES (a sweep over batch sizes then counts only twice). An interpolated description has
+    no kernels to replay, so neither has a base batch's here: every point of a sweep is the roofline's."""
+    if exact:
         return describe_workload(workload, preset, batch_size, count_faults=count_faults)
+    if batch_size in BASE_BATCHES:
+        graph = describe_workload(workload, preset, batch_size, count_faults=count_faults)
+        return dataclasses.replace(graph, kernels=[])
     a, b = (describe_workload(workload, preset, size, count_faults=count_faults) for size in BASE_BATCHES)
     return a.at_batch(b, batch_size)

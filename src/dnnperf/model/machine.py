@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 import psutil
+import torch
 
 from dnnperf.errors import UsageError
-from dnnperf.hardware import HardwareProfile, NotMeasuredError
+from dnnperf.hardware import HardwareProfile, NotMeasuredError, device_key
 
 GB = 1e9
 #: Fields that must be positive numbers.
@@ -91,6 +92,10 @@ class Machine:
     #: a node: {"alpha": s, "bandwidth": bytes/s, "reduce_bandwidth": bytes/s} (collective_calibration);
     #: a collective without one uses intra_latency / intra_bandwidth.
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The torch device of this host that this machine is ("cpu", "cuda:0"), where a description's
+    #: convolutions can be replayed for their time (model/kernels.py); "" for a described machine and
+    #: for a what-if that changes its speed. Set by from_profile for a profile of this host.
+    replay_device: str = ""
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -121,14 +126,16 @@ class Machine:
             curve = self.bandwidth_curve
             if curve is not None:
                 curve = Curve(curve.sizes, tuple(r * scale for r in curve.rates))
-            return dataclasses.replace(self, memory_bandwidth=value * GB, bandwidth_curve=curve)
+            return dataclasses.replace(
+                self, memory_bandwidth=value * GB, bandwidth_curve=curve, replay_device=""
+            )
         if axis == "tflops":  # node FLOP/s: every dtype's peak (and calibrated curve) scaled alike
             scale = value * 1e12 / self.peak("float32")
             curves = {
                 k: Curve(c.sizes, tuple(r * scale for r in c.rates)) for k, c in self.compute_curves.items()
             }
             peaks = {k: v * scale for k, v in self.peak_flops.items()}
-            return dataclasses.replace(self, peak_flops=peaks, compute_curves=curves)
+            return dataclasses.replace(self, peak_flops=peaks, compute_curves=curves, replay_device="")
         raise AssertionError(axis)  # pragma: no cover
 
 
@@ -201,7 +208,9 @@ def from_dict(document: Any) -> Machine:
     missing = sorted(required - set(document))
     if missing:
         raise UsageError(f"machine description lacks {', '.join(missing)}")
-    allowed = {f.name for f in dataclasses.fields(Machine)} - {"compute_curves", "bandwidth_curve"}
+    # A description is not this host: its kernels are never replayed.
+    not_described = {"compute_curves", "bandwidth_curve", "replay_device"}
+    allowed = {f.name for f in dataclasses.fields(Machine)} - not_described
     unknown = sorted(set(document) - allowed)
     if unknown:
         raise UsageError(f"machine description has unknown fields {', '.join(unknown)}")
@@ -267,11 +276,23 @@ def from_profile(
         efficiency=dict(efficiency or {}),
         call_s=dict(call_s or {}),
         zero_operand_s=dict(zero_operand_s or {}),
+        replay_device=host_device(profile),
         sources={
             "all": f"dnnperf hw calibration of {profile.created}",
             "link": link.get("source", "default"),
         },
     )
+
+
+def host_device(profile: HardwareProfile) -> str:
+    """The torch device ``profile`` measured when it was measured on this host, else ""."""
+    if profile.device_type == "cpu":
+        device = "cpu"
+    elif profile.device_type == "cuda" and torch.cuda.is_available():
+        device = f"cuda:{profile.device_index or 0}"
+    else:
+        return ""
+    return device if device_key(device) == profile.device_key else ""
 
 
 def dedupe(points: list[tuple[float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -400,7 +400,8 @@ def sweep(
 ) -> pd.DataFrame:
     """Every combination of the axes' values (``batch_size`` and machine.AXES) x strategy: one row each,
     with the split, throughput, memory and ``reason`` where the strategy cannot apply. Batch sizes
-    between the counted ones are interpolated (FLOPs and bytes are affine in the batch)."""
+    between the counted ones are interpolated (FLOPs and bytes are affine in the batch), so a suite
+    workload's points are the roofline's: no kernel is replayed (graph.workload_graph)."""
     for axis in axes:
         if axis != "batch_size" and axis not in AXES:
             raise UsageError(f"unknown sweep axis {axis!r}: use batch_size or one of {', '.join(AXES)}")

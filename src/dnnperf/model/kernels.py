@@ -1,0 +1,229 @@
+"""Library kernels replayed in isolation: a description's distinct convolution calls, as plain data,
+run again on random operands of the same shapes, strides and dtypes.
+
+Two parts of the model stand on these replays:
+
+- **Workspace** (model/workspace.py): what a convolution's backward allocates inside the call.
+- **Time** (:func:`replayed_rows`): a roofline with calibrated curves cannot see how a library blocks
+  channels. On the project's Xeon, oneDNN computes a 3x3 convolution with 3 output channels in the
+  time of one with 16 (docs/performance-model.md); WGAN-GP's generator ends in such a layer and its
+  critic's gradient penalty runs double-backward convolutions, and its step was predicted 26% short.
+  So on a machine that *is* this host's device (a calibrated profile: ``Machine.replay_device``), each
+  distinct convolution call of the step is timed once in isolation and its median replaces the
+  roofline of the rows whose every call was replayed.
+
+A replay evicts the core's private caches before each timed call and leaves the last level alone:
+in a step, a convolution's operands were last touched some layers earlier, and the small presets'
+working sets fit in this host's 260 MB L3. Flush sizes were compared on four workloads' steps
+(docs/validation.md, session 8): replayed warm, WGAN-GP batch 16 was predicted at 157 ms, with 8
+MiB written between calls (4x this core's L2) 171 ms, with 64 MiB (which also thrashes the L3 and
+the TLB) 239 ms, against 187 ms measured; small convolutions are the most sensitive. On a GPU
+the L2 is flushed whole (twice its size written), not yet checked against a step. These are
+microbenchmarks of the library on this device, never the step being predicted; their results are
+cached per host, device, thread count and torch version.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+#: Operators replayed: convolutions forward and backward (and the forward convolutions a double
+#: backward runs), the kernels whose cost depends on more than their FLOPs and bytes.
+REPLAYED_OPS = ("aten.convolution", "aten.convolution_backward")
+#: Timed calls per replay (after one untimed call that lets the library set up its caches).
+REPEATS = 5
+#: Bytes written between timed calls where the caches are not known (see flush_bytes).
+DEFAULT_FLUSH_BYTES = 8 * 2**20
+#: Key prefix of the on-disk cache; change it when what a replay measures changes.
+CACHE_VERSION = "kernel-time-3"
+
+
+def signature(op_name: str, args: Sequence[Any]) -> dict[str, Any] | None:
+    """A call as plain data (tensors by shape, strides and dtype), or None if it cannot be replayed."""
+    encoded: list[Any] = []
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "meta" or value.layout != torch.strided:
+                return None
+            encoded.append(
+                {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)[6:]}
+            )
+        elif value is None or isinstance(value, (bool, int, float)):
+            encoded.append(value)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int)) for v in value):
+            encoded.append(list(value))
+        else:
+            return None
+    return {"op": op_name, "args": encoded}
+
+
+def operands(call: Mapping[str, Any], device: torch.device) -> list[Any]:
+    """Random operands for a replay of ``call`` on ``device``."""
+    found: list[Any] = []
+    for value in call["args"]:
+        if isinstance(value, dict):
+            dtype = getattr(torch, value["dtype"])
+            shape, stride = value["shape"], value["stride"]
+            # The storage the strides reach (an expanded gradient has stride 0: one element per row).
+            span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) if all(shape) else 0
+            storage = torch.empty(span, dtype=dtype, device=device)
+            storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
+            found.append(storage.as_strided(shape, stride))
+        else:
+            found.append(value)
+    return found
+
+
+def resolve(op_name: str) -> Any:
+    """The operator overload a signature names (``"aten.convolution"``)."""
+    namespace, name = op_name.split(".", 1)
+    return getattr(getattr(torch.ops, namespace), name).default
+
+
+class KernelCalls:
+    """An ``OpCounter`` observer: the distinct calls of :data:`REPLAYED_OPS` in a step, each with how
+    many times each (module, phase, operator) row made it."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.rows: list[dict[tuple[str, str, str], int]] = []
+        self._index: dict[str, int] = {}
+
+    def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
+        if info.name not in REPLAYED_OPS:
+            return
+        found = signature(info.name, call.args)
+        if found is None:
+            return
+        key = repr(found)
+        if key not in self._index:
+            self._index[key] = len(self.calls)
+            self.calls.append(found)
+            self.rows.append({})
+        rows = self.rows[self._index[key]]
+        rows[module, phase, info.name] = rows.get((module, phase, info.name), 0) + 1
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """As ``StepGraph.kernels`` keeps them: ``{"call": signature, "rows": [[module, phase, op,
+        count], ...]}``."""
+        return [
+            {"call": call, "rows": [[*key, count] for key, count in rows.items()]}
+            for call, rows in zip(self.calls, self.rows, strict=True)
+        ]
+
+
+def flush_bytes(device: torch.device) -> int:
+    """Bytes to write between timed calls (see the module doc): on a CPU four times its largest
+    cache below the last level (L2), on a GPU twice its L2."""
+    from dnnperf.hardware import _gpu_caches, cpu_caches
+
+    if device.type == "cuda":
+        caches = _gpu_caches(device)
+        return 2 * caches[-1].size_bytes if caches else 128 * 2**20
+    sizes = sorted(c.size_bytes for c in cpu_caches(1))
+    return 4 * sizes[-2] if len(sizes) > 1 else DEFAULT_FLUSH_BYTES
+
+
+class Replay(NamedTuple):
+    """One call replayed: median seconds, and the page faults it took (median per call)."""
+
+    seconds: float
+    faults: float
+
+
+def time_call(call: Mapping[str, Any], device: torch.device | str = "cpu", repeats: int = REPEATS) -> Replay:
+    """One call of ``call`` on ``device``, caches flushed before each timed call; NaN seconds when it
+    cannot be replayed.
+
+    Page faults are counted because the step's own are counted and charged apart (model/faults.py):
+    a replay whose result glibc maps fresh on every call (a 256 KiB output is 64 faults, ~80 us
+    here) would charge them twice, and whether it does depends on the process's allocator history
+    (WGAN-GP ``small`` batch 4's replays summed to 83 ms in one process and 99 ms in another)."""
+    device = torch.device(device)
+    try:
+        op = resolve(call["op"])
+        args = operands(call, device)
+        cuda = device.type == "cuda"
+        flush = torch.empty(flush_bytes(device) // 4, device=device)
+        op(*args)  # untimed: a library's first call may set up caches of its own
+        seconds: list[float] = []
+        faults: list[int] = []
+        for _ in range(repeats):
+            flush.fill_(1.0)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                op(*args)
+                end.record()
+                end.synchronize()
+                seconds.append(start.elapsed_time(end) / 1e3)
+            else:
+                began = time.perf_counter()
+                op(*args)
+                seconds.append(time.perf_counter() - began)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return Replay(statistics.median(seconds), statistics.median(faults))
+    except Exception:  # a replay must never break the prediction it serves: the roofline stands
+        return Replay(math.nan, 0.0)
+
+
+#: In-process results, so that a sweep's thousand predictions read the disk cache once.
+_TIMED: dict[str, Replay] = {}
+
+
+def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
+    """Each call replayed on ``device`` (cached; NaN seconds where it cannot be replayed)."""
+    from dnnperf.cache import JsonCache
+
+    store = JsonCache("kernel-times")
+    host = f"{CACHE_VERSION}/{platform.node()}/{device}/{torch.get_num_threads()}/{torch.__version__}"
+    found: list[Replay] = []
+    for call in calls:
+        key = f"{host}/{call!r}"
+        if key not in _TIMED:
+            cached = store.get(key)
+            if (
+                isinstance(cached, list)
+                and len(cached) == 2
+                and all(isinstance(v, (int, float)) for v in cached)
+            ):
+                _TIMED[key] = Replay(float(cached[0]), float(cached[1]))
+            else:
+                _TIMED[key] = time_call(call, device)
+                if math.isfinite(_TIMED[key].seconds):
+                    store.put(key, list(_TIMED[key]))
+        found.append(_TIMED[key])
+    return found
+
+
+def replayed_rows(
+    kernels: Sequence[Mapping[str, Any]],
+    calls_per_row: Mapping[tuple[str, str, str], float],
+    device: str,
+    fault_s: float = 0.0,
+) -> dict[tuple[str, str, str], float]:
+    """(module, phase, operator) -> the step's seconds in that row from replays, for the rows whose
+    every call (``calls_per_row``, the description's count) was replayed; each replay's page faults
+    at ``fault_s`` apiece taken off (the step's are charged apart)."""
+    total: dict[tuple[str, str, str], float] = {}
+    counted: dict[tuple[str, str, str], int] = {}
+    for kernel, replay in zip(kernels, replays([k["call"] for k in kernels], device), strict=True):
+        each = max(replay.seconds - replay.faults * fault_s, 0.0)
+        for module, phase, op, count in kernel["rows"]:
+            key = (module, phase, op)
+            total[key] = total.get(key, 0.0) + count * each
+            counted[key] = counted.get(key, 0) + count
+    return {
+        key: value
+        for key, value in total.items()
+        if math.isfinite(value) and counted[key] == calls_per_row.get(key, -1)
+    }

@@ -1,0 +1,150 @@
+"""Replayed kernels (model/kernels.py): what the description keeps, what a replay measures, and how the
+model uses it, against injected delays and the description's own counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from dnnperf.model import kernels
+from dnnperf.model.compute import ComputeOptions, op_times
+from dnnperf.model.graph import StepGraph, describe_model
+from dnnperf.model.machine import Machine
+
+SLEEP_S = 0.004
+
+
+@torch.library.custom_op("dnnperf_test::sleepy", mutates_args=())
+def _sleepy(x: torch.Tensor) -> torch.Tensor:
+    """Takes a known 4 ms, whatever its operand."""
+    time.sleep(SLEEP_S)
+    return x.clone()
+
+
+def _machine(**changes: object) -> Machine:
+    base = dict(
+        name="toy",
+        peak_flops={"float32": 1e12},
+        memory_bandwidth=1e11,
+        memory_bytes=1e9,
+        link_bandwidth=1e9,
+        link_latency=1e-5,
+        intra_bandwidth=1e10,
+        intra_latency=1e-6,
+        dispatch_s=1e-6,
+        call_s={"convolution/forward": 1e-3},
+    )
+    base.update(changes)
+    return Machine(**base)  # type: ignore[arg-type]
+
+
+def test_a_replay_measures_an_injected_delay() -> None:
+    call = kernels.signature("dnnperf_test.sleepy", [torch.randn(8, 8)])
+    assert call is not None
+    seconds = kernels.time_call(call, "cpu").seconds
+    assert SLEEP_S <= seconds < SLEEP_S + 0.003  # the sleep, plus a little call and scheduler time
+    assert math.isnan(kernels.time_call({"op": "aten.no_such_operator", "args": []}).seconds)
+
+
+def test_the_description_keeps_each_distinct_convolution_with_its_rows() -> None:
+    """Two calls of one convolution on the same shapes and one on another shape: two kernels, and
+    their counts add up to the description's own call counts, row by row."""
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            small = nn.functional.avg_pool2d(x, 2)
+            return self.conv(x).mean() + self.conv(x * 2).mean() + self.conv(small).mean()
+
+    graph = describe_model(Twice(), torch.randn(2, 4, 8, 8), name="twice", count_faults=False)
+    forward = [k for k in graph.kernels if k["call"]["op"] == "aten.convolution"]
+    assert sorted(row[3] for k in forward for row in k["rows"]) == [1, 2]
+    assert [k["call"]["args"][0]["shape"] for k in forward] == [[2, 4, 8, 8], [2, 4, 4, 4]]
+    counted: dict[tuple[str, str, str], int] = {}
+    for kernel in graph.kernels:
+        for module, phase, op, count in kernel["rows"]:
+            counted[module, phase, op] = counted.get((module, phase, op), 0) + count
+    conv = graph.ops[graph.ops["family"] == "convolution"]
+    assert counted == {
+        (m, p, o): int(c) for m, p, o, c in zip(conv.module, conv.phase, conv.op, conv.calls, strict=True)
+    }
+    assert StepGraph.from_dict(graph.to_dict()).kernels == graph.kernels  # kept with the description
+
+
+def _sleepy_graph(counted: int) -> StepGraph:
+    """One convolution row of 2 calls, ``counted`` of which the description kept as a sleepy kernel."""
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward"],
+            "module": ["m"],
+            "op": ["aten.convolution"],
+            "family": ["convolution"],
+            "dtype": ["float32"],
+            "flops": [2e6],
+            "bytes": [0.0],
+            "calls": [2.0],
+            "zeros": [0.0],
+        }
+    )
+    call = kernels.signature("dnnperf_test.sleepy", [torch.randn(4)])
+    graph = StepGraph("sleepy", 1, ops, 0, {}, 0, 0, 0)
+    return dataclasses.replace(
+        graph, kernels=[{"call": call, "rows": [["m", "forward", "aten.convolution", counted]]}]
+    )
+
+
+def test_a_row_replayed_on_this_host_takes_the_replays_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))  # measured now, not taken from a cache
+    here = _machine(replay_device="cpu")
+    roofline = 2e6 / 1e12 + 2 * (1e-6 + 1e-3)  # FLOPs at peak, dispatch and the family's fixed cost
+    assert op_times(_sleepy_graph(2), _machine())["seconds"].iloc[0] == pytest.approx(roofline)
+    replayed = op_times(_sleepy_graph(2), here)["seconds"].iloc[0]
+    assert 2 * SLEEP_S <= replayed - 2 * 1e-6 < 2 * SLEEP_S + 0.006  # two sleeps and dispatch, no fixed cost
+    # Not every call kept (a shapes-only description, say): the roofline stands.
+    assert op_times(_sleepy_graph(1), here)["seconds"].iloc[0] == pytest.approx(roofline)
+    off = op_times(_sleepy_graph(2), here, ComputeOptions(replay_kernels=False))
+    assert off["seconds"].iloc[0] == pytest.approx(roofline)
+    # A what-if on speed is no longer this host.
+    assert (
+        here.with_axis("tflops", 2).replay_device == "" and here.with_axis("nodes", 2).replay_device == "cpu"
+    )
+    # Measured once: the second prediction reads the replay from the cache on disk.
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setattr(kernels, "time_call", lambda *a, **k: pytest.fail("replayed again"))
+    assert op_times(_sleepy_graph(2), here)["seconds"].iloc[0] == pytest.approx(replayed)
+
+
+@torch.library.custom_op("dnnperf_test::fresh", mutates_args=())
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    """Writes a fresh 64 MiB buffer (beyond glibc's largest mmap threshold: mapped anew every call)."""
+    return x + torch.ones(2**24)[: x.numel()].view_as(x)
+
+
+def test_a_replays_page_faults_are_counted_and_left_to_the_steps_own_count(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    call = kernels.signature("dnnperf_test.fresh", [torch.randn(4)])
+    replay = kernels.time_call(call, "cpu")
+    pages = 2**26 // 4096
+    assert pages / 512 <= replay.faults <= pages + 64  # 4 KiB pages, or 2 MiB ones where THP maps them
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setattr(kernels, "time_call", lambda *a, **k: replay)
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    kept = [{"call": call, "rows": [["m", "forward", "aten.convolution", 2]]}]
+    graph = dataclasses.replace(_sleepy_graph(2), kernels=kept)
+    fault_s = replay.seconds / replay.faults / 2  # the faults are half the replay's time
+    seconds = op_times(graph, _machine(replay_device="cpu", page_fault_s=fault_s))["seconds"].iloc[0]
+    assert seconds == pytest.approx(2 * replay.seconds / 2 + 2 * 1e-6)
