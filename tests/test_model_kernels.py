@@ -125,6 +125,14 @@ def test_a_row_replayed_on_this_host_takes_the_replays_time(
     monkeypatch.setattr(kernels, "_TIMED", {})
     monkeypatch.setattr(kernels, "time_call", lambda *a, **k: pytest.fail("replayed again"))
     assert op_times(_sleepy_graph(2), here)["seconds"].iloc[0] == pytest.approx(replayed)
+    # Re-measured where asked (validate's rounds): once within, not from the disk cache.
+    timed: list[kernels.Replay] = []
+    slower = kernels.Replay(0.5, 0.0)
+    monkeypatch.setattr(kernels, "time_call", lambda *a, **k: timed.append(slower) or slower)
+    with kernels.remeasured():
+        first = op_times(_sleepy_graph(2), here)["seconds"].iloc[0]
+        assert op_times(_sleepy_graph(2), here)["seconds"].iloc[0] == first == pytest.approx(2 * 0.5 + 2e-6)
+    assert len(timed) == 1
 
 
 @torch.library.custom_op("dnnperf_test::fresh", mutates_args=())

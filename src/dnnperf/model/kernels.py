@@ -30,7 +30,8 @@ import platform
 import resource
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -178,6 +179,25 @@ def time_call(call: Mapping[str, Any], device: torch.device | str = "cpu", repea
 
 #: In-process results, so that a sweep's thousand predictions read the disk cache once.
 _TIMED: dict[str, Replay] = {}
+#: Whether replays are measured again rather than read from the disk cache (see :func:`remeasured`).
+_REMEASURE = False
+
+
+@contextmanager
+def remeasured() -> Iterator[None]:
+    """Within: every replay is measured anew (once each), not read from the cache, and the cache
+    takes the new figures. ``dnnperf validate`` re-measures in every round of its runs, so that a
+    slow spell of the host lands in one round's replays, as in one round's runs, rather than in
+    every prediction."""
+    global _REMEASURE
+    previous = _REMEASURE
+    _REMEASURE = True
+    _TIMED.clear()
+    try:
+        yield
+    finally:
+        _REMEASURE = previous
+        _TIMED.clear()
 
 
 def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
@@ -190,7 +210,7 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     for call in calls:
         key = f"{host}/{call!r}"
         if key not in _TIMED:
-            cached = store.get(key)
+            cached = None if _REMEASURE else store.get(key)
             if (
                 isinstance(cached, list)
                 and len(cached) == 2

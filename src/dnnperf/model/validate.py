@@ -29,6 +29,7 @@ from dnnperf.model.calibrate import (
 )
 from dnnperf.model.compute import ComputeOptions, step_time
 from dnnperf.model.graph import describe_workload
+from dnnperf.model.kernels import remeasured
 from dnnperf.model.machine import Machine, from_profile
 
 #: The model (first) and its ablation: the two roofline terms summed or their max; per-call overhead
@@ -101,19 +102,25 @@ def validate_single(
     or 992 page faults a step, 3.7 to 5.0 ms, model/faults.py). The runs go in rounds, every
     configuration once per round, so that a slow spell of a shared host lands in one run of several
     configurations rather than in every run of one. ``measured_s`` is the median of the runs' median
-    steps; ``measured_min_s`` and ``measured_max_s`` their range."""
+    steps; ``measured_min_s`` and ``measured_max_s`` their range. The predictions are made once per
+    round too (a calibrated machine of this host replays its convolutions anew each round) and each
+    variant's is the median of its rounds'."""
     import os
     import sys
     import tempfile
 
     configurations = [(name, batch) for name in workloads for batch in batches]
-    predicted: dict[tuple[str, int], dict[str, float]] = {}
-    for name, batch in configurations:
-        graph = describe_workload(name, preset, batch, count_faults=True)
-        predicted[name, batch] = {v: step_time(graph, machines[v], o).total_s for v, o in VARIANTS.items()}
+    graphs = {(n, b): describe_workload(n, preset, b, count_faults=True) for n, b in configurations}
+    predictions: dict[tuple[str, int], dict[str, list[float]]] = {
+        c: {v: [] for v in VARIANTS} for c in configurations
+    }
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     medians: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
     for round_ in range(processes):
+        with remeasured():  # each round's own replays (model/kernels.py), like its own runs
+            for c in configurations:
+                for v, o in VARIANTS.items():
+                    predictions[c][v].append(step_time(graphs[c], machines[v], o).total_s)
         for name, batch in configurations:
             argv = [sys.executable, "-m", "dnnperf", "bench", name, "--preset", preset, "-b", str(batch)]
             argv += ["--steps", str(steps), "--warmup", "3", "--device", "cpu", "--json"]
@@ -124,11 +131,12 @@ def validate_single(
                 raise UsageError(f"{name} batch {batch}: the run failed: {last}")
             medians[name, batch].append(_median_step(done.stdout))
             if progress is not None:
-                model_ms = predicted[name, batch]["model"] * 1e3
+                model_ms = predictions[name, batch]["model"][-1] * 1e3
                 progress(
                     f"run {round_ + 1}/{processes}, {name} b{batch}: measured "
                     f"{medians[name, batch][-1] * 1e3:.2f} ms, predicted {model_ms:.2f} ms"
                 )
+    predicted = {c: {v: float(np.median(p)) for v, p in by.items()} for c, by in predictions.items()}
     rows = []
     for name, batch in configurations:
         runs = medians[name, batch]
