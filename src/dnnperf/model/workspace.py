@@ -72,3 +72,14 @@ def per_module(kernels: Sequence[Mapping[str, Any]], device: torch.device | str 
             if phase == "backward":
                 largest[module] = max(largest.get(module, 0), nbytes)
     return largest
+
+
+def double_backward_modules(kernels: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Modules a double backward ran through: a forward convolution called in backward is part of the
+    derivative of a convolution's backward (a gradient penalty's ``create_graph``)."""
+    return {
+        module
+        for kernel in kernels
+        for module, phase, op, _ in kernel["rows"]
+        if phase == "backward" and op == "aten.convolution"
+    }
