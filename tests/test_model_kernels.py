@@ -17,6 +17,7 @@ from dnnperf.model import kernels
 from dnnperf.model.compute import ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph, describe_model
 from dnnperf.model.machine import Machine
+from test_model_formulas import _machine as toy_machine
 
 SLEEP_S = 0.004
 
@@ -29,20 +30,8 @@ def _sleepy(x: torch.Tensor) -> torch.Tensor:
 
 
 def _machine(**changes: object) -> Machine:
-    base = dict(
-        name="toy",
-        peak_flops={"float32": 1e12},
-        memory_bandwidth=1e11,
-        memory_bytes=1e9,
-        link_bandwidth=1e9,
-        link_latency=1e-5,
-        intra_bandwidth=1e10,
-        intra_latency=1e-6,
-        dispatch_s=1e-6,
-        call_s={"convolution/forward": 1e-3},
-    )
-    base.update(changes)
-    return Machine(**base)  # type: ignore[arg-type]
+    """test_model_formulas' toy machine, with a convolution's fixed cost per call."""
+    return toy_machine(call_s={"convolution/forward": 1e-3}, **changes)
 
 
 def test_a_replay_measures_an_injected_delay() -> None:

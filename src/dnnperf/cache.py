@@ -34,11 +34,19 @@ class JsonCache:
     def get(self, key: str) -> Any:
         return self._load().get(key)
 
+    def entries(self) -> dict[str, Any]:
+        """Every key and value, read once (for a caller that looks up many)."""
+        return self._load()
+
     def put(self, key: str, value: Any) -> None:
+        self.put_many({key: value})
+
+    def put_many(self, values: dict[str, Any]) -> None:
+        """Several keys in one write."""
         from dnnperf.results.store import write_json_atomic
 
         data = self._load()
-        data[key] = value
+        data.update(values)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.path, data)

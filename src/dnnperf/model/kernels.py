@@ -25,6 +25,7 @@ cached per host, device, thread count and torch version.
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import resource
@@ -121,6 +122,7 @@ class KernelCalls:
         ]
 
 
+@functools.cache
 def flush_bytes(device: torch.device) -> int:
     """Bytes to write between timed calls (see the module doc): on a CPU four times its largest
     cache below the last level (L2), on a GPU twice its L2."""
@@ -206,23 +208,22 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
 
     store = JsonCache("kernel-times")
     host = f"{CACHE_VERSION}/{platform.node()}/{device}/{torch.get_num_threads()}/{torch.__version__}"
-    found: list[Replay] = []
-    for call in calls:
-        key = f"{host}/{call!r}"
-        if key not in _TIMED:
-            cached = None if _REMEASURE else store.get(key)
-            if (
-                isinstance(cached, list)
-                and len(cached) == 2
-                and all(isinstance(v, (int, float)) for v in cached)
-            ):
-                _TIMED[key] = Replay(float(cached[0]), float(cached[1]))
-            else:
-                _TIMED[key] = time_call(call, device)
-                if math.isfinite(_TIMED[key].seconds):
-                    store.put(key, list(_TIMED[key]))
-        found.append(_TIMED[key])
-    return found
+    keys = [(f"{host}/{call!r}", call) for call in calls]
+    stored = {} if _REMEASURE or all(k in _TIMED for k, _ in keys) else store.entries()
+    measured: dict[str, list[float]] = {}
+    for key, call in keys:
+        if key in _TIMED:
+            continue
+        cached = stored.get(key)
+        if isinstance(cached, list) and len(cached) == 2 and all(isinstance(v, (int, float)) for v in cached):
+            _TIMED[key] = Replay(float(cached[0]), float(cached[1]))
+        else:
+            _TIMED[key] = time_call(call, device)
+            if math.isfinite(_TIMED[key].seconds):
+                measured[key] = list(_TIMED[key])
+    if measured:
+        store.put_many(measured)  # one write for the lot
+    return [_TIMED[key] for key, _ in keys]
 
 
 def replayed_rows(
