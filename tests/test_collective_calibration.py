@@ -104,3 +104,52 @@ def test_timings_that_do_not_grow_with_size_give_no_fit_and_no_prediction() -> N
     from dnnperf.model.validate import collective_rows
 
     assert collective_rows(table) == []
+
+
+def test_gather_buffer_faults_follow_glibcs_mmap_threshold() -> None:
+    assert collectives.gather_buffer_faults(32 << 20) == 0  # reused from the heap
+    assert collectives.gather_buffer_faults((64 << 20) + 1) == 16385  # fresh pages, rounded up
+
+
+def test_the_fit_takes_counted_page_faults_off_and_the_prediction_adds_gloos_own() -> None:
+    """Known alpha and bandwidth, with a 64 MiB allgather's 16,384 faults injected at 2 us each: the fit
+    recovers the line, and the comparison predicts the faulted row exactly."""
+    alpha, bandwidth, gamma, fault_s = 150e-6, 1.3e9, 1 / 4e9, 2e-6
+    rows = _known(alpha, bandwidth, gamma)
+    rows["faults"] = [
+        collectives.gather_buffer_faults(n) if op == "allgather" else 0.0
+        for op, n in zip(rows["op"], rows["bytes"], strict=True)
+    ]
+    rows["median_s"] += rows["faults"] * fault_s
+    assert rows["faults"].max() == 16384
+    fit = cc.fit_op(rows, "allgather", 2, gamma, fault_s)
+    assert (fit["alpha"], fit["bandwidth"]) == pytest.approx((alpha, bandwidth), rel=1e-6)
+    table = cc.compare(rows, {"allgather": fit}, 2, fault_s)
+    assert table.dropna()["error"].abs().max() < 1e-9
+    # Without the faults taken off, the line bends: the fit no longer recovers the bandwidth.
+    bent = cc.fit_op(rows, "allgather", 2, gamma, 0.0)
+    assert bent["bandwidth"] < 0.95 * bandwidth
+
+
+def test_measure_counts_the_page_faults_of_gloos_allgather_buffer() -> None:
+    """getrusage's minor faults, counted per sample, against collectives.gather_buffer_faults: a 48 MiB
+    allgather maps its result afresh each call; an allreduce of the same buffer reduces in place (at
+    most its first calls' 2 MiB scratch segments fault, before glibc's threshold has risen)."""
+    n = 48 << 20
+    frame = cc.measure(2, sizes=(n,), rounds=2).set_index("op")
+    assert frame.loc["allgather", "faults"] == pytest.approx(collectives.gather_buffer_faults(n), rel=0.05)
+    assert frame.loc["allreduce", "faults"] < collectives.gather_buffer_faults(n) / 10
+
+
+def test_tensor_parallel_allgathers_pay_their_result_buffers_faults() -> None:
+    from types import SimpleNamespace
+
+    from dnnperf.model.predict import _tp_regions
+
+    region = {"kind": "column", "module": "fc", "count": 4, "input_bytes": 1000, "output_bytes": 64 << 20}
+    graph = SimpleNamespace(tp_regions=[region])
+    times = pd.DataFrame({"module": ["fc"]})
+    link = collectives.Link.of(1e-4, 1e9, 4e9, GLOO_SEGMENT)
+    _, without = _tp_regions(graph, times, 2, link, link, "ring", "toy")
+    _, priced = _tp_regions(graph, times, 2, link, link, "ring", "toy", fault_s=1e-6)
+    assert priced - without == pytest.approx(16384 * 1e-6)

@@ -11,8 +11,12 @@ and send/receive as point-to-point pipes), so :func:`fit_op` fits alpha (latency
 gloo's 1 MiB segments) and beta (seconds per byte sent) per operation, by least squares on relative
 error, from every other message size; gamma (seconds per byte reduced) comes from a local one-thread
 reduction (:func:`reduce_seconds_per_byte`), since with 2 ranks allreduce's beta and gamma terms both
-grow with the message and cannot be separated. :func:`compare` predicts every measured row, the
-sizes the fit never saw flagged, so the model is judged on messages it did not see.
+grow with the message and cannot be separated. Each sample also counts the rank's minor page faults:
+the fit takes them off at the host's page-fault cost (``calibrate.page_fault_cost``), and the
+prediction adds those gloo's allocations take (``collectives.gather_buffer_faults``: allgather's
+result above glibc's mmap threshold), so a 64 MiB allgather's 16 thousand faults do not bend the line.
+:func:`compare` predicts every measured row, the sizes the fit never saw flagged, so the model is
+judged on messages it did not see.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -39,6 +44,7 @@ import torch
 from dnnperf.distributed.netns import LinkShape, NetnsPair, burst_bytes
 from dnnperf.errors import DnnperfError
 from dnnperf.model import collectives
+from dnnperf.model.calibrate import page_fault_cost
 from dnnperf.model.machine import GLOO_SEGMENT
 
 #: 1 KiB to 64 MiB in powers of 4.
@@ -65,11 +71,13 @@ def _rank_main(
         buffers = {n: torch.ones(n // 4) for n in sizes}
         pieces = {n: [torch.empty(n // 4 // world) for _ in range(world)] for n in sizes}
         samples: dict[str, list[float]] = {}
+        faults: dict[str, list[int]] = {}
         order = [(op, n) for op in OPS for n in sizes]
         for round_ in range(rounds + 1):  # the first round warms every buffer and connection up
             random.Random(round_).shuffle(order)
             for op, n in order:
                 dist.barrier()
+                faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 started = time.perf_counter()
                 if op == "allreduce":
                     dist.all_reduce(buffers[n])
@@ -83,8 +91,10 @@ def _rank_main(
                     dist.recv(buffers[n], src=0)
                 if round_ > 0:
                     samples.setdefault(f"{op}/{n}", []).append(time.perf_counter() - started)
+                    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
+                    faults.setdefault(f"{op}/{n}", []).append(faulted)
         gathered: list[Any] = [None] * world
-        dist.gather_object(samples, gathered if rank == 0 else None, dst=0)
+        dist.gather_object({"seconds": samples, "faults": faults}, gathered if rank == 0 else None, dst=0)
         if rank == 0:
             Path(out_path).write_text(json.dumps(gathered), encoding="utf-8")
     finally:
@@ -98,7 +108,8 @@ def measure(
     timeout_s: float = 300.0,
     shape: LinkShape | None = None,
 ) -> pd.DataFrame:
-    """Median (and p10, p90) seconds per operation and size: one row each, the slowest rank per sample.
+    """Median (and p10, p90) seconds per operation and size: one row each, the slowest rank per sample;
+    ``faults``: the median over samples of the most minor page faults a rank took in it.
 
     The ranks are plain subprocesses (no multiprocessing helper outlives the call); a rank that fails
     or overruns ``timeout_s`` stops all of them, and the error names it. ``shape``: the 2 ranks in
@@ -155,9 +166,10 @@ def _measure(
                 process.wait()
         shutil.rmtree(scratch, ignore_errors=True)
     rows = []
-    for key in per_rank[0]:
+    for key in per_rank[0]["seconds"]:
         op, n = key.split("/")
-        slowest = np.max([rank[key] for rank in per_rank], axis=0)
+        slowest = np.max([rank["seconds"][key] for rank in per_rank], axis=0)
+        faults = np.max([rank["faults"][key] for rank in per_rank], axis=0)
         rows.append(
             {
                 "op": op,
@@ -165,17 +177,19 @@ def _measure(
                 "median_s": float(np.median(slowest)),
                 "p10_s": float(np.percentile(slowest, 10)),
                 "p90_s": float(np.percentile(slowest, 90)),
+                "faults": float(np.median(faults)),
             }
         )
     return pd.DataFrame(rows).sort_values(["op", "bytes"]).reset_index(drop=True)
 
 
-def predict_op(op: str, n: float, world: int, link: collectives.Link) -> float:
-    """The model's seconds for one measured operation (the same formulas ``predict`` uses)."""
+def predict_op(op: str, n: float, world: int, link: collectives.Link, page_fault_s: float = 0.0) -> float:
+    """The model's seconds for one measured operation (the same formulas ``predict`` uses), with the
+    page faults gloo's own allocations take at ``page_fault_s`` each."""
     if op == "allreduce":
         return collectives.allreduce(n, world, link, "ring")
     if op == "allgather":
-        return collectives.allgather(n, world, link)
+        return collectives.allgather(n, world, link) + collectives.gather_buffer_faults(n) * page_fault_s
     if op == "broadcast":
         return collectives.broadcast(n, world, link)
     if op == "send_recv":
@@ -213,12 +227,17 @@ def _basis(op: str, n: float, world: int) -> np.ndarray:
     )
 
 
-def fit_op(rows: pd.DataFrame, op: str, world: int, gamma: float) -> dict[str, float] | None:
+def fit_op(
+    rows: pd.DataFrame, op: str, world: int, gamma: float, page_fault_s: float = 0.0
+) -> dict[str, float] | None:
     """Alpha (s) and bandwidth (bytes/s) of one operation, gamma given, minimising the relative error
-    of its rows (each size weighs alike); an alpha the fit would make negative is held at zero. None
-    when the timings give no positive bandwidth term (too noisy to say how time grows with size): the
+    of its rows (each size weighs alike) once their counted page faults (a ``faults`` column) are taken
+    off at ``page_fault_s``; an alpha the fit would make negative is held at zero. None when the
+    timings give no positive bandwidth term (too noisy to say how time grows with size): the
     operation then keeps the machine's default link."""
     mine = rows[rows["op"] == op]
+    if "faults" in mine:
+        mine = mine.assign(median_s=mine["median_s"] - mine["faults"] * page_fault_s)
     reduced = np.array(
         [
             predict_op(op, r.bytes, world, collectives.Link(0.0, 0.0, gamma, GLOO_SEGMENT))
@@ -241,9 +260,11 @@ def held_out(sizes: Sequence[int]) -> set[int]:
     return set(sorted(sizes)[1::2])
 
 
-def compare(frame: pd.DataFrame, links: dict[str, dict[str, float]], world: int) -> pd.DataFrame:
-    """Every measured row with its operation's prediction and the relative error (NaN for an
-    operation without a fit)."""
+def compare(
+    frame: pd.DataFrame, links: dict[str, dict[str, float]], world: int, page_fault_s: float = 0.0
+) -> pd.DataFrame:
+    """Every measured row with its operation's prediction (page faults at ``page_fault_s`` each) and
+    the relative error (NaN for an operation without a fit)."""
     out = frame.copy()
     predicted = []
     for r in frame.itertuples():
@@ -252,7 +273,7 @@ def compare(frame: pd.DataFrame, links: dict[str, dict[str, float]], world: int)
             predicted.append(float("nan"))
             continue
         link = collectives.Link.of(fit["alpha"], fit["bandwidth"], fit["reduce_bandwidth"], GLOO_SEGMENT)
-        predicted.append(predict_op(r.op, r.bytes, world, link))
+        predicted.append(predict_op(r.op, r.bytes, world, link, page_fault_s))
     out["predicted_s"] = predicted
     out["error"] = out["predicted_s"] / out["median_s"] - 1
     out["held_out"] = out["bytes"].isin(held_out(frame["bytes"].unique()))
@@ -264,12 +285,12 @@ def calibrate(world: int = 2, rounds: int = ROUNDS) -> tuple[dict[str, Any], pd.
 
     Returns the link for ``machine.from_profile`` (the allreduce fit as the machine's link, every
     operation's own fit under ``ops``) and the comparison table."""
-    gamma = reduce_seconds_per_byte()
+    gamma, fault = reduce_seconds_per_byte(), page_fault_cost()
     frame = measure(world, rounds=rounds)
     fitted_on = frame[~frame["bytes"].isin(held_out(frame["bytes"].unique()))]
-    fits = {op: fit_op(fitted_on, op, world, gamma) for op in frame["op"].unique()}
+    fits = {op: fit_op(fitted_on, op, world, gamma, fault) for op in frame["op"].unique()}
     ops = {op: fit for op, fit in fits.items() if fit is not None}
-    table = compare(frame, ops, world)
+    table = compare(frame, ops, world, fault)
     link: dict[str, Any] = {
         **ops.get("allreduce", {}),
         "ops": ops,
@@ -305,16 +326,16 @@ def shaped_fits(mbit: float | None, rounds: int = SHAPED_ROUNDS) -> dict[str, di
     bursts or more (``shaped_sizes``): the bucket lets a burst through at once, so smaller messages
     outrun the rate (allgather of 64 KiB at 26.6 MB/s over 100 Mbit/s) and say little of it. Root
     only."""
-    gamma = reduce_seconds_per_byte()
+    gamma, fault = reduce_seconds_per_byte(), page_fault_cost()
     sizes, smallest = shaped_sizes(mbit)
     frame = measure(2, sizes, rounds, timeout_s=600.0, shape=LinkShape(mbit))
     frame = frame[frame["bytes"] >= smallest]
-    fits = {op: fit_op(frame, op, 2, gamma) for op in frame["op"].unique()}
+    fits = {op: fit_op(frame, op, 2, gamma, fault) for op in frame["op"].unique()}
     return {op: fit for op, fit in fits.items() if fit is not None}
 
 
 def cache_key() -> str:
-    return f"gloo_link/{platform.node()}/{os.cpu_count()}/{torch.__version__}/rounds-{ROUNDS}"
+    return f"gloo_link-2/{platform.node()}/{os.cpu_count()}/{torch.__version__}/rounds-{ROUNDS}"
 
 
 def link_calibration(refresh: bool = False) -> dict[str, Any]:

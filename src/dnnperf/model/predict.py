@@ -318,15 +318,19 @@ def predict(
     graph = _graph_for(source, preset, batch_size, exact, faults)
     times = op_times(graph, machine, options)
     gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
+    # CPU ranks: gloo's all-gather allocates its result, fresh pages above glibc's mmap threshold.
+    fault_s = machine.page_fault_s if machine.comm_on_compute_cores else 0.0
     if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)
-        split, comm = _tp_regions(graph, times, ways, gather_link, reduce_link, algorithm, name)
+        split, comm = _tp_regions(graph, times, ways, gather_link, reduce_link, algorithm, name, fault_s)
     else:  # a description without it: every compute module by output channel, gathered
         split = set(strategies.split_modules(times))
         comm = 0.0
         for module in split:
             in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
-            comm += collectives.allgather(out_bytes, ways, gather_link) + collectives.allreduce(
-                in_bytes, ways, reduce_link, algorithm
+            comm += (
+                collectives.allgather(out_bytes, ways, gather_link)
+                + collectives.gather_buffer_faults(out_bytes) * fault_s
+                + collectives.allreduce(in_bytes, ways, reduce_link, algorithm)
             )
     if not split:
         raise UsageError(
@@ -357,11 +361,13 @@ def _tp_regions(
     reduce_link: collectives.Link,
     algorithm: str,
     name: str,
+    fault_s: float = 0.0,
 ) -> tuple[set[str], float]:
     """The modules split and the collectives' seconds, region by region as the implementation splits:
     Megatron's attention and MLP blocks (an all-reduce of the block's output in forward, of its input
     gradient in backward), or a layer split by output channel (an all-gather of its output, an
-    all-reduce of its input gradient); a layer whose channels do not divide stays whole."""
+    all-reduce of its input gradient); a layer whose channels do not divide stays whole. ``fault_s``:
+    the cost of each page fault of an all-gather's result buffer (collectives.gather_buffer_faults)."""
     modules = set(times["module"])
     split: set[str] = set()
     comm = 0.0
@@ -378,7 +384,12 @@ def _tp_regions(
         split |= {m for m in modules if m == region["module"] or m.startswith(prefix)}
         backward = collectives.allreduce(region["input_bytes"], ways, reduce_link, algorithm)
         if region["kind"] == "column":
-            comm += collectives.allgather(region["output_bytes"], ways, gather_link) + backward
+            gathered = region["output_bytes"]
+            comm += (
+                collectives.allgather(gathered, ways, gather_link)
+                + collectives.gather_buffer_faults(gathered) * fault_s
+                + backward
+            )
         else:
             comm += collectives.allreduce(region["output_bytes"], ways, reduce_link, algorithm) + backward
     return split, comm
