@@ -153,3 +153,15 @@ def test_tensor_parallel_allgathers_pay_their_result_buffers_faults() -> None:
     _, without = _tp_regions(graph, times, 2, link, link, "ring", "toy")
     _, priced = _tp_regions(graph, times, 2, link, link, "ring", "toy", fault_s=1e-6)
     assert priced - without == pytest.approx(16384 * 1e-6)
+
+
+@pytest.mark.parametrize("mbit", [None, 100.0, 1000.0, 10000.0])
+def test_shaped_link_sizes_reach_ddps_buckets_and_skip_what_the_burst_hides(mbit: float | None) -> None:
+    from dnnperf.distributed.netns import burst_bytes
+
+    sizes, smallest = cc.shaped_sizes(mbit)
+    assert sizes[0] == 1024 and sizes == tuple(1024 * 4**i for i in range(len(sizes)))
+    assert sizes[-1] >= 16 << 20  # DDP's buckets (25 MiB caps) are in the range the fit sees
+    if mbit is not None:
+        assert smallest == 8 * burst_bytes(mbit) and sizes[-1] >= 32 * burst_bytes(mbit)
+        assert sum(n >= smallest for n in sizes) >= 2  # a line needs two sizes

@@ -306,14 +306,18 @@ SHAPED_ROUNDS = 7
 
 
 def shaped_sizes(mbit: float | None) -> tuple[tuple[int, ...], int]:
-    """Sizes to time over a link shaped to ``mbit`` (powers of 4 from 1 KiB to at least 4 MiB and 32
+    """Sizes to time over a link shaped to ``mbit`` (powers of 4 from 1 KiB to at least 16 MiB and 32
     token-bucket bursts) and the smallest the fit takes: 8 bursts (1 MiB at 100 Mbit/s, 4 MiB at 1
-    Gbit/s), where the burst the bucket lets through at once is at most an eighth of the message."""
+    Gbit/s), where the burst the bucket lets through at once is at most an eighth of the message.
+
+    16 MiB because DDP's buckets reach 25 MiB, and over a shaped veth a ring allreduce's rate falls
+    with size (100 Mbit/s: 11.65, 11.54 and 11.28 MB/s on the wire at 1, 4 and 16 MiB, 2026-11-25),
+    so a fit that stopped at 4 MiB put gpt2's 17 MB bucket 5% short."""
     if mbit is None:
-        return tuple(1024 * 4**i for i in range(7)), 0
+        return tuple(1024 * 4**i for i in range(8)), 0
     burst = burst_bytes(mbit)
     sizes = [1024]
-    while sizes[-1] < max(4 << 20, 32 * burst):
+    while sizes[-1] < max(16 << 20, 32 * burst):
         sizes.append(sizes[-1] * 4)
     return tuple(sizes), 8 * burst
 
