@@ -336,3 +336,65 @@ def test_a_rank_launching_late_shows_as_skew_on_its_peer_not_in_the_allreduce(tm
         estimated = report["estimated"]
         assert estimated["shared"] is False
         assert estimated["offsets"][1] - estimated["offsets"][0] == pytest.approx(shift, abs=0.02)
+
+
+BUCKETS_WORKER = """
+import json, sys
+import torch, torch.distributed as dist
+from dnnperf.data.sources import MemorySource
+from dnnperf.distributed import ddp
+from dnnperf.distributed.worker import ShardSource
+from dnnperf.workloads import get_workload
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+cap = None if sys.argv[1] == "default" else float(sys.argv[1])
+w = get_workload("alexnet")
+torch.manual_seed(0)
+task = ddp.DataParallelTask(w.build("tiny", "cpu"), "alexnet", torch.device("cpu"), cap)
+source = ShardSource(MemorySource(w.data("tiny"), 4, seed=0), rank, world)
+sizes = []
+for _ in range(3):  # DDP rebuilds its buckets in gradient-ready order after the first step
+    task.step(next(source))
+    sizes.append([b["bytes"] for b in task.timer.take_step()])
+open(f"{sys.argv[2]}.{rank}", "w").write(json.dumps(sizes))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("cap", ["default", "25"])
+def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
+    """The performance model buckets gradients as DDP does by default (a 1 MiB first bucket, then 25
+    MiB, in gradient-ready order): alexnet `tiny` (3.1 MiB of parameters) after DDP's rebuild, against
+    ``strategies.gradient_buckets`` on its description. A cap given explicitly (even DDP's own 25)
+    drops the small first bucket, so dnnperf passes one only when the user asks."""
+    from dnnperf.model import strategies
+    from dnnperf.model.compute import op_times
+    from dnnperf.model.machine import preset
+    from dnnperf.model.predict import _graph_for
+
+    script = tmp_path / "buckets_worker.py"
+    script.write_text(BUCKETS_WORKER)
+    out = tmp_path / "sizes"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+    result = subprocess.run(
+        [*argv, str(script), cap, str(out)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    measured = json.loads(Path(f"{out}.0").read_text())
+    assert measured[1] == measured[2]  # settled after the rebuild
+    graph = _graph_for("alexnet", "tiny", 2, True)
+    _, predicted, _ = strategies.gradient_buckets(
+        op_times(graph, preset("a100-eth")), graph.module_param_bytes
+    )
+    assert (
+        sum(measured[2])
+        == sum(predicted)
+        == 4 * sum(p.numel() for p in get_workload("alexnet").build("tiny", "cpu").model.parameters())
+    )
+    if cap == "default":
+        assert measured[2] == predicted and len(predicted) >= 2 and predicted[0] >= 1 << 20
+    else:
+        assert measured[2] == [sum(predicted)]  # one bucket: the first is no longer small

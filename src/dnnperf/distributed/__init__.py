@@ -33,7 +33,9 @@ class DistributedSettings:
     #: Intra-op threads per rank; None: one when several ranks share the machine, else torch's default.
     rank_threads: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
-    bucket_cap_mb: float = 25.0
+    #: DDP's bucket cap in MiB; None: DDP's own default (25 MiB, and 1 MiB for the first bucket, which
+    #: DDP drops whenever a cap is given, even 25).
+    bucket_cap_mb: float | None = None
     #: Each rank in its own network namespace, joined by a veth pair shaped with tc (root only).
     netns: bool = False
     link_mbit: float | None = None

@@ -44,7 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds without progress after which a hung run is stopped ({DEFAULT_TIMEOUT_S:g})",
     )
-    group.add_argument("--bucket-cap-mb", type=_positive_float, default=25.0, help="dp bucket size (25)")
+    group.add_argument(
+        "--bucket-cap-mb",
+        type=_positive_float,
+        help="dp bucket size in MiB (default: DDP's own: 25, the first bucket 1)",
+    )
     group.add_argument("--netns", action="store_true", help="each rank in its own network namespace (root)")
     group.add_argument("--link-mbit", type=_positive_float, help="--netns: link bandwidth in Mbit/s")
     group.add_argument("--link-delay-ms", type=_non_negative_float, default=0.0, help="--netns: link delay")

@@ -257,14 +257,17 @@ class DataParallelTask(Task):
     """A supervised task whose model is wrapped in DDP: forward, backward (with the overlapped
     allreduces), exchange (the exposed rest), update. Every rank steps on its own shard."""
 
-    def __init__(self, task: Task, workload: str, device: torch.device, bucket_cap_mb: float = 25.0) -> None:
+    def __init__(
+        self, task: Task, workload: str, device: torch.device, bucket_cap_mb: float | None = None
+    ) -> None:
         require_supervised(task, workload)
         self.inner = task
         self.module = task.model
         self.model = DistributedDataParallel(
             task.model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=bucket_cap_mb,
+            # Only a cap the user gave: DDP keeps its 1 MiB first bucket only when none is passed.
+            **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}),
         )
         self.timer = BucketTimer(device)
         self.model.register_comm_hook(None, self.timer.hook)
