@@ -371,8 +371,8 @@ def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
     drops the small first bucket, so dnnperf passes one only when the user asks."""
     from dnnperf.model import strategies
     from dnnperf.model.compute import op_times
+    from dnnperf.model.graph import workload_graph
     from dnnperf.model.machine import preset
-    from dnnperf.model.predict import _graph_for
 
     script = tmp_path / "buckets_worker.py"
     script.write_text(BUCKETS_WORKER)
@@ -385,7 +385,7 @@ def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     measured = json.loads(Path(f"{out}.0").read_text())
     assert measured[1] == measured[2]  # settled after the rebuild
-    graph = _graph_for("alexnet", "tiny", 2, True)
+    graph = workload_graph("alexnet", "tiny", 2)
     _, predicted, _ = strategies.gradient_buckets(
         op_times(graph, preset("a100-eth")), graph.module_param_bytes
     )

@@ -77,7 +77,7 @@ def _rank_main(
             random.Random(round_).shuffle(order)
             for op, n in order:
                 dist.barrier()
-                faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 started = time.perf_counter()
                 if op == "allreduce":
                     dist.all_reduce(buffers[n])
@@ -91,7 +91,7 @@ def _rank_main(
                     dist.recv(buffers[n], src=0)
                 if round_ > 0:
                     samples.setdefault(f"{op}/{n}", []).append(time.perf_counter() - started)
-                    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
+                    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
                     faults.setdefault(f"{op}/{n}", []).append(faulted)
         gathered: list[Any] = [None] * world
         dist.gather_object({"seconds": samples, "faults": faults}, gathered if rank == 0 else None, dst=0)
@@ -183,13 +183,12 @@ def _measure(
     return pd.DataFrame(rows).sort_values(["op", "bytes"]).reset_index(drop=True)
 
 
-def predict_op(op: str, n: float, world: int, link: collectives.Link, page_fault_s: float = 0.0) -> float:
-    """The model's seconds for one measured operation (the same formulas ``predict`` uses), with the
-    page faults gloo's own allocations take at ``page_fault_s`` each."""
+def predict_op(op: str, n: float, world: int, link: collectives.Link) -> float:
+    """The model's seconds for one measured operation (the same formulas ``predict`` uses)."""
     if op == "allreduce":
         return collectives.allreduce(n, world, link, "ring")
     if op == "allgather":
-        return collectives.allgather(n, world, link) + collectives.gather_buffer_faults(n) * page_fault_s
+        return collectives.allgather(n, world, link)
     if op == "broadcast":
         return collectives.broadcast(n, world, link)
     if op == "send_recv":
@@ -272,8 +271,10 @@ def compare(
         if fit is None:
             predicted.append(float("nan"))
             continue
-        link = collectives.Link.of(fit["alpha"], fit["bandwidth"], fit["reduce_bandwidth"], GLOO_SEGMENT)
-        predicted.append(predict_op(r.op, r.bytes, world, link, page_fault_s))
+        link = collectives.Link.of(
+            fit["alpha"], fit["bandwidth"], fit["reduce_bandwidth"], GLOO_SEGMENT, page_fault_s
+        )
+        predicted.append(predict_op(r.op, r.bytes, world, link))
     out["predicted_s"] = predicted
     out["error"] = out["predicted_s"] / out["median_s"] - 1
     out["held_out"] = out["bytes"].isin(held_out(frame["bytes"].unique()))

@@ -19,7 +19,7 @@ log2 is rounded up for p not a power of two. A backend that cuts messages into s
 by ``ceil(chunk / segment_bytes)`` where the chunk is what one step sends.
 
 On CPU, gloo's list all-gather also allocates the gathered result each call (:func:`gather_buffer_faults`):
-above glibc's largest mmap threshold those are fresh pages, each a page fault the machine prices.
+above glibc's largest mmap threshold those are fresh pages, each costing the link's ``fault_s``.
 """
 
 from __future__ import annotations
@@ -38,13 +38,21 @@ class Link:
     beta: float  # seconds per byte
     gamma: float = 0.0  # seconds per byte reduced
     segment_bytes: int = 0  # 0: messages go in one piece
+    #: Seconds per page fault of a buffer the backend allocates per call (gloo on CPU: all-gather's
+    #: result, :func:`gather_buffer_faults`); 0: none paid (NCCL's caching allocator keeps its memory).
+    fault_s: float = 0.0
 
     @classmethod
     def of(
-        cls, latency: float, bandwidth: float, reduce_bandwidth: float = 0.0, segment_bytes: int = 0
+        cls,
+        latency: float,
+        bandwidth: float,
+        reduce_bandwidth: float = 0.0,
+        segment_bytes: int = 0,
+        fault_s: float = 0.0,
     ) -> Link:
         gamma = 1.0 / reduce_bandwidth if reduce_bandwidth > 0 else 0.0
-        return cls(latency, 1.0 / bandwidth, gamma, segment_bytes)
+        return cls(latency, 1.0 / bandwidth, gamma, segment_bytes, fault_s)
 
     def messages(self, chunk: float) -> float:
         """Messages one step of ``chunk`` bytes costs (1 without segmentation)."""
@@ -85,11 +93,13 @@ def allreduce(n: float, p: int, link: Link, algorithm: str = "ring") -> float:
 
 
 def allgather(n: float, p: int, link: Link) -> float:
-    """Ring allgather whose result is ``n`` bytes (each rank contributes n/p)."""
+    """Ring allgather whose result is ``n`` bytes (each rank contributes n/p), with the page faults of
+    the result's buffer at ``link.fault_s``."""
     _check(n, p)
     if p == 1 or n == 0:
         return 0.0
-    return (p - 1) * link.alpha * link.messages(n / p) + (p - 1) / p * n * link.beta
+    wire = (p - 1) * link.alpha * link.messages(n / p) + (p - 1) / p * n * link.beta
+    return wire + gather_buffer_faults(n) * link.fault_s
 
 
 #: glibc serves a heap allocation larger than this from fresh mmap pages every time: its dynamic mmap

@@ -173,19 +173,23 @@ def memory_estimate(
 def _link(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = False) -> collectives.Link:
     """The slowest link ``ranks`` consecutive devices span; inside a node, the backend's own fit of
     ``op`` where the machine was calibrated with one. ``cpu``: the fit's CPU cost, as on an unshaped
-    link (Machine.comm_on_compute_cores)."""
+    link (Machine.comm_on_compute_cores). CPU ranks (gloo) pay the machine's page-fault cost for the
+    buffers the backend allocates per call."""
     inside = ranks <= machine.devices_per_node
     fit = machine.collectives.get(op) if inside else None
+    fault_s = machine.page_fault_s if machine.comm_on_compute_cores else 0.0
     if fit is not None:
         alpha, bandwidth = fit.get("alpha", 0.0), fit["bandwidth"]
         if cpu:
             alpha, bandwidth = fit.get("cpu_alpha", alpha), fit.get("cpu_bandwidth", bandwidth)
-        return collectives.Link.of(alpha, bandwidth, fit.get("reduce_bandwidth", 0.0), machine.segment_bytes)
+        reduce = fit.get("reduce_bandwidth", 0.0)
+        return collectives.Link.of(alpha, bandwidth, reduce, machine.segment_bytes, fault_s)
     return collectives.Link.of(
         machine.intra_latency if inside else machine.link_latency,
         machine.intra_bandwidth if inside else machine.link_bandwidth,
         machine.reduce_bandwidth,
         machine.segment_bytes,
+        fault_s,
     )
 
 
@@ -318,19 +322,15 @@ def predict(
     graph = _graph_for(source, preset, batch_size, exact, faults)
     times = op_times(graph, machine, options)
     gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
-    # CPU ranks: gloo's all-gather allocates its result, fresh pages above glibc's mmap threshold.
-    fault_s = machine.page_fault_s if machine.comm_on_compute_cores else 0.0
     if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)
-        split, comm = _tp_regions(graph, times, ways, gather_link, reduce_link, algorithm, name, fault_s)
+        split, comm = _tp_regions(graph, times, ways, gather_link, reduce_link, algorithm, name)
     else:  # a description without it: every compute module by output channel, gathered
         split = set(strategies.split_modules(times))
         comm = 0.0
         for module in split:
             in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
-            comm += (
-                collectives.allgather(out_bytes, ways, gather_link)
-                + collectives.gather_buffer_faults(out_bytes) * fault_s
-                + collectives.allreduce(in_bytes, ways, reduce_link, algorithm)
+            comm += collectives.allgather(out_bytes, ways, gather_link) + collectives.allreduce(
+                in_bytes, ways, reduce_link, algorithm
             )
     if not split:
         raise UsageError(
@@ -361,13 +361,11 @@ def _tp_regions(
     reduce_link: collectives.Link,
     algorithm: str,
     name: str,
-    fault_s: float = 0.0,
 ) -> tuple[set[str], float]:
     """The modules split and the collectives' seconds, region by region as the implementation splits:
     Megatron's attention and MLP blocks (an all-reduce of the block's output in forward, of its input
     gradient in backward), or a layer split by output channel (an all-gather of its output, an
-    all-reduce of its input gradient); a layer whose channels do not divide stays whole. ``fault_s``:
-    the cost of each page fault of an all-gather's result buffer (collectives.gather_buffer_faults)."""
+    all-reduce of its input gradient); a layer whose channels do not divide stays whole."""
     modules = set(times["module"])
     split: set[str] = set()
     comm = 0.0
@@ -384,12 +382,7 @@ def _tp_regions(
         split |= {m for m in modules if m == region["module"] or m.startswith(prefix)}
         backward = collectives.allreduce(region["input_bytes"], ways, reduce_link, algorithm)
         if region["kind"] == "column":
-            gathered = region["output_bytes"]
-            comm += (
-                collectives.allgather(gathered, ways, gather_link)
-                + collectives.gather_buffer_faults(gathered) * fault_s
-                + backward
-            )
+            comm += collectives.allgather(region["output_bytes"], ways, gather_link) + backward
         else:
             comm += collectives.allreduce(region["output_bytes"], ways, reduce_link, algorithm) + backward
     return split, comm
