@@ -257,3 +257,39 @@ def test_the_zero_operand_calibration_finds_an_injected_slow_path(monkeypatch) -
     found = calibrate.measure_zero_operand_cost(elements=1000, repeats=5)
     assert set(found) == {"fake.slow"}
     assert found["fake.slow"] * 1000 == pytest.approx(2e-3, rel=0.25)
+
+
+@pytest.mark.parametrize(
+    ("workload", "stages"), [("vgg16", 2), ("resnet18", 2), ("gpt2", 2), ("resnet50", 4)]
+)
+def test_a_suite_workload_is_cut_where_dnnperfs_pipeline_cuts_it(workload: str, stages: int) -> None:
+    """The stages the model predicts hold the parameters of the stages ``pipeline_task`` builds: its
+    layers (GPT-2's embedding a wrapper of three modules, VGG's Flatten made for the cut) balanced by
+    forward FLOPs. Before, the model cut between top-level children: VGG's whole ``features`` on one
+    stage, where the pipeline splits it."""
+    import itertools
+
+    from dnnperf.distributed.partition import balance, layer_costs, pipeline_split
+    from dnnperf.model.graph import workload_graph
+    from dnnperf.workloads import get_workload
+
+    torch.manual_seed(0)
+    model = get_workload(workload).build("tiny").model
+    split = pipeline_split(workload)
+    layers = split.layers(model)
+    shape, dtype = split.sample(model)
+    starts = [*balance(layer_costs(layers, torch.zeros(shape, dtype=dtype)), stages), len(layers)]
+
+    def param_bytes(modules: list[nn.Module]) -> int:
+        unique = {id(p): p for m in modules for p in m.parameters()}
+        return sum(p.numel() * p.element_size() for p in unique.values())
+
+    built = [param_bytes([m for _, m in layers[a:b]]) for a, b in itertools.pairwise(starts)]
+
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=stages)
+    predicted = predict(workload, machine, 4 * stages, "pp", preset="tiny", micro_batches=stages)
+    graph = workload_graph(workload, "tiny", 4)
+    bounds = [*predicted.detail["stage_starts"], len(graph.layers)]
+    modelled = [sum(x.param_bytes for x in graph.layers[a:b]) for a, b in itertools.pairwise(bounds)]
+    assert modelled == built
+    assert len(set(built)) == stages  # the stages differ: a wrong cut could not match by chance

@@ -43,7 +43,7 @@ _NUMBERS = ("flops", "bytes", "calls", "zeros")
 
 @dataclass
 class Layer:
-    """A direct child of the model, in the order its forward first ran."""
+    """A pipeline unit (``pipeline_units``), in the order its forward first ran."""
 
     name: str
     param_bytes: int
@@ -113,6 +113,11 @@ class StepGraph:
     #: output projection): bytes and the layers holding them. Pipeline stages that share one sum its
     #: gradient with an all-reduce every step (distributed/pipeline.py). Empty in older descriptions.
     shared_params: list[dict[str, Any]] = field(default_factory=list)
+    #: For a suite workload that ``--strategy pp`` can cut: its pipeline layers in order
+    #: (``distributed.partition.pipeline_split``), each with the first unit of ``layers`` it starts at
+    #: and the forward cost it is balanced by (``layer_costs``), so that a prediction cuts the stages
+    #: where dnnperf's pipeline does. Empty for a user's model and in older descriptions.
+    pipeline_layers: list[dict[str, Any]] = field(default_factory=list)
     #: The step's distinct convolution calls as plain data, each with the rows that made it and how
     #: often (model/kernels.py): replayed for workspace and, on this host, for time. Empty in older
     #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
@@ -215,15 +220,45 @@ def _nbytes(value: Any) -> int:
 
 
 def pipeline_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's top-level children as the units a pipeline cuts between; a container that is never
-    called itself (ModuleList, ModuleDict: GPT-2's ``blocks``) stands for its children."""
+    """The units a pipeline cuts between: the model's top-level children, a container opened into its
+    children (``nn.Sequential``: a ResNet's stages, a VGG's features; ``nn.ModuleList`` and
+    ``nn.ModuleDict``, never called themselves: GPT-2's ``blocks``), so that every cut dnnperf's
+    pipeline makes (``distributed.partition``) falls between two units."""
     units = []
     for name, child in model.named_children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+        if isinstance(child, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) and any(
+            True for _ in child.children()
+        ):
             units += [(f"{name}.{inner}", c) for inner, c in child.named_children()]
         else:
             units.append((name, child))
     return units
+
+
+def pipeline_layers(workload: str, model: nn.Module) -> list[dict[str, Any]]:
+    """``StepGraph.pipeline_layers`` of a suite workload's model ([] where pp cannot cut it)."""
+    from dnnperf.distributed.partition import PIPELINE_SPLITS, layer_costs
+
+    split = PIPELINE_SPLITS.get(workload)
+    if split is None:
+        return []
+    layers = split.layers(model)
+    shape, dtype = split.sample(model)
+    costs = layer_costs(layers, torch.zeros(shape, dtype=dtype, device="meta"))
+    unit_of = {}  # module -> the unit it is, or lies in
+    for unit, module in pipeline_units(model):
+        for inner in module.modules():
+            unit_of.setdefault(id(inner), unit)
+    # A layer's first unit: its own module's, or (a wrapper: GPT-2's embedding) its first child's;
+    # None for a module made for the cut (VGG's Flatten), which lies between two units.
+    return [
+        {
+            "layer": name,
+            "unit": next((unit_of[id(m)] for m in layer.modules() if id(m) in unit_of), None),
+            "cost": cost,
+        }
+        for (name, layer), cost in zip(layers, costs, strict=True)
+    ]
 
 
 def _storage(tensor: torch.Tensor) -> tuple[Any, int]:
@@ -617,7 +652,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-18"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-19"],
         sort_keys=True,
         default=str,
     )
@@ -672,6 +707,7 @@ def describe_workload(
             f"{spec.name} ({preset}) cannot train at a batch of {batch_size} per device "
             f"(micro-batch, with pp): {first}"
         ) from None
+    graph.pipeline_layers = pipeline_layers(spec.name, task.model)
     if count_faults:
         graph.page_faults = workload_faults(spec.name, preset, batch_size)
     store.put(key, graph.to_dict())

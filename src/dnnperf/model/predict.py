@@ -61,6 +61,19 @@ class Prediction:
         return {**asdict(self), "step_s": self.step_s, "throughput": self.throughput, "fits": self.fits}
 
 
+def _pipeline_starts(graph: StepGraph, names: list[str], seconds: np.ndarray, stages: int) -> list[int]:
+    """Each stage's first unit: where dnnperf's pipeline cuts a suite workload (its layers balanced by
+    forward cost, ``distributed.pipeline.pipeline_task``), else (a user's model) the cut that balances
+    the predicted seconds."""
+    if not graph.pipeline_layers:
+        return strategies.partition(seconds, stages)
+    layers = graph.pipeline_layers
+    starts = strategies.partition([layer["cost"] for layer in layers], stages)
+    # A stage that starts at a layer made for the cut (no unit of its own) starts at the next unit.
+    units = [next(x["unit"] for x in layers[i:] if x["unit"] is not None) for i in starts]
+    return [names.index(unit) for unit in units]
+
+
 def _graph_for(
     source: str | StepGraph, preset: str, batch: int, exact: bool, count_faults: bool = False
 ) -> StepGraph:
@@ -276,7 +289,7 @@ def predict(
         if stages < 2:
             raise UsageError("pipeline parallelism needs at least 2 devices (use --nodes or a larger node)")
         costs = strategies.layer_seconds(times, names)
-        starts = strategies.partition(costs, stages)
+        starts = _pipeline_starts(graph, names, costs, stages)
         bounds = [*starts, len(names)]
         stage_s = [float(costs[a:b].sum()) for a, b in itertools.pairwise(bounds)]
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dnnperf.distributed.partition import balance
 from dnnperf.errors import UsageError
 from dnnperf.model.compute import COMPUTE_FAMILIES
 
@@ -78,25 +79,12 @@ def layer_seconds(times: pd.DataFrame, layers: Sequence[str]) -> np.ndarray:
 
 def partition(costs: Sequence[float], stages: int) -> list[int]:
     """Contiguous cut of ``costs`` into ``stages`` non-empty parts minimising the largest sum; returns
-    each stage's first index. UsageError when there are fewer items than stages."""
+    each stage's first index (``partition.balance``, the cut dnnperf's pipeline makes). UsageError
+    when there are fewer items than stages."""
     n = len(costs)
     if stages > n:
         raise UsageError(f"pipeline with {stages} stages needs at least {stages} layers; the model has {n}")
-    prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    best = np.full((stages + 1, n + 1), np.inf)
-    cut = np.zeros((stages + 1, n + 1), dtype=int)
-    best[0, 0] = 0.0
-    for s in range(1, stages + 1):
-        for j in range(s, n + 1):
-            for i in range(s - 1, j):
-                value = max(best[s - 1, i], prefix[j] - prefix[i])
-                if value < best[s, j]:
-                    best[s, j], cut[s, j] = value, i
-    starts, j = [], n
-    for s in range(stages, 0, -1):
-        j = cut[s, j]
-        starts.append(int(j))
-    return starts[::-1]
+    return balance([float(c) for c in costs], stages)
 
 
 @dataclass(frozen=True)
