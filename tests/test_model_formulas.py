@@ -215,3 +215,38 @@ def test_presets_are_valid_and_axes_change_one_thing() -> None:
     with pytest.raises(UsageError, match="unknown sweep axis"):
         a100.with_axis("colour", 1)
     assert math.isclose(a100.reduce_bandwidth, a100.memory_bandwidth / 3)
+
+
+def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None:
+    """A GELU or a dropout mask costs the same per element in cache and out of it (measured: see
+    compute.PER_ELEMENT_OPS): their bytes take the machine's bandwidth from memory, so their time
+    is linear in bytes; an add's follows the cache curve (10x faster at 1 MB than at 100 MB here)."""
+    from dnnperf.model.machine import Curve
+
+    sizes = [1e6, 1e8]
+    rows = [
+        {"op": op, "family": family, "bytes": nbytes}
+        for op, family in (
+            ("aten.gelu[tanh]", "elementwise"),
+            ("aten.bernoulli_", "random"),
+            ("aten.add", "elementwise"),
+        )
+        for nbytes in sizes
+    ]
+    ops = pd.DataFrame(
+        [
+            {"phase": "forward", "module": "m", "dtype": "float32", "flops": 0.0, "calls": 1.0, **r}
+            for r in rows
+        ]
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    efficiency = {"elementwise/forward/aten.gelu[tanh]": 0.25, "random/forward": 0.05}
+    machine = _machine(
+        bandwidth_curve=Curve((1e6, 1e8), (1e12, 1e11)), memory_bandwidth=1e11, efficiency=efficiency
+    )
+    seconds = op_times(graph, machine, ComputeOptions(overhead=False))["seconds"].to_numpy()
+    assert seconds[:2] == pytest.approx([1e6 / 1e11 / 0.25, 1e8 / 1e11 / 0.25])  # linear in bytes
+    assert seconds[2:4] == pytest.approx([1e6 / 1e11 / 0.05, 1e8 / 1e11 / 0.05])
+    assert seconds[4:] == pytest.approx([1e6 / 1e12, 1e8 / 1e11])  # the cache curve
+    cached = op_times(graph, machine, ComputeOptions(overhead=False, per_element=False))["seconds"].to_numpy()
+    assert cached[0] == pytest.approx(1e6 / 1e12 / 0.25)  # the ablation: every kernel on the curve

@@ -37,7 +37,7 @@ from torch import nn
 
 from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
-from dnnperf.model.compute import NO_KERNEL, ComputeOptions, op_times
+from dnnperf.model.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph
 from dnnperf.model.machine import Curve, Machine, dedupe
 from dnnperf.model.zeros import CANDIDATES
@@ -198,6 +198,16 @@ class _Sequence(nn.Module):
         return self.rnn(x)[0]
 
 
+class _CausalAttention(nn.Module):
+    """Causal self-attention with dropout, as the suite's transformers call it: its softmax is
+    ``_safe_softmax`` (6x softmax's time per element here), the one row the zoo keeps of it."""
+
+    calibrates = ("aten._safe_softmax",)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=0.1, is_causal=True)
+
+
 def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     """(layer, input shape): shapes of the small presets' early, middle and late layers."""
     return [
@@ -228,7 +238,10 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Linear(64, 64), (32, 64)),
         (nn.LayerNorm(256), (64, 32, 256)),
         (nn.GELU(), (64, 32, 256)),
+        (nn.GELU(approximate="tanh"), (64, 32, 256)),  # GPT-2's
         (nn.Softmax(dim=-1), (64, 32, 256)),
+        (nn.LogSoftmax(dim=-1), (64, 32, 256)),  # cross-entropy's
+        (_CausalAttention(), (8, 4, 128, 64)),
         (nn.Dropout(0.1), (64, 32, 256)),
         (_Sequence(nn.LSTM(256, 256, batch_first=True)), (8, 24, 256)),
         (_Sequence(nn.GRU(128, 128, batch_first=True, bidirectional=True)), (8, 50, 128)),
@@ -306,7 +319,9 @@ def _zoo_rows(
     for layer, shape in _zoo():
         if progress is not None:
             progress(f"{type(layer).__name__} {shape}")
-        frames.append(_timed_rows(layer, shape, repeats))
+        frame = _timed_rows(layer, shape, repeats)
+        calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
+        frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
     rows = pd.concat(frames, ignore_index=True)
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
@@ -333,14 +348,17 @@ def _zoo_rows(
         fixed[key], fitted[key] = fixed_cost_fit(
             group["predicted"] / group["calls"], group["measured"] / group["calls"]
         )
-    sums = rows.groupby(["family", "phase"])[["predicted", "measured"]].sum()
+    # A family's efficiency is that of its memory-bound operators: the per-element kernels (GELU,
+    # softmax) take another bandwidth (compute.PER_ELEMENT_OPS) and always have their own.
+    own = rows["op"].isin(PER_ELEMENT_OPS)
+    sums = rows[~own].groupby(["family", "phase"])[["predicted", "measured"]].sum()
     efficiency = {f"{family}/{phase}": (p, m) for (family, phase), (p, m) in sums.iterrows()}
     # Where a family's phase ran several operators, each its own too: a 3x3 average pool's backward
     # ran at a tenth of a max pool's, batch norm's forward at a quarter of layer norm's.
     by_op = rows.groupby(["family", "phase", "op"])[["predicted", "measured"]].sum()
     several = by_op.groupby(level=["family", "phase"]).size() > 1
     for (family, phase, op), (p, m) in by_op.iterrows():
-        if several[(family, phase)]:
+        if several[(family, phase)] or op in PER_ELEMENT_OPS:
             efficiency[f"{family}/{phase}/{op}"] = (p, m)
     ratios = {key: float(min(1.0, max(p / m, 1e-3))) for key, (p, m) in efficiency.items() if m > 0}
     return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows
@@ -381,7 +399,7 @@ def calibrated(
 ) -> tuple[dict[str, float], dict[str, Curve], dict[str, float]]:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-3/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-4/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:

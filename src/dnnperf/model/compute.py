@@ -7,7 +7,10 @@ curve at the call's FLOPs; every other family computes at the float32 peak (it i
 memory-bound in practice). The bandwidth is the machine's, or the calibrated triad curve at the
 call's bytes (working sets in cache run faster), except for the optimizer's update: it streams every
 parameter, gradient and state tensor once a step, none of them touched since backward, so its rows
-take the bandwidth at the whole update's bytes (from memory, not cache). The roofline time is
+take the bandwidth at the whole update's bytes (from memory, not cache); and except for kernels that
+compute per element (``PER_ELEMENT_OPS``: random numbers, GELU, softmax), whose time grows with their
+bytes at one rate whatever fits in cache: they take the bandwidth from memory, and their own
+efficiency, calibrated on the zoo, is their rate. The roofline time is
 divided by the machine's efficiency for the operator (``"family/phase/op"`` first, then
 ``"family/phase"``, then ``"family"``; 1.0 when absent). ``combine`` is ``sum`` (a CPU core overlaps
 little of its memory traffic with arithmetic: session 6's ablation, docs/validation.md) or ``max`` (the
@@ -36,6 +39,29 @@ from dnnperf.model.machine import Machine
 COMPUTE_FAMILIES = {"matmul": "matmul", "convolution": "convolution", "attention": "matmul", "rnn": "matmul"}
 #: Families that launch no kernel (views, metadata, allocation without initialisation).
 NO_KERNEL = ("free",)
+#: Kernels whose time per element is the same whatever fits in cache (they compute, or draw random
+#: numbers, per element: 6.7-7.2 ns for bernoulli_, 1.97-2.01 for tanh-GELU, 0.37-0.48 for erf-GELU,
+#: 0.69-0.73 for softmax from 256 KiB to 8 MiB here, where an add took 0.17-0.39 ns): their bytes
+#: take one bandwidth, the machine's from memory, and their own efficiency (the zoo calibrates each)
+#: makes it their rate. Through the cache's curve, a call smaller than the zoo's came out up to 4x
+#: fast (GPT-2 `small` batch 4's GELUs: 0.93 ms predicted, 4.9 measured).
+PER_ELEMENT_FAMILIES = ("random",)
+PER_ELEMENT_OPS = frozenset(
+    {
+        "aten.gelu",
+        "aten.gelu[tanh]",
+        "aten.gelu_backward",
+        "aten.gelu_backward[tanh]",
+        "aten._softmax",
+        "aten._safe_softmax",
+        "aten._log_softmax",
+    }
+)
+
+
+def per_element(ops: pd.DataFrame) -> np.ndarray:
+    """Which rows are PER_ELEMENT kernels."""
+    return ops["family"].isin(PER_ELEMENT_FAMILIES).to_numpy() | ops["op"].isin(PER_ELEMENT_OPS).to_numpy()
 
 
 @dataclass(frozen=True)
@@ -49,6 +75,7 @@ class ComputeOptions:
     update_from_memory: bool = True
     zero_operands: bool = True
     replay_kernels: bool = True
+    per_element: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -82,6 +109,8 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         if options.update_from_memory and update.any():
             working_set = np.where(update, nbytes[update].sum(), working_set)
         bandwidth = machine.bandwidth_curve(working_set)
+        if options.per_element:
+            bandwidth = np.where(per_element(ops), machine.memory_bandwidth, bandwidth)
     else:
         bandwidth = np.full(len(ops), machine.memory_bandwidth)
     compute = flops / rate

@@ -652,7 +652,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-19"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-20"],
         sort_keys=True,
         default=str,
     )

@@ -48,6 +48,7 @@ VARIANTS = {
     "no efficiency": ComputeOptions("sum", True),
     "zoo curves": ComputeOptions("sum", True),
     "no zero operands": ComputeOptions(zero_operands=False),
+    "per-element ops in cache": ComputeOptions(per_element=False),
     "no replayed kernels": ComputeOptions(replay_kernels=False),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
