@@ -49,12 +49,30 @@ def test_hierarchical_allreduce_sums_its_three_phases() -> None:
     assert c.hierarchical_allreduce(8e6, 4, 1, intra, LINK) == c.allreduce(8e6, 4, intra)
 
 
-def test_pipeline_bubble_share_is_p_minus_1_over_m() -> None:
-    t = s.pipeline_time([1.0, 1.0, 1.0, 1.0], micro_batches=8, send_s=0.0)
-    assert t.step_s == pytest.approx(11.0)  # (m + p - 1) slots
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_bubble_share_is_p_minus_1_over_m(schedule: str) -> None:
+    # Equal stages (forward 0.4 s, backward 0.6 s), free messages: (m + p - 1) slots of 1 s.
+    t = s.pipeline_time([0.4] * 4, [0.6] * 4, micro_batches=8, send_s=0.0, schedule=schedule)
+    assert t.step_s == pytest.approx(11.0)
+    assert t.compute_s == pytest.approx(8.0) and t.communication_s == 0.0
     assert t.bubble_s / t.compute_s == pytest.approx(3 / 8)
-    slow = s.pipeline_time([1.0, 2.0], micro_batches=4, send_s=0.25)
-    assert slow.step_s == pytest.approx(5 * 2.5)  # the slowest stage plus its two sends, 5 slots
+
+
+def test_pipeline_messages_overlap_the_senders_next_compute() -> None:
+    """Two stages (forward 1 s, backward 1 s), 2 micro-batches, 0.5 s a message, 1F1B, by hand:
+    stage 0: F0 0-1, F1 1-2 (its activations arrive at stage 1 at 1.5 and 2.5); stage 1: F0 1.5-2.5,
+    B0 2.5-3.5, F1 3.5-4.5, B1 4.5-5.5 (gradients arrive at stage 0 at 4.0 and 6.0); stage 0: B0
+    4-5, B1 6-7. Free messages: 6 s. The closed form, slots of compute plus two sends, would say 9 s."""
+    t = s.pipeline_time([1.0, 1.0], [1.0, 1.0], micro_batches=2, send_s=0.5, schedule="1f1b")
+    assert t.step_s == pytest.approx(7.0)
+    assert t.compute_s == pytest.approx(4.0)
+    assert t.bubble_s == pytest.approx(2.0) and t.communication_s == pytest.approx(1.0)
+    # A slower second stage: the first waits on it (bubble), the messages hide behind its compute.
+    slow = s.pipeline_time([1.0, 2.0], [1.0, 2.0], micro_batches=4, send_s=0.25, schedule="gpipe")
+    # Stage 1's forwards end at 1.25 + 2 * 4 = 9.25, its backwards at 17.25; stage 0's last
+    # backward starts when the last gradient arrives (17.5) and ends at 18.5.
+    assert slow.step_s == pytest.approx(18.5)
+    assert slow.compute_s == pytest.approx(16.0)
 
 
 def test_ddp_bucket_overlap_on_a_toy_schedule() -> None:

@@ -288,13 +288,21 @@ def predict(
         names = [layer.name for layer in graph.layers]
         if stages < 2:
             raise UsageError("pipeline parallelism needs at least 2 devices (use --nodes or a larger node)")
-        costs = strategies.layer_seconds(times, names)
+        forward = strategies.layer_seconds(times[times["phase"] == "forward"], names)
+        backward = strategies.layer_seconds(times[times["phase"] == "backward"], names)
+        costs = forward + backward
         starts = _pipeline_starts(graph, names, costs, stages)
         bounds = [*starts, len(names)]
         stage_s = [float(costs[a:b].sum()) for a, b in itertools.pairwise(bounds)]
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
         send = collectives.send_recv(boundary, _link(machine, devices, "send_recv"))
-        pipe = strategies.pipeline_time(stage_s, m, send)
+        pipe = strategies.pipeline_time(
+            [float(forward[a:b].sum()) for a, b in itertools.pairwise(bounds)],
+            [float(backward[a:b].sum()) for a, b in itertools.pairwise(bounds)],
+            m,
+            send,
+            schedule,
+        )
         # After the last backward: the loss broadcast from the last stage, then an all-reduce of each
         # parameter that several stages hold (tied weights), over those stages (pipeline.py).
         stage_of = {name: i for i, (a, b) in enumerate(itertools.pairwise(bounds)) for name in names[a:b]}

@@ -95,21 +95,66 @@ class PipelineTime:
     communication_s: float
 
 
-def pipeline_time(stage_s: Sequence[float], micro_batches: int, send_s: float) -> PipelineTime:
-    """GPipe/1F1B with ``len(stage_s)`` stages, each micro-batch taking ``stage_s[i]`` (forward +
-    backward) on stage i and ``send_s`` per boundary crossing (activation forward, gradient back):
-    (m + S - 1) slots of the slowest stage plus its two sends."""
-    stages = len(stage_s)
+def pipeline_time(
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    micro_batches: int,
+    send_s: float,
+    schedule: str = "1f1b",
+) -> PipelineTime:
+    """One step of dnnperf's pipeline (``distributed.pipeline``), simulated action by action: stage
+    ``i`` takes ``forward_s[i]`` and ``backward_s[i]`` per micro-batch and runs its schedule's actions
+    (``schedule_actions``) in order, each as soon as its input is in (the activation from the stage
+    before, the gradient from the stage after). A message takes ``send_s`` on its link (one per
+    direction between neighbours, one message at a time); the sender goes on at once, as its
+    ``isend`` does, so a send overlaps the sender's next compute.
+
+    ``compute_s``: the busiest stage's own work, m (f + b); ``communication_s``: what the messages add
+    to the step; ``bubble_s``: the rest (fill, drain, waiting on a slower stage). With equal stages and
+    free messages both schedules take (m + S - 1)(f + b): a bubble of (S - 1) / m of the compute."""
     if micro_batches < 1:
         raise UsageError(f"micro-batches must be a positive integer, got {micro_batches}")
-    slowest = max(stage_s)
-    sends = 2 * send_s if stages > 1 else 0.0
-    return PipelineTime(
-        step_s=(micro_batches + stages - 1) * (slowest + sends),
-        compute_s=micro_batches * slowest,
-        bubble_s=(stages - 1) * slowest,
-        communication_s=(micro_batches + stages - 1) * sends,
-    )
+    compute = micro_batches * max(f + b for f, b in zip(forward_s, backward_s, strict=True))
+    step = _schedule_end(forward_s, backward_s, micro_batches, send_s, schedule)
+    free = _schedule_end(forward_s, backward_s, micro_batches, 0.0, schedule)
+    return PipelineTime(step_s=step, compute_s=compute, bubble_s=free - compute, communication_s=step - free)
+
+
+def _schedule_end(
+    forward_s: Sequence[float], backward_s: Sequence[float], m: int, send_s: float, schedule: str
+) -> float:
+    from dnnperf.distributed.pipeline import BACKWARD, FORWARD, schedule_actions
+
+    stages = len(forward_s)
+    actions = [schedule_actions(schedule, rank, stages, m) for rank in range(stages)]
+    arrival: dict[tuple[str, int, int], float] = {}  # (kind, rank, micro-batch) -> when its input is in
+    link_free: dict[tuple[int, int], float] = {}  # (from, to) -> when the link is free
+    free = [0.0] * stages
+    position = [0] * stages
+
+    def send(kind: str, source: int, target: int, i: int, at: float) -> None:
+        begins = max(at, link_free.get((source, target), 0.0))
+        link_free[(source, target)] = arrival[(kind, target, i)] = begins + send_s
+
+    while any(position[r] < len(actions[r]) for r in range(stages)):
+        progressed = False
+        for rank in range(stages):
+            while position[rank] < len(actions[rank]):
+                kind, i = actions[rank][position[rank]]
+                needs_input = rank > 0 if kind == FORWARD else rank < stages - 1
+                if needs_input and (kind, rank, i) not in arrival:
+                    break  # waits for a neighbour's message
+                ready = arrival.get((kind, rank, i), 0.0)
+                free[rank] = max(free[rank], ready) + (forward_s if kind == FORWARD else backward_s)[rank]
+                if kind == FORWARD and rank < stages - 1:
+                    send(FORWARD, rank, rank + 1, i, free[rank])
+                elif kind == BACKWARD and rank > 0:
+                    send(BACKWARD, rank, rank - 1, i, free[rank])
+                position[rank] += 1
+                progressed = True
+        if not progressed:  # cannot happen with schedule_actions' orders: a guard, not a model
+            raise RuntimeError(f"pipeline schedule {schedule!r} deadlocks")
+    return max(free)
 
 
 def split_modules(times: pd.DataFrame) -> list[str]:
