@@ -57,6 +57,18 @@ def test_strategies_split_adds_up_and_dp_pays_its_allreduce(mlp_graph) -> None:
     assert pp.step_s == pytest.approx(pp.compute_s + pp.communication_s + pp.bubble_s + pp.other_s)
     tp = predict(mlp_graph, machine, 4, "tp")
     assert tp.detail["split_modules"] == 2 and tp.communication_s > 0
+    # Each rank does half of each linear layer's work but makes every one of its calls.
+    from dnnperf.model.compute import op_times
+
+    times = op_times(mlp_graph, machine)
+    linear = times["family"] == "matmul"
+    expected = (
+        times.loc[linear, "compute_s"].sum() / 2
+        + times.loc[linear, "overhead_s"].sum()
+        + times.loc[~linear, "seconds"].sum()
+    )
+    assert times.loc[linear, "overhead_s"].sum() > 0
+    assert tp.compute_s == pytest.approx(expected)
 
 
 def test_inapplicable_strategies_are_refused(mlp_graph) -> None:

@@ -357,8 +357,14 @@ def predict(
         raise UsageError(
             f"{name} has no layer tensor parallelism can split (no matrix products or convolutions)"
         )
+    # A split layer's kernels do 1/ways of the work on each rank; each rank still makes every call,
+    # so the per-call overhead is not divided.
     divided = times["module"].isin(split) & times["family"].isin(tuple(COMPUTE_FAMILIES))
-    compute = float(times.loc[divided, "seconds"].sum()) / ways + float(times.loc[~divided, "seconds"].sum())
+    compute = (
+        float(times.loc[divided, "compute_s"].sum()) / ways
+        + float(times.loc[divided, "overhead_s"].sum())
+        + float(times.loc[~divided, "seconds"].sum())
+    )
     split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
     share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)
     memory = memory_estimate(graph, share)
