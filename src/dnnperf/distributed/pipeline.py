@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dnnperf.distributed import SCHEDULES
 from dnnperf.distributed.partition import (
     MEMORY_FORMATS,
     DetailMeter,
@@ -50,7 +51,6 @@ from dnnperf.distributed.partition import (
 from dnnperf.errors import UsageError
 from dnnperf.workloads.base import Batch, Stages, Task, no_stages
 
-SCHEDULES = ("gpipe", "1f1b")
 FORWARD, BACKWARD = "F", "B"
 Action = tuple[str, int]
 

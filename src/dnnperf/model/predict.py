@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dnnperf.distributed import SCHEDULES
 from dnnperf.errors import UsageError
 from dnnperf.model import collectives, strategies
 from dnnperf.model.compute import COMPUTE_FAMILIES, ComputeOptions, data_seconds, fault_seconds, op_times
@@ -223,8 +224,8 @@ def predict(
     ``describe_model``) on ``machine`` (all its devices for dp/pp/tp, one for single)."""
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if schedule not in strategies.SCHEDULES:
-        raise UsageError(f"unknown schedule {schedule!r}: use one of {', '.join(strategies.SCHEDULES)}")
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise UsageError(f"batch size must be a positive integer, got {batch_size!r}")
     batch_size = int(batch_size)
@@ -290,19 +291,13 @@ def predict(
             raise UsageError("pipeline parallelism needs at least 2 devices (use --nodes or a larger node)")
         forward = strategies.layer_seconds(times[times["phase"] == "forward"], names)
         backward = strategies.layer_seconds(times[times["phase"] == "backward"], names)
-        costs = forward + backward
-        starts = _pipeline_starts(graph, names, costs, stages)
-        bounds = [*starts, len(names)]
-        stage_s = [float(costs[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+        bounds = [*_pipeline_starts(graph, names, forward + backward, stages), len(names)]
+        stage_forward = [float(forward[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+        stage_backward = [float(backward[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+        stage_s = [f + b for f, b in zip(stage_forward, stage_backward, strict=True)]
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
         send = collectives.send_recv(boundary, _link(machine, devices, "send_recv"))
-        pipe = strategies.pipeline_time(
-            [float(forward[a:b].sum()) for a, b in itertools.pairwise(bounds)],
-            [float(backward[a:b].sum()) for a, b in itertools.pairwise(bounds)],
-            m,
-            send,
-            schedule,
-        )
+        pipe = strategies.pipeline_time(stage_forward, stage_backward, m, send, schedule)
         # After the last backward: the loss broadcast from the last stage, then an all-reduce of each
         # parameter that several stages hold (tied weights), over those stages (pipeline.py).
         stage_of = {name: i for i, (a, b) in enumerate(itertools.pairwise(bounds)) for name in names[a:b]}
@@ -333,7 +328,7 @@ def predict(
                 "micro_batches": m,
                 "schedule": schedule,
                 "stage_s": stage_s,
-                "stage_starts": starts,
+                "stage_starts": bounds[:-1],
                 "bubble_share": (stages - 1) / m,
                 "collective_s": tail,  # the loss broadcast and the shared parameters' all-reduce
             },

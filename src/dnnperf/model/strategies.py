@@ -22,12 +22,12 @@ import numpy as np
 import pandas as pd
 
 from dnnperf.distributed.partition import balance
+from dnnperf.distributed.pipeline import BACKWARD, FORWARD, schedule_actions
 from dnnperf.errors import UsageError
 from dnnperf.model.compute import COMPUTE_FAMILIES
 
 FIRST_BUCKET = 1 << 20
 BUCKET = 25 << 20
-SCHEDULES = ("gpipe", "1f1b")
 
 
 def bucket_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward_end_s: float) -> float:
@@ -123,8 +123,6 @@ def pipeline_time(
 def _schedule_end(
     forward_s: Sequence[float], backward_s: Sequence[float], m: int, send_s: float, schedule: str
 ) -> float:
-    from dnnperf.distributed.pipeline import BACKWARD, FORWARD, schedule_actions
-
     stages = len(forward_s)
     actions = [schedule_actions(schedule, rank, stages, m) for rank in range(stages)]
     arrival: dict[tuple[str, int, int], float] = {}  # (kind, rank, micro-batch) -> when its input is in
