@@ -267,7 +267,9 @@ def max_efficiency(profile, hw: hardware.HardwareProfile) -> float:
     busier understates the peak: above 100%, the peaks are measured again now and the higher of each
     pair is the peak, so a layer only fails against the best rate the machine has shown."""
     best = layers.layer_table(profile, hw)["efficiency"].dropna().max()
-    for _ in range(3):  # the machine's best shows when it is quiet: a few tries, each peak the higher
+    # The machine's best shows when it is quiet: a few tries, each peak the higher. Three were not always
+    # enough on a shared 2-core host (vgg16 `small` once read 100.1% after three, then passed 3 of 3).
+    for _ in range(5):
         if best <= 1.0:
             break
         again = {(c.op, c.precision): c for c in _full_size_peaks()}

@@ -228,6 +228,41 @@ def test_validate_runs_each_link_in_its_namespaces(monkeypatch: pytest.MonkeyPat
     assert slower > 0.03
 
 
+def test_distributed_launches_go_in_rounds_and_the_median_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--processes 3 with --distributed: every configuration once per round (A B A B A B, not A A A B
+    B B), and the measured step is the median of the launches' median steps, with their range."""
+    import subprocess
+
+    from dnnperf.model import validate
+    from dnnperf.model.machine import preset
+    from dnnperf.report.terminal import distributed_validation_table, measured_ms
+
+    launched: list[str] = []
+    # Per strategy, the median step of its 1st, 2nd and 3rd launch.
+    medians = {"dp": [0.9, 0.5, 0.6], "pp": [0.4, 0.45, 0.8]}
+
+    def fake_run(argv, env=None, **kwargs):
+        strategy = argv[argv.index("--strategy") + 1]
+        launched.append(strategy)
+        median = medians[strategy][launched.count(strategy) - 1]
+        document = {"record": {"points": [{"step_s": [median - 0.01, median, median + 0.02]}]}}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(document), "")
+
+    monkeypatch.setattr(validate, "run_child", fake_run)
+    frame = validate.validate_distributed(
+        ["basic_cnn"], [8], ["dp", "pp"], "tiny", 3, preset("a100-ib"), processes=3
+    ).set_index("strategy")
+    assert launched == ["dp", "pp"] * 3
+    assert frame.loc["dp", "measured_s"] == pytest.approx(0.6)
+    assert (frame.loc["dp", "measured_min_s"], frame.loc["dp", "measured_max_s"]) == (0.5, 0.9)
+    assert frame.loc["pp", "measured_s"] == pytest.approx(0.45)
+    predicted = frame.loc["pp", "predicted_s"]
+    assert frame.loc["pp", "error"] == pytest.approx(predicted / 0.45 - 1)
+    assert measured_ms(frame.reset_index().iloc[0].to_dict()) == "600.0 (500.0-900.0)"
+    assert measured_ms({"measured_s": 0.6, "measured_min_s": 0.6, "measured_max_s": 0.6}) == "600.0"
+    distributed_validation_table(frame.reset_index(), validate.ranking_agrees(frame.reset_index()))
+
+
 def test_link_mbit_bad_input_is_one_line(capsys: pytest.CaptureFixture) -> None:
     for args, needle in (
         (["basic_cnn", "--link-mbit", "100"], "add --distributed"),

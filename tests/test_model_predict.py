@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pandas as pd
 import pytest
@@ -233,6 +234,37 @@ def test_pipeline_stages_sharing_a_weight_pay_its_allreduce() -> None:
     assert without.detail["collective_s"] == pytest.approx(loss)
     allreduce = collectives.allreduce(64 * 16 * 4, 2, link)
     assert with_tie.detail["collective_s"] == pytest.approx(loss + allreduce)
+
+
+def test_pipeline_micro_batches_pay_their_gradient_accumulation(mlp_graph, monkeypatch) -> None:
+    """Micro-batches 2..m add their weight gradients into .grad: per stage, (m - 1) adds of its
+    parameters at the roofline (read two, write one; one call per module) and (m - 1) pages of them
+    faulted, spread over the stage's m backward passes."""
+    from dnnperf.model import strategies
+
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=2, page_fault_s=1e-6)
+    m = 4
+    pp = predict(mlp_graph, machine, 4 * m, "pp", micro_batches=m)  # micro-batches of the graph's 4
+    starts = [*pp.detail["stage_starts"], len(mlp_graph.layers)]
+    owned = {"0": mlp_graph.module_param_bytes["0"], "2": mlp_graph.module_param_bytes["2"]}
+    peak = machine.peak("float32")
+    for stage, (a, b) in enumerate(itertools.pairwise(starts)):
+        held = [n for name, n in owned.items() if a <= int(name) < b]
+        bandwidth, dispatch = machine.memory_bandwidth, machine.dispatch_s
+        adds = sum((m - 1) * (n / 4 / peak + 3 * n / bandwidth + dispatch) for n in held)
+        faults = (m - 1) * sum(held) / 4096 * 1e-6
+        assert pp.detail["accumulation_s"][stage] == pytest.approx(adds + faults)
+    assert sum(pp.detail["accumulation_s"]) > 0
+    accumulation_ops = strategies.accumulation_ops
+    monkeypatch.setattr(strategies, "accumulation_ops", lambda params, m: accumulation_ops({}, m))
+    monkeypatch.setattr(strategies, "accumulation_faults", lambda nbytes, m: 0.0)
+    plain = predict(mlp_graph, machine, 4 * m, "pp", micro_batches=m)
+    for with_, without, accumulated in zip(
+        pp.detail["stage_s"], plain.detail["stage_s"], pp.detail["accumulation_s"], strict=True
+    ):
+        assert with_ - without == pytest.approx(accumulated / m)
+    one = predict(mlp_graph, machine, 4, "pp", micro_batches=1)
+    assert one.detail["accumulation_s"] == [0.0, 0.0]  # one micro-batch takes its gradient as it is
 
 
 def test_the_description_counts_the_zeros_adams_square_root_is_fed() -> None:

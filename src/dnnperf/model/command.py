@@ -261,9 +261,9 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         "--processes",
         type=positive_int,
         default=3,
-        help="single process: fresh runs per configuration, in rounds over the configurations; their "
-        "median steps' median is the measured figure (3: two processes of one job differ by up to 15%% "
-        "on a small CPU step)",
+        help="fresh runs per configuration (single process, or 2-rank launches with --distributed), in "
+        "rounds over the configurations; their median steps' median is the measured figure (3: two "
+        "processes of one job differ by up to 15%% on a small CPU step)",
     )
     parser.add_argument("--hw", type=Path, help="hardware profile (default: this machine's saved one)")
     parser.add_argument(
@@ -498,6 +498,7 @@ def _validate_distributed(
         machine,
         out.error if not args.json else None,
         links=_links(args.link_mbit),
+        processes=args.processes,
     )
     ranking = ranking_agrees(frame)
     if not args.json:

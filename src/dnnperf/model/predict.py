@@ -8,6 +8,7 @@ parallelism are modelled within ``devices`` ranks as one group over the slowest 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -294,6 +295,18 @@ def predict(
         bounds = [*_pipeline_starts(graph, names, forward + backward, stages), len(names)]
         stage_forward = [float(forward[a:b].sum()) for a, b in itertools.pairwise(bounds)]
         stage_backward = [float(backward[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+        # Micro-batches after the first accumulate their weight gradients (adds, and the pages their
+        # fresh gradients map): spread over the stage's backward passes, m - 1 of them a step in all.
+        adds = strategies.accumulation_ops(graph.module_param_bytes, m)
+        accumulation = strategies.layer_seconds(
+            op_times(dataclasses.replace(graph, ops=adds, kernels=[]), machine, options), names
+        )
+        accumulation_s = []
+        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+            held = sum(layer.param_bytes for layer in graph.layers[a:b])
+            faults = strategies.accumulation_faults(held, m) * machine.page_fault_s if options.faults else 0.0
+            accumulation_s.append(float(accumulation[a:b].sum()) + faults)
+            stage_backward[i] += accumulation_s[-1] / m
         stage_s = [f + b for f, b in zip(stage_forward, stage_backward, strict=True)]
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
         send = collectives.send_recv(boundary, _link(machine, devices, "send_recv"))
@@ -331,6 +344,8 @@ def predict(
                 "stage_starts": bounds[:-1],
                 "bubble_share": (stages - 1) / m,
                 "collective_s": tail,  # the loss broadcast and the shared parameters' all-reduce
+                # Per stage, a step: gradient accumulation's adds and page faults.
+                "accumulation_s": accumulation_s,
             },
         )
     # tensor parallel

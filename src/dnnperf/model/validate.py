@@ -256,6 +256,7 @@ def validate_distributed(
     progress: Callable[[str], None] | None = None,
     micro_batches: int = 4,
     links: Sequence[float | None] | None = None,
+    processes: int = 1,
 ) -> pd.DataFrame:
     """One row per workload x global batch x strategy on 2 local ranks (gloo, one thread each): the
     median measured step of ``dnnperf profile --nproc 2`` (a fresh launch, as a user runs it) and the
@@ -264,7 +265,13 @@ def validate_distributed(
     ``links``: instead of loopback, the ranks in two network namespaces joined by a veth pair, once per
     rate given (Mbit/s; None: unshaped); the model's collectives calibrated over that link first
     (``collective_calibration.shaped_fits``: microbenchmarks, not the runs) and capped at the rate
-    (``shaped_link``). Root only (``dnnperf profile --netns``)."""
+    (``shaped_link``). Root only (``dnnperf profile --netns``).
+
+    ``processes``: fresh launches per configuration, in rounds over all of them (as
+    ``validate_single``): the same 2-rank job launched twice in a row differs by up to 10% on a shared
+    host (gpt2 `small` pp: 447-495 ms over five launches), and rounds put a slow spell in one launch
+    of several configurations rather than in every launch of one. ``measured_s`` is the median of the
+    launches' median steps, ``measured_min_s`` and ``measured_max_s`` their range."""
     import sys
     import tempfile
 
@@ -285,6 +292,9 @@ def validate_distributed(
                     progress(f"  {op}: alpha {fit['alpha'] * 1e6:.0f} us, {fit['bandwidth'] / 1e6:.2f} MB/s")
         return calibrated[link]
 
+    # Every configuration predicted first (the shaped links' collectives timed once each), then run
+    # ``processes`` times in rounds over all of them.
+    planned: list[tuple[dict, Any, list[str]]] = []
     for link in [LOOPBACK] if links is None else links:
         if link == LOOPBACK:
             two = shaped_link(machine, link)
@@ -299,23 +309,39 @@ def validate_distributed(
                         p = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
                     except UsageError as error:
                         row["reason"] = str(error)
-                        rows.append(row)
+                        planned.append((row, None, []))
                         continue
-                    with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
-                        argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
-                        argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy]
-                        argv += ["--steps", str(steps), "--warmup", "3", "--microbatches", str(micro_batches)]
-                        argv += ["--runs-dir", runs, "--json"]
-                        if link != LOOPBACK:
-                            argv += ["--netns"] + ([] if link is None else ["--link-mbit", f"{link:g}"])
-                        done = run_child(argv)
-                    if done.returncode != 0:
-                        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-                        raise UsageError(
-                            f"{name} {strategy} batch {batch} ({row['link']}): the 2-rank run failed: {last}"
-                        )
-                    _measured_row(row, done.stdout, p, progress)
-                    rows.append(row)
+                    argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
+                    argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy]
+                    argv += ["--steps", str(steps), "--warmup", "3", "--microbatches", str(micro_batches)]
+                    argv += ["--runs-dir", "{runs}", "--json"]
+                    if link != LOOPBACK:
+                        argv += ["--netns"] + ([] if link is None else ["--link-mbit", f"{link:g}"])
+                    planned.append((row, p, argv))
+    medians: list[list[float]] = [[] for _ in planned]
+    for round_ in range(processes):
+        for (row, p, argv), runs in zip(planned, medians, strict=True):
+            if p is None:
+                continue
+            with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as scratch:
+                done = run_child([scratch if a == "{runs}" else a for a in argv])
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise UsageError(
+                    f"{row['workload']} {row['strategy']} batch {row['batch']} ({row['link']}): "
+                    f"the 2-rank run failed: {last}"
+                )
+            runs.append(_median_step(done.stdout))
+            if progress is not None:
+                progress(
+                    f"run {round_ + 1}/{processes}, {row['workload']} {row['strategy']} b{row['batch']} "
+                    f"({row['link']}): measured {runs[-1] * 1e3:.1f} ms, predicted {p.step_s * 1e3:.1f} ms"
+                )
+    rows = []
+    for (row, p, _), runs in zip(planned, medians, strict=True):
+        if p is not None:
+            _measured_row(row, runs, p)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -370,10 +396,13 @@ def _median_step(stdout: str) -> float:
     return float(np.median(step_s)) if step_s else float("nan")
 
 
-def _measured_row(row: dict, stdout: str, p: Any, progress: Callable[[str], None] | None) -> None:
-    measured = _median_step(stdout)
+def _measured_row(row: dict, runs: Sequence[float], p: Any) -> None:
+    """``row`` with the median of the runs' median steps (and their range) beside the prediction."""
+    measured = float(np.median(runs))
     row.update(
         measured_s=measured,
+        measured_min_s=min(runs),
+        measured_max_s=max(runs),
         predicted_s=p.step_s,
         error=p.step_s / measured - 1,
         compute_s=p.compute_s,
@@ -381,11 +410,6 @@ def _measured_row(row: dict, stdout: str, p: Any, progress: Callable[[str], None
         bubble_s=p.bubble_s,
         reason=None,
     )
-    if progress is not None:
-        progress(
-            f"{row['workload']} {row['strategy']} b{row['batch']} ({row['link']}): measured "
-            f"{measured * 1e3:.1f} ms, predicted {p.step_s * 1e3:.1f} ms"
-        )
 
 
 def ranking_agrees(frame: pd.DataFrame) -> pd.DataFrame:

@@ -28,6 +28,15 @@ def milliseconds(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
+def measured_ms(row: dict[str, Any]) -> str:
+    """A validation row's measured step, with the range over its runs where there were several."""
+    low, high = row.get("measured_min_s"), row.get("measured_max_s")
+    text = milliseconds(row["measured_s"])
+    if low is None or high is None or low != low or high == low:  # one run (or NaN: none recorded)
+        return text
+    return f"{text} ({low * 1e3:.1f}-{high * 1e3:.1f})"
+
+
 def suite_table(rows: list[dict[str, Any]], presets: tuple[str, ...]) -> Table:
     table = Table(title="dnnperf workload suite", title_justify="left")
     table.add_column("workload", style="bold")
@@ -686,13 +695,13 @@ def sweep_table(frame: Any, axes: list[str], title: str) -> Table:
 def validation_tables(frame: Any, ablation: Any) -> list[Table]:
     """dnnperf validate: measured against predicted per configuration, and the ablation's errors."""
     runs = Table(title="measured vs predicted step (single process)")
-    for column in ("workload", "batch", "measured ms", "predicted ms", "error"):
+    for column in ("workload", "batch", "measured ms (range)", "predicted ms", "error"):
         runs.add_column(column, justify="left" if column == "workload" else "right")
     for row in frame.to_dict(orient="records"):
         runs.add_row(
             row["workload"],
             str(row["batch"]),
-            milliseconds(row["measured_s"]),
+            measured_ms(row),
             milliseconds(row["pred[model]"]),
             _percent(row["err[model]"]),
         )
@@ -808,7 +817,7 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
         "batch",
         *(["link"] if links else []),
         "strategy",
-        "measured ms",
+        "measured ms (range)",
         "predicted ms",
         "error",
         "comm ms",
@@ -823,7 +832,7 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
         table.add_row(
             *first,
             row["strategy"],
-            milliseconds(row["measured_s"]),
+            measured_ms(row),
             milliseconds(row["predicted_s"]),
             _percent(row["error"]),
             milliseconds(row["communication_s"]),
