@@ -145,3 +145,81 @@ def test_a_replays_page_faults_are_counted_and_left_to_the_steps_own_count(
     fault_s = replay.seconds / replay.faults / 2  # the faults are half the replay's time
     seconds = op_times(graph, _machine(replay_device="cpu", page_fault_s=fault_s))["seconds"].iloc[0]
     assert seconds == pytest.approx(2 * replay.seconds / 2 + 2 * 1e-6)
+
+
+class _TwoConvs(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, width, 3, padding=1)
+        self.second = nn.Conv2d(width, 6, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)))
+
+
+def test_a_split_convolution_is_described_as_a_rank_runs_it() -> None:
+    """The calls tensor parallelism makes of a convolution split by output channel are those a layer
+    of half the output channels makes: the full model's kernels, split, against the kernels the
+    description records from running such a layer (forward and backward, bias and all)."""
+    x = torch.randn(2, 3, 8, 8)
+    torch.manual_seed(0)
+    full = describe_model(_TwoConvs(8), x, name="full", count_faults=False)
+    half = describe_model(_TwoConvs(4), x, name="half", count_faults=False)  # its first: 4 channels
+    split, rows = kernels.split_kernels(full.kernels, {"first"}, 2)
+    first = [k["call"] for k in split if k["rows"][0][0] == "first"]
+    assert len(first) == 2 and first == [k["call"] for k in half.kernels if k["rows"][0][0] == "first"]
+    assert rows == {
+        ("first", "forward", "aten.convolution"),
+        ("first", "backward", "aten.convolution_backward"),
+    }
+    unsplit = [k for k in split if k["rows"][0][0] == "second"]
+    assert unsplit == [k for k in full.kernels if k["rows"][0][0] == "second"]
+    grouped = {
+        "op": "aten.convolution",
+        "args": [
+            None,
+            {"shape": [4, 1, 3, 3], "stride": [9, 9, 3, 1]},
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            False,
+            [0, 0],
+            4,
+        ],
+    }
+    assert kernels.split_output_channels(grouped, 2) is None  # grouped: not split this way
+
+
+def test_tensor_parallel_takes_a_split_convolutions_replay_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this host, a split convolution's time is its replay at the split shapes (a library's time
+    need not halve with the channels): a fake replay of 1 ms + 0.1 ms per output channel gives the
+    split rows 1 + 0.1 * width / 2 ms a call, where halving the whole layer's would give half of
+    1 + 0.1 * width."""
+    from dnnperf.model.predict import predict
+
+    def fake_replays(calls, device):
+        def seconds(call):
+            where = kernels._CHANNEL_ARGS[call["op"]]["weight"]
+            return 1e-3 + 1e-4 * call["args"][where]["shape"][0]
+
+        return [kernels.Replay(seconds(c), 0.0) for c in calls]
+
+    monkeypatch.setattr(kernels, "replays", fake_replays)
+    torch.manual_seed(0)
+    graph = describe_model(_TwoConvs(8), torch.randn(2, 3, 8, 8), name="two", count_faults=False)
+    here = dataclasses.replace(_machine(replay_device="cpu"), devices_per_node=2)
+    times = op_times(graph, here)
+    tp = predict(graph, here, 2, "tp")
+    conv = times["family"] == "convolution"
+    assert times.loc[conv, "replayed"].all()
+    # Each rank splits both convolutions (8 and 6 output channels): 4 and 3 a rank.
+    replayed = {"first": 1e-3 + 1e-4 * 4, "second": 1e-3 + 1e-4 * 3}
+    expected = (
+        sum(replayed[m] * c for m, c in zip(times.loc[conv, "module"], times.loc[conv, "calls"], strict=True))
+        + times.loc[conv, "overhead_s"].sum()
+        + times.loc[~conv, "seconds"].sum()
+    )
+    assert tp.compute_s == pytest.approx(expected)
+    halved = times.loc[conv, "compute_s"].sum() / 2 + times.loc[conv, "overhead_s"].sum()
+    assert tp.compute_s > halved + times.loc[~conv, "seconds"].sum()

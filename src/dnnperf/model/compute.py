@@ -83,7 +83,8 @@ class ComputeOptions:
 
 
 def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> pd.DataFrame:
-    """The graph's rows with seconds: ``compute_s`` (the roofline part), ``overhead_s`` and ``seconds``."""
+    """The graph's rows with seconds: ``compute_s`` (the roofline part, or a replay's time where
+    ``replayed``), ``overhead_s`` and ``seconds``."""
     ops = graph.ops
     calls = np.maximum(ops["calls"].to_numpy(float), 1.0)
     flops = ops["flops"].to_numpy(float)
@@ -131,6 +132,7 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         roofline = roofline + ops["zeros"].to_numpy(float) * per_zero
     kernel = ~np.isin(families, NO_KERNEL)
     fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
+    found = np.zeros(len(ops), dtype=bool)
     if options.replay_kernels and machine.replay_device and graph.kernels:
         keys = list(zip(ops["module"], phases, ops["op"], strict=True))
         per_row = dict(zip(keys, ops["calls"], strict=True))
@@ -141,6 +143,7 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         fixed = np.where(found, 0.0, fixed)
     overhead = calls * (machine.dispatch_s + fixed) * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()
+    out["replayed"] = found
     out["compute_s"] = roofline
     out["overhead_s"] = overhead
     out["seconds"] = roofline + overhead

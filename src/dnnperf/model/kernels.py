@@ -90,6 +90,75 @@ def resolve(op_name: str) -> Any:
     return getattr(getattr(torch.ops, namespace), name).default
 
 
+#: Per replayed operator: where its weight, output-channel operand (dim 1), bias and groups sit.
+_CHANNEL_ARGS = {
+    "aten.convolution": {"weight": 1, "bias": 2, "groups": 8, "output": None},
+    "aten.convolution_backward": {"weight": 2, "bias": 3, "groups": 9, "output": 0},
+}
+
+
+def _dense_strides(shape: Sequence[int], stride: Sequence[int]) -> list[int]:
+    """Dense strides for ``shape`` in the dimension order ``stride`` has (channels-last stays so)."""
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    out = [0] * len(shape)
+    step = 1
+    for d in reversed(order):
+        out[d] = step
+        step *= max(shape[d], 1)
+    return out
+
+
+def split_output_channels(call: Mapping[str, Any], ways: int) -> dict[str, Any] | None:
+    """``call`` as each of ``ways`` ranks makes it when tensor parallelism splits the convolution's
+    output channels (distributed/tensor_parallel.py): the weight's and bias's first dimension and the
+    output gradient's channels divided. None for a call it does not split (another operator, grouped,
+    channels that do not divide)."""
+    where = _CHANNEL_ARGS.get(call["op"])
+    if where is None:
+        return None
+    args = [dict(a) if isinstance(a, dict) else a for a in call["args"]]
+    weight = args[where["weight"]]
+    if args[where["groups"]] != 1 or not isinstance(weight, dict) or weight["shape"][0] % ways:
+        return None
+
+    def divided(tensor: dict[str, Any], dim: int) -> dict[str, Any]:
+        shape = list(tensor["shape"])
+        shape[dim] //= ways
+        return {**tensor, "shape": shape, "stride": _dense_strides(shape, tensor["stride"])}
+
+    args[where["weight"]] = divided(weight, 0)
+    bias = args[where["bias"]]
+    if isinstance(bias, dict):  # forward: the bias tensor
+        args[where["bias"]] = divided(bias, 0)
+    elif isinstance(bias, list):  # backward: the bias's sizes
+        args[where["bias"]] = [bias[0] // ways]
+    if where["output"] is not None:
+        args[where["output"]] = divided(args[where["output"]], 1)
+    return {"op": call["op"], "args": args}
+
+
+def split_kernels(
+    kernels: Sequence[Mapping[str, Any]], modules: set[str], ways: int
+) -> tuple[list[dict[str, Any]], set[tuple[str, str, str]]]:
+    """``StepGraph.kernels`` as a tensor-parallel rank runs them: the calls of ``modules`` (split by
+    output channel) at their split shapes, the rest as they are; and the (module, phase, operator)
+    rows whose calls were split."""
+    out: list[dict[str, Any]] = []
+    split_rows: set[tuple[str, str, str]] = set()
+    for kernel in kernels:
+        mine = [row for row in kernel["rows"] if row[0] in modules]
+        others = [row for row in kernel["rows"] if row[0] not in modules]
+        call = split_output_channels(kernel["call"], ways) if mine else None
+        if call is None:
+            out.append(dict(kernel))
+            continue
+        out.append({"call": call, "rows": mine})
+        split_rows.update((m, p, o) for m, p, o, _ in mine)
+        if others:
+            out.append({"call": kernel["call"], "rows": others})
+    return out, split_rows
+
+
 class KernelCalls:
     """An ``OpCounter`` observer: the distinct calls of :data:`REPLAYED_OPS` in a step, each with how
     many times each (module, phase, operator) row made it."""
