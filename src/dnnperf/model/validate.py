@@ -275,10 +275,8 @@ def validate_distributed(
     import sys
     import tempfile
 
-    from dnnperf.model.predict import predict
-
-    rows = []
     from dnnperf.model.collective_calibration import shaped_fits
+    from dnnperf.model.predict import predict
 
     calibrated: dict[float | None, dict[str, dict[str, float]]] = {}
 
