@@ -146,7 +146,7 @@ def test_tensor_parallel_allgathers_pay_their_result_buffers_faults() -> None:
     output pays 16,384 faults at it, against a hand count."""
     from types import SimpleNamespace
 
-    from dnnperf.model.predict import _tp_regions
+    from dnnperf.model.predict import _tp_collectives, _tp_regions
 
     cpu = _link(_machine(page_fault_s=1e-6, comm_on_compute_cores=True), 2, "allgather")
     assert cpu.fault_s == 1e-6
@@ -156,8 +156,9 @@ def test_tensor_parallel_allgathers_pay_their_result_buffers_faults() -> None:
     times = pd.DataFrame({"module": ["fc"]})
     link = collectives.Link.of(1e-4, 1e9, 4e9, GLOO_SEGMENT)
     priced = collectives.Link.of(1e-4, 1e9, 4e9, GLOO_SEGMENT, fault_s=1e-6)
-    _, without = _tp_regions(graph, times, 2, link, link, "ring", "toy")
-    _, with_faults = _tp_regions(graph, times, 2, priced, link, "ring", "toy")
+    _, regions = _tp_regions(graph, times, 2, "toy")
+    without = _tp_collectives(regions, 2, link, link, "ring")
+    with_faults = _tp_collectives(regions, 2, priced, link, "ring")
     assert with_faults - without == pytest.approx(16384 * 1e-6)
 
 

@@ -67,6 +67,7 @@ def test_strategies_split_adds_up_and_dp_pays_its_allreduce(mlp_graph) -> None:
         times.loc[linear, "compute_s"].sum() / 2
         + times.loc[linear, "overhead_s"].sum()
         + times.loc[~linear, "seconds"].sum()
+        + tp.detail["split_overhead_s"]  # the split's own copies (below)
     )
     assert times.loc[linear, "overhead_s"].sum() > 0
     assert tp.compute_s == pytest.approx(expected)
@@ -337,3 +338,92 @@ def test_a_suite_workload_is_cut_where_dnnperfs_pipeline_cuts_it(workload: str, 
     modelled = [sum(x.param_bytes for x in graph.layers[a:b]) for a, b in itertools.pairwise(bounds)]
     assert modelled == built
     assert len(set(built)) == stages  # the stages differ: a wrong cut could not match by chance
+
+
+def test_split_copy_rows_follow_the_tensor_parallel_implementation() -> None:
+    """Per region, the copies distributed.tensor_parallel makes (each read and written once): a
+    column split concatenates its output forward and clones its input gradient backward, and a
+    convolution also makes its slice of the output gradient contiguous; a Megatron block clones its
+    partial output forward and its input gradient backward; nothing for an input without gradient."""
+    from dnnperf.model import strategies
+
+    regions = [
+        {"module": "conv", "kind": "column", "input_bytes": 0, "output_bytes": 800},
+        {"module": "fc", "kind": "column", "input_bytes": 60, "output_bytes": 40},
+        {"module": "attn", "kind": "attention", "input_bytes": 300, "output_bytes": 300},
+    ]
+    rows = strategies.split_copy_ops(regions, 2, convolutions={"conv"})
+    got = sorted(zip(rows["module"], rows["phase"], rows["op"], rows["bytes"], rows["calls"], strict=True))
+    assert got == sorted(
+        [
+            ("conv", "forward", "aten.cat", 1600.0, 1.0),
+            ("conv", "backward", "aten.contiguous", 800.0, 1.0),  # half the output, read and written
+            ("fc", "forward", "aten.cat", 80.0, 1.0),
+            ("fc", "backward", "aten.clone", 120.0, 1.0),
+            ("attn", "forward", "aten.clone", 600.0, 1.0),
+            ("attn", "backward", "aten.clone", 600.0, 1.0),
+        ]
+    )
+    assert set(rows["family"]) == {"memory"} and rows["flops"].sum() == 0
+
+
+def test_tensor_parallel_pays_its_splits_copies_and_host_work(mlp_graph) -> None:
+    """The MLP's two linear layers split by output feature: the copies' bytes at the machine's
+    bandwidth (hand count from the layer sizes: batch 4, 8 -> 16 -> 4 features, float32) and the
+    calibrated host work once per region, both in compute; nothing else moves."""
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=2)
+    assert [r["module"] for r in mlp_graph.tp_regions] == ["0", "2"]
+    # "0": its gathered output (4 x 16) concatenated; its input is the data (no gradient to clone).
+    # "2": its output (4 x 4) concatenated, its input gradient (4 x 16) cloned.
+    copied = 2 * (4 * 16 * 4) + 2 * (4 * 4 * 4) + 2 * (4 * 16 * 4)
+    tp = predict(mlp_graph, machine, 4, "tp")
+    assert tp.detail["split_regions"] == 2
+    assert tp.detail["split_overhead_s"] == pytest.approx(copied / machine.memory_bandwidth)
+    charged = predict(mlp_graph, dataclasses.replace(machine, split_region_s=1e-4), 4, "tp")
+    assert charged.compute_s - tp.compute_s == pytest.approx(2 * 1e-4)
+    assert charged.communication_s == tp.communication_s and charged.other_s == tp.other_s
+
+
+def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch) -> None:
+    """A known 0.5 ms sleep in every region's all-gather (the collective the calibration leaves out):
+    the measured cost per region grows by that much."""
+    import time
+
+    from dnnperf.distributed import tensor_parallel
+    from dnnperf.model.calibrate import measure_split_region_cost
+
+    base = measure_split_region_cost(repeats=15)
+    monkeypatch.setattr(tensor_parallel.LocalCommunicator, "_all_gather", lambda *a: time.sleep(5e-4))
+    slowed = measure_split_region_cost(repeats=15)
+    assert 0 < base < 5e-4
+    assert slowed - base == pytest.approx(5e-4, abs=2e-4)
+
+
+def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:
+    """The model's top-level code ((root)) in the first stage, the loss outside the model ((none),
+    and autograd's seed of its gradient) in the last; a layer's own and its submodules' rows in
+    neither."""
+    from dnnperf.model import strategies
+
+    times = pd.DataFrame(
+        {
+            "module": ["(root)", "a", "a.b", "ab", "(none)", "(unattributed)", "(root)"],
+            "seconds": [1.0, 10.0, 20.0, 40.0, 2.0, 4.0, 0.5],
+        }
+    )
+    assert strategies.outside_layers(times, ["a", "ab"]) == (1.5, 6.0)
+
+
+def test_every_forward_and_backward_second_lands_in_a_pipeline_stage(mlp_graph) -> None:
+    """Conservation: the stages' forward and backward times add up to the whole description's (the
+    loss included), plus gradient accumulation's share per micro-batch."""
+    from dnnperf.model.compute import op_times
+
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=2)
+    m = 2
+    pp = predict(mlp_graph, machine, 4 * m, "pp", micro_batches=m)
+    times = op_times(mlp_graph, machine)
+    work = times.loc[times["phase"].isin(("forward", "backward")), "seconds"].sum()
+    assert (times["module"] == "(none)").any()  # the loss is outside the model
+    accumulated = sum(pp.detail["accumulation_s"]) / m
+    assert sum(pp.detail["stage_s"]) == pytest.approx(work + accumulated)

@@ -55,8 +55,9 @@ class Communicator:
     """The split's ranks (the default group): its collectives, with their time and bytes noted, and
     the parameters split so far."""
 
-    def __init__(self, meter: DetailMeter) -> None:
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+    def __init__(self, meter: DetailMeter, rank: int | None = None, world: int | None = None) -> None:
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world = dist.get_world_size() if world is None else world
         self.meter = meter
         #: (original parameter, this rank's shard, the dimension it was cut along)
         self.shards: list[tuple[nn.Parameter, nn.Parameter, int]] = []
@@ -81,7 +82,7 @@ class Communicator:
         """The sum over ranks, in a new tensor."""
         total = tensor.contiguous().clone()
         with self._timed("all_reduce", total):
-            dist.all_reduce(total)
+            self._all_reduce(total)
         return total
 
     def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
@@ -89,8 +90,28 @@ class Communicator:
         tensor = tensor.contiguous(memory_format=memory_format(tensor))
         chunks = [torch.empty_like(tensor) for _ in range(self.world)]
         with self._timed("all_gather", tensor):
-            dist.all_gather([flat_alias(c) for c in chunks], flat_alias(tensor))
+            self._all_gather([flat_alias(c) for c in chunks], flat_alias(tensor))
         return torch.cat(chunks, dim).contiguous(memory_format=memory_format(tensor))
+
+    # The collectives themselves: torch.distributed's (a subclass without ranks replaces them to time
+    # the split's own host work, calibrate.split_region_cost).
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+    def _all_gather(self, chunks: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        dist.all_gather(chunks, tensor)
+
+
+class LocalCommunicator(Communicator):
+    """One rank's split run by a process without its peers (``rank`` of ``world``): the collectives
+    are left out (the all-reduce keeps this rank's tensor, the all-gather leaves the peers' chunks as
+    allocated), so a step times the split's own host work alone (calibrate.split_region_cost)."""
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def _all_gather(self, chunks: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        pass
 
 
 class _CopyToRegion(torch.autograd.Function):

@@ -18,6 +18,10 @@ model charges it per fault a step takes (``StepGraph.page_faults``, counted when
 :func:`measure_zero_operand_cost` times each of ``model.zeros.CANDIDATES`` on zeros and on positive
 values: what a zero input element adds, where it adds anything (the model charges it per zero the
 description counted).
+
+:func:`measure_split_region_cost` times the host work one region of tensor parallelism's split adds to
+a training step (its two autograd Functions, the collectives' Python around them, the gathered
+output's allocation), the collectives themselves left out: the model charges it per split region.
 """
 
 from __future__ import annotations
@@ -185,6 +189,62 @@ def page_fault_cost(refresh: bool = False) -> float:
     """:func:`measure_page_fault_cost` of this host, measured once and cached."""
     key = f"page_fault/{platform.node()}/{torch.__version__}"
     return float(_measured_once(key, measure_page_fault_cost, lambda c: isinstance(c, (int, float)), refresh))
+
+
+#: Split regions in the chain :func:`measure_split_region_cost` times.
+SPLIT_REGIONS = 32
+
+
+def measure_split_region_cost(repeats: int = 60) -> float:
+    """Seconds one tensor-parallel split region adds to a training step's host work: a chain of
+    ``SPLIT_REGIONS`` tiny linear layers (8 features, batch 2), each split by output feature as
+    ``distributed.tensor_parallel`` splits it for 2 ranks but run by one process with the collectives
+    left out (``LocalCommunicator``), against the same chain whole; forward and backward steps
+    interleaved, the median paired difference per region. The layers do next to no arithmetic and the
+    copies move a few bytes, so what is left is the split's own calls."""
+    from dnnperf.distributed.partition import DetailMeter
+    from dnnperf.distributed.tensor_parallel import ColumnParallelLinear, LocalCommunicator
+    from dnnperf.workloads.base import no_stages
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 8) for _ in range(SPLIT_REGIONS)]
+    whole = nn.Sequential(*layers)
+    meter = DetailMeter(torch.device("cpu"))
+    comm = LocalCommunicator(meter, rank=0, world=2)
+    split = nn.Sequential(*[ColumnParallelLinear(layer, comm, gather=True) for layer in layers])
+    x = torch.randn(2, 8, requires_grad=True)  # so that every region's input gradient is all-reduced
+
+    def whole_step() -> None:
+        whole(x).sum().backward()
+
+    def split_step() -> None:
+        meter.begin()
+        comm.begin(no_stages)
+        split(x).sum().backward()
+        meter.end()
+
+    try:
+        for _ in range(5):
+            whole_step()
+            split_step()
+        differences = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            whole_step()
+            middle = time.perf_counter()
+            split_step()
+            differences.append((time.perf_counter() - middle) - (middle - started))
+    finally:
+        meter.close()
+    return max(statistics.median(differences), 0.0) / SPLIT_REGIONS
+
+
+def split_region_cost(refresh: bool = False) -> float:
+    """:func:`measure_split_region_cost` of this host, measured once and cached."""
+    key = f"split_region/{platform.node()}/{torch.__version__}"
+    return float(
+        _measured_once(key, measure_split_region_cost, lambda c: isinstance(c, (int, float)), refresh)
+    )
 
 
 class _Sequence(nn.Module):

@@ -90,7 +90,13 @@ def load_machine(spec: str) -> Machine:
 
     if spec == "hw":
         from dnnperf import hardware
-        from dnnperf.model.calibrate import calibrated, op_overhead, page_fault_cost, zero_operand_cost
+        from dnnperf.model.calibrate import (
+            calibrated,
+            op_overhead,
+            page_fault_cost,
+            split_region_cost,
+            zero_operand_cost,
+        )
 
         profile = hardware.load_profile("cpu")
         if profile is None:
@@ -106,6 +112,7 @@ def load_machine(spec: str) -> Machine:
             page_fault_s=page_fault_cost(),
             call_s=call_s,
             zero_operand_s=zero_operand_cost(),
+            split_region_s=split_region_cost(),
         )
     if spec in PRESETS:
         return machines.preset(spec)

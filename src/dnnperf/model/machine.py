@@ -31,7 +31,7 @@ _POSITIVE = (
     "intra_bandwidth",
     "reduce_bandwidth",
 )
-_NON_NEGATIVE = ("link_latency", "intra_latency", "dispatch_s", "page_fault_s")
+_NON_NEGATIVE = ("link_latency", "intra_latency", "dispatch_s", "page_fault_s", "split_region_s")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ class Machine:
     #: from the OS (CPU training: glibc returns large freed blocks and maps them again). 0: not modelled
     #: (GPU presets: the caching allocator keeps its memory). Calibrated: calibrate.page_fault_cost.
     page_fault_s: float = 0.0
+    #: Host seconds one region of tensor parallelism's split adds to a step beyond its kernels and its
+    #: collectives (two autograd Functions and the collectives' Python around them). 0: not modelled
+    #: (described machines). Calibrated: calibrate.split_region_cost.
+    split_region_s: float = 0.0
     #: Bytes/s at which a collective reduces (its gamma is 1/this); default: memory bandwidth / 3.
     reduce_bandwidth: float = 0.0
     #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
@@ -226,6 +230,7 @@ def from_profile(
     page_fault_s: float = 0.0,
     call_s: dict[str, float] | None = None,
     zero_operand_s: dict[str, float] | None = None,
+    split_region_s: float = 0.0,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -234,6 +239,8 @@ def from_profile(
 
     ``page_fault_s``: the cost of one page fault (calibrate.page_fault_cost); default 0 (not modelled).
     ``zero_operand_s``: operators' extra cost per zero input element (calibrate.zero_operand_cost).
+    ``split_region_s``: a tensor-parallel split region's host work (calibrate.split_region_cost);
+    default 0 (not modelled).
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
     loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
@@ -267,6 +274,7 @@ def from_profile(
         intra_latency=alpha,
         dispatch_s=op_overhead_s if op_overhead_s is not None else profile.dispatch_overhead_us * 1e-6,
         page_fault_s=page_fault_s,
+        split_region_s=split_region_s,
         reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),

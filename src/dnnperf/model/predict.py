@@ -296,6 +296,11 @@ def predict(
         bounds = [*_pipeline_starts(graph, names, forward + backward, stages), len(names)]
         stage_forward = [float(forward[a:b].sum()) for a, b in itertools.pairwise(bounds)]
         stage_backward = [float(backward[a:b].sum()) for a, b in itertools.pairwise(bounds)]
+        # What no layer owns: the model's top-level code in the first stage, the loss in the last.
+        for phase, stage_times in (("forward", stage_forward), ("backward", stage_backward)):
+            first, last = strategies.outside_layers(times[times["phase"] == phase], names)
+            stage_times[0] += first
+            stage_times[-1] += last
         # Micro-batches after the first accumulate their weight gradients (adds, and the pages their
         # fresh gradients map): spread over the stage's backward passes, m - 1 of them a step in all.
         adds = strategies.accumulation_ops(graph.module_param_bytes, m)
@@ -355,15 +360,15 @@ def predict(
     times = op_times(graph, machine, options)
     gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
     if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)
-        split, comm = _tp_regions(graph, times, ways, gather_link, reduce_link, algorithm, name)
+        split, regions = _tp_regions(graph, times, ways, name)
     else:  # a description without it: every compute module by output channel, gathered
         split = set(strategies.split_modules(times))
-        comm = 0.0
-        for module in split:
-            in_bytes, out_bytes = graph.module_io.get(module, [0, 0])
-            comm += collectives.allgather(out_bytes, ways, gather_link) + collectives.allreduce(
-                in_bytes, ways, reduce_link, algorithm
-            )
+        regions = [
+            {"module": m, "kind": "column", "input_bytes": i, "output_bytes": o}
+            for m in sorted(split)
+            for i, o in [graph.module_io.get(m, [0, 0])]
+        ]
+    comm = _tp_collectives(regions, ways, gather_link, reduce_link, algorithm)
     if not split:
         raise UsageError(
             f"{name} has no layer tensor parallelism can split (no matrix products or convolutions)"
@@ -380,11 +385,19 @@ def predict(
     rows = zip(times["module"], times["phase"], times["op"], strict=True)
     at_shapes = pd.Series([r in at_split_shapes for r in rows], index=times.index)
     measured = divided & times["replayed"] & at_shapes
+    # The split's own work around its collectives: its copies' bytes, and per region the host work of
+    # its autograd Functions (calibrated as a whole, the copies' calls included).
+    convolutions = set(times.loc[times["family"] == "convolution", "module"])
+    copies = strategies.split_copy_ops(regions, ways, convolutions)
+    copy_times = op_times(dataclasses.replace(graph, ops=copies, kernels=[]), machine, options)
+    copy_s = float(copy_times["compute_s"].sum())
+    split_s = copy_s + len(regions) * machine.split_region_s
     compute = (
         float(times.loc[divided & ~measured, "compute_s"].sum()) / ways
         + float(times.loc[measured, "compute_s"].sum())
         + float(times.loc[divided, "overhead_s"].sum())
         + float(times.loc[~divided, "seconds"].sum())
+        + split_s
     )
     split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
     share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)
@@ -396,27 +409,20 @@ def predict(
         bubble_s=0.0,
         other_s=data_seconds(graph, machine) + fault_seconds(graph, machine, options),
         memory_bytes=memory.peak,
-        detail={"split_modules": len(split)},
+        detail={"split_modules": len(split), "split_regions": len(regions), "split_overhead_s": split_s},
         memory=memory.to_dict(),
     )
 
 
 def _tp_regions(
-    graph: StepGraph,
-    times: pd.DataFrame,
-    ways: int,
-    gather_link: collectives.Link,
-    reduce_link: collectives.Link,
-    algorithm: str,
-    name: str,
-) -> tuple[set[str], float]:
-    """The modules split and the collectives' seconds, region by region as the implementation splits:
-    Megatron's attention and MLP blocks (an all-reduce of the block's output in forward, of its input
-    gradient in backward), or a layer split by output channel (an all-gather of its output, an
-    all-reduce of its input gradient); a layer whose channels do not divide stays whole."""
+    graph: StepGraph, times: pd.DataFrame, ways: int, name: str
+) -> tuple[set[str], list[dict[str, Any]]]:
+    """The modules split and the regions split, as the implementation splits: Megatron's attention
+    and MLP blocks, or layers split by output channel; a layer whose channels do not divide stays
+    whole."""
     modules = set(times["module"])
     split: set[str] = set()
-    comm = 0.0
+    regions = []
     for region in graph.tp_regions:
         if region["count"] % ways:
             if region["kind"] != "column":
@@ -428,12 +434,28 @@ def _tp_regions(
             continue
         prefix = region["module"] + "."
         split |= {m for m in modules if m == region["module"] or m.startswith(prefix)}
-        backward = collectives.allreduce(region["input_bytes"], ways, reduce_link, algorithm)
-        if region["kind"] == "column":
-            comm += collectives.allgather(region["output_bytes"], ways, gather_link) + backward
-        else:
-            comm += collectives.allreduce(region["output_bytes"], ways, reduce_link, algorithm) + backward
-    return split, comm
+        regions.append(region)
+    return split, regions
+
+
+def _tp_collectives(
+    regions: Sequence[Mapping[str, Any]],
+    ways: int,
+    gather_link: collectives.Link,
+    reduce_link: collectives.Link,
+    algorithm: str,
+) -> float:
+    """Seconds of the split regions' collectives: forward, a layer split by output channel gathers its
+    output and a Megatron block all-reduces it; backward, each all-reduces its input gradient."""
+    return sum(
+        (
+            collectives.allgather(r["output_bytes"], ways, gather_link)
+            if r["kind"] == "column"
+            else collectives.allreduce(r["output_bytes"], ways, reduce_link, algorithm)
+        )
+        + collectives.allreduce(r["input_bytes"], ways, reduce_link, algorithm)
+        for r in regions
+    )
 
 
 def best_strategy(predictions: Sequence[Prediction]) -> Prediction | None:

@@ -5,18 +5,21 @@
   starting when its last gradient is ready and the previous bucket's allreduce is done, overlapping
   the rest of backward (:func:`bucket_overlap`); only what runs past backward's end is exposed.
 * pipeline: the model's top-level layers cut into contiguous stages balancing forward + backward
-  time; ``m`` micro-batches; GPipe and 1F1B both take ``(m + S - 1)`` slots of the slowest stage, the
-  ``S - 1`` extra being the bubble (share ``(S - 1) / m`` of the useful time); they differ in
-  activations held (``m`` micro-batches vs ``min(m, S)``).
+  time (what no layer owns in the first or last stage, :func:`outside_layers`); ``m``
+  micro-batches; GPipe and 1F1B both take ``(m + S - 1)`` slots of the slowest stage, the ``S - 1``
+  extra being the bubble (share ``(S - 1) / m`` of the useful time); they differ in activations held
+  (``m`` micro-batches vs ``min(m, S)``).
 * tensor parallel: each module with matrix-product or convolution work split ``t`` ways (its weights
   and its compute-library time divided by ``t``, everything else replicated); per split module one
-  allgather of its output in forward and one allreduce of its input gradient in backward.
+  allgather of its output in forward and one allreduce of its input gradient in backward, and the
+  split's own copies around them (:func:`split_copy_ops`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -77,6 +80,18 @@ def layer_seconds(times: pd.DataFrame, layers: Sequence[str]) -> np.ndarray:
     return np.array([float(sums.get(name, 0.0)) for name in layers])
 
 
+def outside_layers(times: pd.DataFrame, layers: Sequence[str]) -> tuple[float, float]:
+    """Seconds of the operators in ``times`` that no layer owns, as (first stage, last stage): where
+    dnnperf's pipeline runs them. The model's own top-level code (``(root)``: GPT-2's sum of token and
+    position embeddings) runs in its first layer (``partition.GPT2Embedding``); the rest is outside the
+    model (the loss and its gradient's seed), computed by the last stage."""
+    by_length = sorted(layers, key=len, reverse=True)
+    owned = times["module"].map(lambda m: any(m == n or m.startswith(n + ".") for n in by_length))
+    loose = times[~owned]
+    root = float(loose.loc[loose["module"] == "(root)", "seconds"].sum())
+    return root, float(loose["seconds"].sum()) - root
+
+
 #: The OS page the gradient-accumulation fault estimate counts in (4 KiB on the hosts dnnperf runs on).
 PAGE_BYTES = 4096
 
@@ -116,6 +131,44 @@ def accumulation_faults(param_bytes: float, micro_batches: int) -> float:
     thousand more faults a step than the same micro-batches with the gradients dropped between them;
     resnet18 (11.3 MB, 8.3 thousand) 5.3 and 8.5 thousand: the rule is the upper side."""
     return max(micro_batches - 1, 0) * param_bytes / PAGE_BYTES
+
+
+def split_copy_ops(regions: Sequence[Mapping[str, Any]], ways: int, convolutions: set[str]) -> pd.DataFrame:
+    """Operator rows (``StepGraph.ops``' columns) of the copies tensor parallelism's split makes around
+    its collectives (``distributed.tensor_parallel``), one call each, reading and writing its bytes:
+
+    * a layer split by output channel (``column``): forward, the gathered slices concatenated into
+      the full output; backward, the input gradient cloned for its all-reduce, and for a convolution
+      the rank's slice of the output gradient made contiguous (a ``ways``-th of it; a matrix product
+      takes the strided slice as it is);
+    * a Megatron block (``attention``, ``mlp``): forward, the partial output cloned for its
+      all-reduce; backward, the input gradient cloned for its all-reduce.
+
+    Their calls' host work is in the machine's ``split_region_s``, not in these rows."""
+    rows = []
+    for region in regions:
+        module, out_bytes, in_bytes = region["module"], region["output_bytes"], region["input_bytes"]
+        copies = [("forward", "aten.cat" if region["kind"] == "column" else "aten.clone", out_bytes)]
+        copies.append(("backward", "aten.clone", in_bytes))
+        if region["kind"] == "column" and module in convolutions:
+            copies.append(("backward", "aten.contiguous", out_bytes / ways))
+        rows += [
+            {
+                "phase": phase,
+                "module": module,
+                "op": op,
+                "family": "memory",
+                "dtype": "float32",
+                "flops": 0.0,
+                "bytes": float(2 * nbytes),
+                "calls": 1.0,
+                "zeros": 0.0,
+            }
+            for phase, op, nbytes in copies
+            if nbytes > 0
+        ]
+    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def partition(costs: Sequence[float], stages: int) -> list[int]:

@@ -24,6 +24,7 @@ from dnnperf.interrupts import run_child
 from dnnperf.model.calibrate import (
     measure_op_overhead,
     measure_page_fault_cost,
+    measure_split_region_cost,
     measure_zero_operand_cost,
     zoo_calibration,
 )
@@ -64,6 +65,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     overhead = measure_op_overhead()
     fault = measure_page_fault_cost()
     zero_operand = measure_zero_operand_cost()
+    split_region = measure_split_region_cost()
     efficiency, curves, call_s = zoo_calibration(from_profile(profile))
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
@@ -75,6 +77,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             page_fault_s=fault,
             call_s={} if v in ("no fixed call cost", "no efficiency", "zoo curves") else call_s,
             zero_operand_s=zero_operand,
+            split_region_s=split_region,
         )
         for v in VARIANTS
     }
@@ -82,6 +85,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "op_overhead_s": overhead,
         "dispatch_s": profile.dispatch_overhead_us * 1e-6,
         "page_fault_s": fault,
+        "split_region_s": split_region,
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
 
