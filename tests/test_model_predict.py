@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 
 import pandas as pd
 import pytest
@@ -385,18 +386,25 @@ def test_tensor_parallel_pays_its_splits_copies_and_host_work(mlp_graph) -> None
 
 
 def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch) -> None:
-    """A known 0.5 ms sleep in every region's all-gather (the collective the calibration leaves out):
-    the measured cost per region grows by that much."""
+    """A sleep in every region's all-gather (the collective the calibration leaves out), timed as it
+    runs: the measured cost per region grows by what the sleeps took."""
     import time
 
     from dnnperf.distributed import tensor_parallel
     from dnnperf.model.calibrate import measure_split_region_cost
 
+    slept: list[float] = []  # a short sleep overshoots: the truth is what the sleeps took
+
+    def sleep(*args: object) -> None:
+        started = time.perf_counter()
+        time.sleep(5e-4)
+        slept.append(time.perf_counter() - started)
+
     base = measure_split_region_cost(repeats=15)
-    monkeypatch.setattr(tensor_parallel.LocalCommunicator, "_all_gather", lambda *a: time.sleep(5e-4))
+    monkeypatch.setattr(tensor_parallel.LocalCommunicator, "_all_gather", sleep)
     slowed = measure_split_region_cost(repeats=15)
     assert 0 < base < 5e-4
-    assert slowed - base == pytest.approx(5e-4, abs=2e-4)
+    assert slowed - base == pytest.approx(statistics.median(slept), rel=0.2)
 
 
 def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:
@@ -427,3 +435,62 @@ def test_every_forward_and_backward_second_lands_in_a_pipeline_stage(mlp_graph) 
     assert (times["module"] == "(none)").any()  # the loss is outside the model
     accumulated = sum(pp.detail["accumulation_s"]) / m
     assert sum(pp.detail["stage_s"]) == pytest.approx(work + accumulated)
+
+
+def test_data_parallel_pays_ddps_passes_over_the_gradients_and_its_host_work(mlp_graph) -> None:
+    """DDP copies every gradient into its bucket and back and divides the bucket by the world size:
+    6 x the gradient bytes streamed at the memory bandwidth (hand count from the layer sizes), plus
+    the calibrated host work per step and per parameter tensor (4 here: two weights, two biases)."""
+    from dnnperf.model import strategies
+
+    assert mlp_graph.param_tensors == 4
+    rows = strategies.ddp_ops(mlp_graph.module_param_bytes)
+    assert rows["bytes"].sum() == 6 * mlp_graph.param_bytes
+    machine = dataclasses.replace(preset("seed002"), devices_per_node=2)
+    dp = predict(mlp_graph, machine, 8, "dp")
+    assert dp.detail["ddp_s"] == pytest.approx(6 * mlp_graph.param_bytes / machine.memory_bandwidth)
+    charged = predict(mlp_graph, dataclasses.replace(machine, ddp_step_s=1e-4, ddp_param_s=1e-5), 8, "dp")
+    assert charged.compute_s - dp.compute_s == pytest.approx(1e-4 + 4 * 1e-5)
+    assert charged.communication_s == dp.communication_s
+    single = predict(mlp_graph, dataclasses.replace(machine, ddp_step_s=1e-4), 4, "single")
+    assert "ddp_s" not in single.detail  # one device runs no DDP
+
+
+def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(monkeypatch) -> None:
+    """A known 1 ms sleep in DDP's forward lands in the per-step cost; a 0.2 ms sleep in a hook on each
+    parameter's gradient (as DDP's own hooks run) lands in the per-parameter cost."""
+    import time
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from dnnperf.model.calibrate import measure_ddp_cost
+
+    step, param = measure_ddp_cost(repeats=15)
+    forward = DistributedDataParallel.forward
+
+    def slow_forward(self, *args, **kwargs):
+        time.sleep(1e-3)
+        return forward(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DistributedDataParallel, "forward", slow_forward)
+        slow_step, same_param = measure_ddp_cost(repeats=15)
+    assert slow_step - step == pytest.approx(1e-3, abs=3e-4)
+    assert same_param == pytest.approx(param, abs=3e-5)
+
+    init = DistributedDataParallel.__init__
+    slept: list[float] = []  # a short sleep overshoots: the truth is what the hooks took
+
+    def sleep(grad: torch.Tensor) -> None:
+        started = time.perf_counter()
+        time.sleep(2e-4)
+        slept.append(time.perf_counter() - started)
+
+    def hooked_init(self, module, *args, **kwargs):
+        init(self, module, *args, **kwargs)
+        for parameter in module.parameters():
+            parameter.register_hook(sleep)
+
+    monkeypatch.setattr(DistributedDataParallel, "__init__", hooked_init)
+    _, slow_param = measure_ddp_cost(repeats=15)
+    assert slow_param - param == pytest.approx(statistics.median(slept), rel=0.3)

@@ -19,6 +19,10 @@ model charges it per fault a step takes (``StepGraph.page_faults``, counted when
 values: what a zero input element adds, where it adds anything (the model charges it per zero the
 description counted).
 
+:func:`measure_ddp_cost` times the host work DistributedDataParallel adds to a step (its hooks, its
+reducer's bookkeeping, its wrapper), per step and per parameter tensor, beside its gradient copies
+(which the model prices by their bytes) and its collectives: the model charges it to data parallelism.
+
 :func:`measure_split_region_cost` times the host work one region of tensor parallelism's split adds to
 a training step (its two autograd Functions, the collectives' Python around them, the gathered
 output's allocation), the collectives themselves left out: the model charges it per split region.
@@ -189,6 +193,72 @@ def page_fault_cost(refresh: bool = False) -> float:
     """:func:`measure_page_fault_cost` of this host, measured once and cached."""
     key = f"page_fault/{platform.node()}/{torch.__version__}"
     return float(_measured_once(key, measure_page_fault_cost, lambda c: isinstance(c, (int, float)), refresh))
+
+
+#: The two chains of tiny layers :func:`measure_ddp_cost` fits its line through.
+DDP_CHAINS = (8, 64)
+
+
+def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
+    """(seconds per step, seconds per trainable parameter tensor) that DistributedDataParallel adds to
+    a training step's host work on this host: chains of 8 and 64 tiny linear layers (4 features,
+    batch 2; 2 parameter tensors each) wrapped in DDP over a one-process gloo group, against the same
+    chains bare, steps interleaved; the line through the two chains' median paired differences. The
+    gradients are a few bytes, so their copies into and out of DDP's buckets cost only their calls,
+    and the one-rank all-reduce returns at once: what is left is DDP's own work. (0, 0) where this
+    process already belongs to a group of several ranks, which a calibration must not talk to."""
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        return 0.0, 0.0
+    owned = not dist.is_initialized()
+    if owned:
+        handle, path = tempfile.mkstemp(prefix="dnnperf-ddp-")
+        os.close(handle)
+        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    try:
+        x = torch.randn(2, 4)
+        differences = []
+        for layers in DDP_CHAINS:
+            torch.manual_seed(0)
+            bare = nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)])
+            torch.manual_seed(0)
+            wrapped = DistributedDataParallel(nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)]))
+
+            def step(model: nn.Module) -> float:
+                started = time.perf_counter()
+                model(x).sum().backward()
+                for parameter in model.parameters():
+                    parameter.grad = None
+                return time.perf_counter() - started
+
+            for _ in range(5):
+                step(bare), step(wrapped)
+            differences.append(statistics.median(step(wrapped) - step(bare) for _ in range(repeats)))
+    finally:
+        if owned:
+            dist.destroy_process_group()
+            os.unlink(path)
+    small, large = DDP_CHAINS
+    per_param = max((differences[1] - differences[0]) / (2 * (large - small)), 0.0)
+    per_step = max(differences[0] - 2 * small * per_param, 0.0)
+    return per_step, per_param
+
+
+def ddp_cost(refresh: bool = False) -> tuple[float, float]:
+    """:func:`measure_ddp_cost` of this host, measured once and cached."""
+    key = f"ddp/{platform.node()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        lambda: list(measure_ddp_cost()),
+        lambda c: isinstance(c, list) and len(c) == 2 and all(isinstance(v, (int, float)) for v in c),
+        refresh,
+    )
+    return float(found[0]), float(found[1])
 
 
 #: Split regions in the chain :func:`measure_split_region_cost` times.

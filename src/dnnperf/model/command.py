@@ -92,6 +92,7 @@ def load_machine(spec: str) -> Machine:
         from dnnperf import hardware
         from dnnperf.model.calibrate import (
             calibrated,
+            ddp_cost,
             op_overhead,
             page_fault_cost,
             split_region_cost,
@@ -113,6 +114,7 @@ def load_machine(spec: str) -> Machine:
             call_s=call_s,
             zero_operand_s=zero_operand_cost(),
             split_region_s=split_region_cost(),
+            ddp_s=ddp_cost(),
         )
     if spec in PRESETS:
         return machines.preset(spec)

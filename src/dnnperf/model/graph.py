@@ -101,6 +101,9 @@ class StepGraph:
     update_temp_bytes: int = 0
     #: Parameters that train no gradient (frozen): memory, but no gradient, state or allreduce.
     frozen_param_bytes: int = 0
+    #: Trainable parameter tensors, each once (DDP hooks each and copies its gradient in and out of
+    #: a bucket); 0 in older descriptions.
+    param_tensors: int = 0
     #: How tensor parallelism splits the model (``distributed.tensor_parallel.split_layout``), each
     #: region's first call: module, kind (attention, mlp, column), the count the ranks must divide,
     #: input bytes that need a gradient (backward's all-reduce), output bytes. Empty in older ones.
@@ -537,13 +540,14 @@ def capture(
     ]
     module_params: dict[str, int] = {}
     seen: set[int] = set()
-    frozen = 0
+    frozen, trainable = 0, 0
     for module_name, module in model.named_modules():
         for parameter in module.parameters(recurse=False):
             if id(parameter) in seen:
                 continue
             seen.add(id(parameter))
             if parameter.requires_grad:
+                trainable += 1
                 key = module_name or "(root)"
                 module_params[key] = module_params.get(key, 0) + _nbytes(parameter)
             else:
@@ -588,6 +592,7 @@ def capture(
         memory_walk=segments,
         update_temp_bytes=max((update_temporaries(opt) for opt in optimizers or []), default=0),
         frozen_param_bytes=frozen,
+        param_tensors=trainable,
         tp_regions=list(tp_regions.values()),
         shared_params=[{"bytes": n, "layers": names} for n, names in holders.values() if len(names) > 1],
         kernels=described,
@@ -652,7 +657,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-20"],
+        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-21"],
         sort_keys=True,
         default=str,
     )

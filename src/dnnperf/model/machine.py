@@ -31,7 +31,15 @@ _POSITIVE = (
     "intra_bandwidth",
     "reduce_bandwidth",
 )
-_NON_NEGATIVE = ("link_latency", "intra_latency", "dispatch_s", "page_fault_s", "split_region_s")
+_NON_NEGATIVE = (
+    "link_latency",
+    "intra_latency",
+    "dispatch_s",
+    "page_fault_s",
+    "split_region_s",
+    "ddp_step_s",
+    "ddp_param_s",
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,11 @@ class Machine:
     #: collectives (two autograd Functions and the collectives' Python around them). 0: not modelled
     #: (described machines). Calibrated: calibrate.split_region_cost.
     split_region_s: float = 0.0
+    #: Host seconds DistributedDataParallel adds to a data-parallel step beyond its gradient copies and
+    #: its collectives: per step, and per trainable parameter tensor (hooks, reducer bookkeeping). 0:
+    #: not modelled (described machines). Calibrated: calibrate.ddp_cost.
+    ddp_step_s: float = 0.0
+    ddp_param_s: float = 0.0
     #: Bytes/s at which a collective reduces (its gamma is 1/this); default: memory bandwidth / 3.
     reduce_bandwidth: float = 0.0
     #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
@@ -231,6 +244,7 @@ def from_profile(
     call_s: dict[str, float] | None = None,
     zero_operand_s: dict[str, float] | None = None,
     split_region_s: float = 0.0,
+    ddp_s: tuple[float, float] = (0.0, 0.0),
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -240,7 +254,8 @@ def from_profile(
     ``page_fault_s``: the cost of one page fault (calibrate.page_fault_cost); default 0 (not modelled).
     ``zero_operand_s``: operators' extra cost per zero input element (calibrate.zero_operand_cost).
     ``split_region_s``: a tensor-parallel split region's host work (calibrate.split_region_cost);
-    default 0 (not modelled).
+    default 0 (not modelled). ``ddp_s``: DistributedDataParallel's host work per step and per
+    parameter tensor (calibrate.ddp_cost); default none.
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
     loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
@@ -275,6 +290,8 @@ def from_profile(
         dispatch_s=op_overhead_s if op_overhead_s is not None else profile.dispatch_overhead_us * 1e-6,
         page_fault_s=page_fault_s,
         split_region_s=split_region_s,
+        ddp_step_s=ddp_s[0],
+        ddp_param_s=ddp_s[1],
         reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),

@@ -4,6 +4,7 @@
   in DDP-style buckets (first ~1 MiB, then 25 MiB, in the order backward produces them), each
   starting when its last gradient is ready and the previous bucket's allreduce is done, overlapping
   the rest of backward (:func:`bucket_overlap`); only what runs past backward's end is exposed.
+  DDP's own passes over the gradients (:func:`ddp_ops`) and host work add to the step.
 * pipeline: the model's top-level layers cut into contiguous stages balancing forward + backward
   time (what no layer owns in the first or last stage, :func:`outside_layers`); ``m``
   micro-batches; GPipe and 1F1B both take ``(m + S - 1)`` slots of the slowest stage, the ``S - 1``
@@ -131,6 +132,35 @@ def accumulation_faults(param_bytes: float, micro_batches: int) -> float:
     thousand more faults a step than the same micro-batches with the gradients dropped between them;
     resnet18 (11.3 MB, 8.3 thousand) 5.3 and 8.5 thousand: the rule is the upper side."""
     return max(micro_batches - 1, 0) * param_bytes / PAGE_BYTES
+
+
+def ddp_ops(module_param_bytes: Mapping[str, int]) -> pd.DataFrame:
+    """Operator rows (``StepGraph.ops``' columns) of the passes DistributedDataParallel makes over the
+    gradients (``distributed.ddp``, DDP's default ``gradient_as_bucket_view=False``): each gradient
+    copied into its bucket as backward makes it, the bucket divided by the world size before its
+    all-reduce (averaging), and the reduced bucket copied back into the gradients; each reads and
+    writes the gradient's bytes. Their calls' host work is in the machine's ``ddp_param_s``."""
+    rows = [
+        {
+            "phase": "backward",
+            "module": module,
+            "op": op,
+            "family": family,
+            "dtype": "float32",
+            "flops": float(flops),
+            "bytes": float(2 * copies * nbytes),
+            "calls": float(copies),
+            "zeros": 0.0,
+        }
+        for module, nbytes in module_param_bytes.items()
+        if nbytes > 0
+        for op, family, copies, flops in (
+            ("aten.copy_", "memory", 2, 0),
+            ("aten.div_", "elementwise", 1, nbytes // 4),
+        )
+    ]
+    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def split_copy_ops(regions: Sequence[Mapping[str, Any]], ways: int, convolutions: set[str]) -> pd.DataFrame:

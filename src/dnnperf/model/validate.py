@@ -22,6 +22,7 @@ from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile
 from dnnperf.interrupts import run_child
 from dnnperf.model.calibrate import (
+    measure_ddp_cost,
     measure_op_overhead,
     measure_page_fault_cost,
     measure_split_region_cost,
@@ -66,6 +67,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     fault = measure_page_fault_cost()
     zero_operand = measure_zero_operand_cost()
     split_region = measure_split_region_cost()
+    ddp = measure_ddp_cost()
     efficiency, curves, call_s = zoo_calibration(from_profile(profile))
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
@@ -78,6 +80,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             call_s={} if v in ("no fixed call cost", "no efficiency", "zoo curves") else call_s,
             zero_operand_s=zero_operand,
             split_region_s=split_region,
+            ddp_s=ddp,
         )
         for v in VARIANTS
     }
@@ -86,6 +89,8 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "dispatch_s": profile.dispatch_overhead_us * 1e-6,
         "page_fault_s": fault,
         "split_region_s": split_region,
+        "ddp_step_s": ddp[0],
+        "ddp_param_s": ddp[1],
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
 
