@@ -397,14 +397,14 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch) -> No
 
     def sleep(*args: object) -> None:
         started = time.perf_counter()
-        time.sleep(5e-4)
+        time.sleep(2e-3)
         slept.append(time.perf_counter() - started)
 
     base = measure_split_region_cost(repeats=15)
     monkeypatch.setattr(tensor_parallel.LocalCommunicator, "_all_gather", sleep)
     slowed = measure_split_region_cost(repeats=15)
     assert 0 < base < 5e-4
-    assert slowed - base == pytest.approx(statistics.median(slept), rel=0.2)
+    assert slowed - base == pytest.approx(statistics.median(slept), rel=0.25)
 
 
 def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:
@@ -457,8 +457,8 @@ def test_data_parallel_pays_ddps_passes_over_the_gradients_and_its_host_work(mlp
 
 
 def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(monkeypatch) -> None:
-    """A known 1 ms sleep in DDP's forward lands in the per-step cost; a 0.2 ms sleep in a hook on each
-    parameter's gradient (as DDP's own hooks run) lands in the per-parameter cost."""
+    """A sleep in DDP's forward lands in the per-step cost, a sleep in a hook on each parameter's
+    gradient (as DDP's own hooks run) in the per-parameter cost, each as long as the sleeps took."""
     import time
 
     from torch.nn.parallel import DistributedDataParallel
@@ -467,15 +467,18 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(mo
 
     step, param = measure_ddp_cost(repeats=15)
     forward = DistributedDataParallel.forward
+    napped: list[float] = []  # a sleep overshoots (1 ms took 1.5 ms once): the truth is what it took
 
     def slow_forward(self, *args, **kwargs):
-        time.sleep(1e-3)
+        started = time.perf_counter()
+        time.sleep(3e-3)
+        napped.append(time.perf_counter() - started)
         return forward(self, *args, **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(DistributedDataParallel, "forward", slow_forward)
         slow_step, same_param = measure_ddp_cost(repeats=15)
-    assert slow_step - step == pytest.approx(1e-3, abs=3e-4)
+    assert slow_step - step == pytest.approx(statistics.median(napped), rel=0.25)
     assert same_param == pytest.approx(param, abs=3e-5)
 
     init = DistributedDataParallel.__init__
@@ -483,7 +486,7 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(mo
 
     def sleep(grad: torch.Tensor) -> None:
         started = time.perf_counter()
-        time.sleep(2e-4)
+        time.sleep(5e-4)
         slept.append(time.perf_counter() - started)
 
     def hooked_init(self, module, *args, **kwargs):
@@ -493,4 +496,4 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(mo
 
     monkeypatch.setattr(DistributedDataParallel, "__init__", hooked_init)
     _, slow_param = measure_ddp_cost(repeats=15)
-    assert slow_param - param == pytest.approx(statistics.median(slept), rel=0.3)
+    assert slow_param - param == pytest.approx(statistics.median(slept), rel=0.25)
