@@ -459,13 +459,19 @@ def test_data_parallel_pays_ddps_passes_over_the_gradients_and_its_host_work(mlp
 def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(monkeypatch) -> None:
     """A sleep in DDP's forward lands in the per-step cost, a sleep in a hook on each parameter's
     gradient (as DDP's own hooks run) in the per-parameter cost, each as long as the sleeps took."""
+    import glob
+    import tempfile
     import time
 
     from torch.nn.parallel import DistributedDataParallel
 
     from dnnperf.model.calibrate import measure_ddp_cost
 
+    stores = f"{tempfile.gettempdir()}/dnnperf-ddp-*"
+    left_before = set(glob.glob(stores))
     step, param = measure_ddp_cost(repeats=15)
+    assert set(glob.glob(stores)) <= left_before  # its one-process group's store file is removed
+    assert not torch.distributed.is_initialized()  # and the group it made is destroyed
     forward = DistributedDataParallel.forward
     napped: list[float] = []  # a sleep overshoots (1 ms took 1.5 ms once): the truth is what it took
 

@@ -209,6 +209,7 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
     process already belongs to a group of several ranks, which a calibration must not talk to."""
     import os
     import tempfile
+    from pathlib import Path
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -216,11 +217,11 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
     if dist.is_initialized() and dist.get_world_size() > 1:
         return 0.0, 0.0
     owned = not dist.is_initialized()
-    if owned:
-        handle, path = tempfile.mkstemp(prefix="dnnperf-ddp-")
-        os.close(handle)
-        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    handle, path = tempfile.mkstemp(prefix="dnnperf-ddp-")  # the one-process group's store
+    os.close(handle)
     try:
+        if owned:
+            dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
         x = torch.randn(2, 4)
         differences = []
         for layers in DDP_CHAINS:
@@ -240,9 +241,9 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
                 step(bare), step(wrapped)
             differences.append(statistics.median(step(wrapped) - step(bare) for _ in range(repeats)))
     finally:
-        if owned:
+        if owned and dist.is_initialized():
             dist.destroy_process_group()
-            os.unlink(path)
+        Path(path).unlink(missing_ok=True)
     small, large = DDP_CHAINS
     per_param = max((differences[1] - differences[0]) / (2 * (large - small)), 0.0)
     per_step = max(differences[0] - 2 * small * per_param, 0.0)
