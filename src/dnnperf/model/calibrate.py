@@ -207,6 +207,7 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
     gradients are a few bytes, so their copies into and out of DDP's buckets cost only their calls,
     and the one-rank all-reduce returns at once: what is left is DDP's own work. (0, 0) where this
     process already belongs to a group of several ranks, which a calibration must not talk to."""
+    import gc
     import os
     import tempfile
     from pathlib import Path
@@ -240,6 +241,10 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
             for _ in range(5):
                 step(bare), step(wrapped)
             differences.append(statistics.median(step(wrapped) - step(bare) for _ in range(repeats)))
+            # DDP's reducer holds the group: freed here, before the group and its store go (a reducer
+            # freed after them joins the group's threads in its destructor, and that can hang).
+            del wrapped
+            gc.collect()
     finally:
         if owned and dist.is_initialized():
             dist.destroy_process_group()

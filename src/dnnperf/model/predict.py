@@ -266,9 +266,12 @@ def predict(
             detail = {"buckets": len(sizes), "allreduce_s": sum(costs), "backward_s": backward_s}
             # DDP's copies into and out of its buckets and its averaging (priced by their bytes), and
             # its hooks' and reducer's host work (calibrated per step and per parameter tensor).
-            passes = strategies.ddp_ops(graph.module_param_bytes)
             tensors = graph.param_tensors or len(graph.module_param_bytes)  # older descriptions
-            ddp_s = _streamed_s(passes, machine) + machine.ddp_step_s + tensors * machine.ddp_param_s
+            ddp_s = (
+                _streamed_s(strategies.ddp_pass_bytes(graph.param_bytes), machine)
+                + machine.ddp_step_s
+                + tensors * machine.ddp_param_s
+            )
             compute += ddp_s
             detail["ddp_s"] = ddp_s
             if machine.comm_on_compute_cores and machine.nodes == 1:
@@ -311,7 +314,9 @@ def predict(
         # Micro-batches after the first accumulate their weight gradients (adds, and the pages their
         # fresh gradients map): spread over the stage's backward passes, m - 1 of them a step in all.
         adds = strategies.accumulation_ops(graph.module_param_bytes, m)
-        accumulation = strategies.layer_seconds(_extra_rows(graph, adds, machine, options), names)
+        accumulation = strategies.layer_seconds(
+            op_times(dataclasses.replace(graph, ops=adds, kernels=[]), machine, options), names
+        )
         accumulation_s = []
         for i, (a, b) in enumerate(itertools.pairwise(bounds)):
             held = sum(layer.param_bytes for layer in graph.layers[a:b])
@@ -394,7 +399,7 @@ def predict(
     # its autograd Functions (calibrated as a whole, the copies' calls included).
     convolutions = set(times.loc[times["family"] == "convolution", "module"])
     copies = strategies.split_copy_ops(regions, ways, convolutions)
-    copy_s = _streamed_s(copies, machine)
+    copy_s = _streamed_s(float(copies["bytes"].sum()), machine)
     split_s = copy_s + len(regions) * machine.split_region_s
     compute = (
         float(times.loc[divided & ~measured, "compute_s"].sum()) / ways
@@ -442,20 +447,13 @@ def _tp_regions(
     return split, regions
 
 
-def _extra_rows(
-    graph: StepGraph, rows: pd.DataFrame, machine: Machine, options: ComputeOptions
-) -> pd.DataFrame:
-    """``op_times`` of operator rows a strategy adds to the description's (none of them replayed)."""
-    return op_times(dataclasses.replace(graph, ops=rows, kernels=[]), machine, options)
-
-
-def _streamed_s(rows: pd.DataFrame, machine: Machine) -> float:
+def _streamed_s(nbytes: float, machine: Machine) -> float:
     """Seconds of a strategy's passes over whole tensors (copies, in-place divides: memory-bound),
-    their bytes streamed at the machine's memory bandwidth. Not the operator families' calibrated
+    ``nbytes`` streamed at the machine's memory bandwidth. Not the operator families' calibrated
     efficiencies: the layer zoo fits "memory" on small copies whose call overhead dominates (0.08 to
-    0.14 of the roofline here), which a pass over megabytes does not pay; their calls' host work is
+    0.17 of the roofline here), which a pass over megabytes does not pay; their calls' host work is
     calibrated with the strategy's (split_region_s, ddp_param_s)."""
-    return float(rows["bytes"].sum()) / machine.memory_bandwidth
+    return nbytes / machine.memory_bandwidth
 
 
 def _tp_collectives(

@@ -4,7 +4,7 @@
   in DDP-style buckets (first ~1 MiB, then 25 MiB, in the order backward produces them), each
   starting when its last gradient is ready and the previous bucket's allreduce is done, overlapping
   the rest of backward (:func:`bucket_overlap`); only what runs past backward's end is exposed.
-  DDP's own passes over the gradients (:func:`ddp_ops`) and host work add to the step.
+  DDP's own passes over the gradients (:func:`ddp_pass_bytes`) and host work add to the step.
 * pipeline: the model's top-level layers cut into contiguous stages balancing forward + backward
   time (what no layer owns in the first or last stage, :func:`outside_layers`); ``m``
   micro-batches; GPipe and 1F1B both take ``(m + S - 1)`` slots of the slowest stage, the ``S - 1``
@@ -67,17 +67,17 @@ def gradient_buckets(
     return [b[0] for b in buckets], [b[1] for b in buckets], total
 
 
-def layer_seconds(times: pd.DataFrame, layers: Sequence[str]) -> np.ndarray:
-    """Forward + backward seconds per layer, its submodules included (a module belongs to the layer
-    whose name is the longest prefix of its own: ``blocks.1.attn`` to ``blocks.1``)."""
-    work = times[times["phase"].isin(("forward", "backward"))]
+def _owners(modules: Sequence[str], layers: Sequence[str]) -> dict[str, str | None]:
+    """Each module's layer: the one whose name is the longest prefix of its own (``blocks.1.attn`` to
+    ``blocks.1``); None for a module no layer owns."""
     by_length = sorted(layers, key=len, reverse=True)
+    return {m: next((n for n in by_length if m == n or m.startswith(n + ".")), None) for m in set(modules)}
 
-    def owner(module: str) -> str | None:
-        return next((n for n in by_length if module == n or module.startswith(n + ".")), None)
 
-    owners = {m: owner(m) for m in work["module"].unique()}
-    sums = work.groupby(work["module"].map(owners))["seconds"].sum()
+def layer_seconds(times: pd.DataFrame, layers: Sequence[str]) -> np.ndarray:
+    """Forward + backward seconds per layer, its submodules included."""
+    work = times[times["phase"].isin(("forward", "backward"))]
+    sums = work.groupby(work["module"].map(_owners(work["module"], layers)))["seconds"].sum()
     return np.array([float(sums.get(name, 0.0)) for name in layers])
 
 
@@ -86,9 +86,7 @@ def outside_layers(times: pd.DataFrame, layers: Sequence[str]) -> tuple[float, f
     dnnperf's pipeline runs them. The model's own top-level code (``(root)``: GPT-2's sum of token and
     position embeddings) runs in its first layer (``partition.GPT2Embedding``); the rest is outside the
     model (the loss and its gradient's seed), computed by the last stage."""
-    by_length = sorted(layers, key=len, reverse=True)
-    owned = times["module"].map(lambda m: any(m == n or m.startswith(n + ".") for n in by_length))
-    loose = times[~owned]
+    loose = times[times["module"].map(_owners(times["module"], layers)).isna()]
     root = float(loose.loc[loose["module"] == "(root)", "seconds"].sum())
     return root, float(loose["seconds"].sum()) - root
 
@@ -134,38 +132,22 @@ def accumulation_faults(param_bytes: float, micro_batches: int) -> float:
     return max(micro_batches - 1, 0) * param_bytes / PAGE_BYTES
 
 
-def ddp_ops(module_param_bytes: Mapping[str, int]) -> pd.DataFrame:
-    """Operator rows (``StepGraph.ops``' columns) of the passes DistributedDataParallel makes over the
-    gradients (``distributed.ddp``, DDP's default ``gradient_as_bucket_view=False``): each gradient
-    copied into its bucket as backward makes it, the bucket divided by the world size before its
-    all-reduce (averaging), and the reduced bucket copied back into the gradients; each reads and
-    writes the gradient's bytes. Their calls' host work is in the machine's ``ddp_param_s``."""
-    rows = [
-        {
-            "phase": "backward",
-            "module": module,
-            "op": op,
-            "family": family,
-            "dtype": "float32",
-            "flops": float(flops),
-            "bytes": float(2 * copies * nbytes),
-            "calls": float(copies),
-            "zeros": 0.0,
-        }
-        for module, nbytes in module_param_bytes.items()
-        if nbytes > 0
-        for op, family, copies, flops in (
-            ("aten.copy_", "memory", 2, 0),
-            ("aten.div_", "elementwise", 1, nbytes // 4),
-        )
-    ]
-    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros"]
-    return pd.DataFrame(rows, columns=columns)
+#: Passes DistributedDataParallel makes over the gradients, each reading and writing them
+#: (``distributed.ddp``; DDP's default ``gradient_as_bucket_view=False``): each gradient copied into
+#: its bucket as backward makes it, the bucket divided by the world size before its all-reduce
+#: (dnnperf's averaging hook), the reduced bucket copied back into the gradients.
+DDP_PASSES = 3
+
+
+def ddp_pass_bytes(param_bytes: float) -> float:
+    """Bytes DDP's passes over ``param_bytes`` of gradients move (read and written, each pass). Their
+    calls' host work is in the machine's ``ddp_param_s``."""
+    return 2 * DDP_PASSES * param_bytes
 
 
 def split_copy_ops(regions: Sequence[Mapping[str, Any]], ways: int, convolutions: set[str]) -> pd.DataFrame:
-    """Operator rows (``StepGraph.ops``' columns) of the copies tensor parallelism's split makes around
-    its collectives (``distributed.tensor_parallel``), one call each, reading and writing its bytes:
+    """The copies tensor parallelism's split makes around its collectives (``distributed.tensor_parallel``),
+    one row each (phase, module, op, bytes read and written):
 
     * a layer split by output channel (``column``): forward, the gathered slices concatenated into
       the full output; backward, the input gradient cloned for its all-reduce, and for a convolution
@@ -182,23 +164,8 @@ def split_copy_ops(regions: Sequence[Mapping[str, Any]], ways: int, convolutions
         copies.append(("backward", "aten.clone", in_bytes))
         if region["kind"] == "column" and module in convolutions:
             copies.append(("backward", "aten.contiguous", out_bytes / ways))
-        rows += [
-            {
-                "phase": phase,
-                "module": module,
-                "op": op,
-                "family": "memory",
-                "dtype": "float32",
-                "flops": 0.0,
-                "bytes": float(2 * nbytes),
-                "calls": 1.0,
-                "zeros": 0.0,
-            }
-            for phase, op, nbytes in copies
-            if nbytes > 0
-        ]
-    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros"]
-    return pd.DataFrame(rows, columns=columns)
+        rows += [(phase, module, op, float(2 * nbytes)) for phase, op, nbytes in copies if nbytes > 0]
+    return pd.DataFrame(rows, columns=["phase", "module", "op", "bytes"])
 
 
 def partition(costs: Sequence[float], stages: int) -> list[int]:
