@@ -51,6 +51,43 @@ def test_the_comparison_is_exact_without_noise_and_sees_injected_noise() -> None
     assert sorted(cc.held_out(cc.SIZES)) == list(cc.SIZES[1::2])
 
 
+def _stalled(alpha: float, bandwidth: float, gamma: float, stall_s: float, share: float) -> pd.DataFrame:
+    """Rows as measure() gives them when ``share`` of the messages stall ``stall_s`` more (the waits
+    seen on this host): the median follows alpha, the mean alpha + share x stall."""
+    rows = _known(alpha, bandwidth, gamma)
+    return rows.assign(mean_s=_known(alpha + share * stall_s, bandwidth, gamma)["median_s"])
+
+
+def test_a_fit_on_means_carries_the_stalls_a_fit_on_medians_leaves_out() -> None:
+    alpha, bandwidth, gamma, stall_s = 150e-6, 1.3e9, 1 / 4e9, 3e-3
+    rows = _stalled(alpha, bandwidth, gamma, stall_s, share=0.3)
+    for op in cc.OPS:
+        typical = cc.fit_op(rows, op, 2, gamma)
+        assert (typical["alpha"], typical["bandwidth"]) == pytest.approx((alpha, bandwidth), rel=1e-6)
+        expected = cc.fit_op(rows, op, 2, gamma, statistic="mean_s")
+        stalled = (alpha + 0.3 * stall_s, bandwidth)
+        assert (expected["alpha"], expected["bandwidth"]) == pytest.approx(stalled, rel=1e-6)
+
+
+def test_calibrate_gives_steps_the_mean_fit_and_its_table_the_median_fit(monkeypatch) -> None:
+    """The machine's link (what steps pay) is fitted on means; the table compares the typical call."""
+    alpha, bandwidth, gamma = 150e-6, 1.3e9, 1 / 4e9
+    rows = _stalled(alpha, bandwidth, gamma, 3e-3, share=0.3)
+    monkeypatch.setattr(cc, "measure", lambda world, rounds: rows)
+    monkeypatch.setattr(cc, "reduce_seconds_per_byte", lambda: gamma)
+    monkeypatch.setattr(cc, "page_fault_cost", lambda: 0.0)
+    link, table = cc.calibrate()
+    assert table["error"].abs().max() < 1e-9  # the median fit against the medians
+    for op in cc.OPS:
+        assert link["ops"][op] == cc.fit_op(rows, op, 2, gamma, statistic="mean_s")
+    assert link["alpha"] == link["ops"]["allreduce"]["alpha"] > alpha
+    # Means that give no line (a small message's mean above a large one's): that operation's medians.
+    rows.loc[rows["op"] == "broadcast", "mean_s"] = [1e-2 / (i + 1) for i in range(len(cc.SIZES))]
+    link, _ = cc.calibrate()
+    assert link["ops"]["broadcast"] == cc.fit_op(rows, "broadcast", 2, gamma)
+    assert link["ops"]["allgather"] == cc.fit_op(rows, "allgather", 2, gamma, statistic="mean_s")
+
+
 def _leftovers() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("dnnperf-collectives-*")}
 
@@ -62,6 +99,7 @@ def test_measure_runs_two_gloo_ranks_and_leaves_nothing_behind() -> None:
         (op, n) for op in cc.OPS for n in (4096, 65536)
     )
     assert (frame["median_s"] > 0).all() and (frame["p10_s"] <= frame["p90_s"]).all()
+    assert (frame["mean_s"] >= frame["p10_s"]).all()  # a mean is never below the 10th percentile
     assert _leftovers() == before_dirs
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
     assert after <= before_children

@@ -42,13 +42,24 @@ def dp_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One 2-rank dp run of basic_cnn (no batch norm, no dropout: the combined batch is the truth)."""
     root = tmp_path_factory.mktemp("dp")
     params = root / "params.npz"
+    scratch = root / "tmp"  # the run's temporary directory: it must be left as it was found
+    scratch.mkdir()
     result = run_cli(
         "profile", "basic_cnn", "--nproc", "2", "--strategy", "dp", "-b", str(BATCH),
         "--steps", str(STEPS), "--warmup", str(WARMUP), "--save-params", str(params), "--json",
-        env={"DNNPERF_RUNS_DIR": str(root / "runs")},
+        env={"DNNPERF_RUNS_DIR": str(root / "runs"), "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return {"document": json.loads(result.stdout), "params": params, "runs": root / "runs"}
+    document = json.loads(result.stdout)
+    return {"document": document, "params": params, "runs": root / "runs", "scratch": scratch}
+
+
+def test_a_run_leaves_nothing_in_the_temporary_directory(dp_run):
+    """Neither dnnperf's rank directory nor torchrun's torchelastic_* directory outlives the run. (Any
+    process that builds a torch optimizer imports torch._dynamo, which makes its compile cache,
+    torchinductor_<user>, there: a cache kept on purpose, not a temporary file.)"""
+    left = sorted(p.name for p in dp_run["scratch"].iterdir() if not p.name.startswith("torchinductor_"))
+    assert left == []
 
 
 def test_dp_two_ranks_end_with_single_process_parameters(dp_run):
@@ -309,7 +320,8 @@ def test_a_rank_launching_late_shows_as_skew_on_its_peer_not_in_the_allreduce(tm
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
     result = subprocess.run(
         [*argv, str(script), str(delay), str(shift), str(out)],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},  # torchrun's torchelastic_*
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
@@ -380,7 +392,8 @@ def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
     result = subprocess.run(
         [*argv, str(script), cap, str(out)],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},  # torchrun's torchelastic_*
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     measured = json.loads(Path(f"{out}.0").read_text())

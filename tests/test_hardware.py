@@ -194,6 +194,37 @@ def test_only_a_profile_of_this_host_replays_kernels(profile: hw.HardwareProfile
     assert from_profile(replace(profile, device_type="cuda", device_index=0)).replay_device == ""
 
 
+def test_a_link_put_on_a_calibrated_machine_keeps_every_other_term(profile: hw.HardwareProfile) -> None:
+    """The distributed validation puts the fitted link on the calibrated machine (with_link): it must
+    equal the machine built with that link from the start, host-work terms included (a machine rebuilt
+    from some of its parts had lost the split regions' and DDP's)."""
+    from dnnperf.model.machine import LOOPBACK_ALPHA, from_profile, with_link
+
+    link = {
+        "alpha": 2e-4,
+        "bandwidth": 1.5e9,
+        "reduce_bandwidth": 9e9,
+        "ops": {"allgather": {"alpha": 4e-4, "bandwidth": 5e8, "reduce_bandwidth": 9e9}},
+        "source": "a test's fit",
+    }
+    terms = dict(
+        op_overhead_s=7e-6,
+        efficiency={"convolution": 0.6},
+        page_fault_s=1.1e-6,
+        call_s={"convolution/forward": 3e-5},
+        zero_operand_s={"aten.sqrt": 4e-9},
+        split_region_s=5.5e-5,
+        ddp_s=(1.8e-4, 6e-6),
+    )
+    bare = from_profile(profile, **terms)
+    assert bare.link_latency == LOOPBACK_ALPHA and bare.collectives == {}
+    linked = with_link(bare, link)
+    assert linked == from_profile(profile, link=link, **terms)
+    assert (linked.split_region_s, linked.ddp_step_s, linked.ddp_param_s) == (5.5e-5, 1.8e-4, 6e-6)
+    assert (linked.link_latency, linked.intra_bandwidth, linked.reduce_bandwidth) == (2e-4, 1.5e9, 9e9)
+    assert linked.collectives == link["ops"] and linked.sources["link"] == "a test's fit"
+
+
 def test_profile_round_trips_through_json(profile: hw.HardwareProfile, tmp_path: Path) -> None:
     assert hw.load_profile(CPU) is None  # nothing saved yet in this test's cache directory
     path = hw.save_profile(profile)

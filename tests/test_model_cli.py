@@ -263,6 +263,47 @@ def test_distributed_launches_go_in_rounds_and_the_median_counts(monkeypatch: py
     distributed_validation_table(frame.reset_index(), validate.ranking_agrees(frame.reset_index()))
 
 
+def test_distributed_rounds_predict_again_and_the_median_round_counts(monkeypatch) -> None:
+    """Each round re-predicts every configuration inside its own replays (kernels.remeasured), and the
+    row takes the round whose predicted step is the median, its parts with it."""
+    import contextlib
+    import subprocess
+    from types import SimpleNamespace
+
+    from dnnperf.model import predict as predict_module
+    from dnnperf.model import validate
+    from dnnperf.model.machine import preset
+
+    steps = iter([0.30, 0.42, 0.25, 0.40])  # the planning call, then rounds 1-3
+    replays: list[str] = []
+
+    def fake_predict(*args, **kwargs):
+        step = next(steps)
+        replays.append(f"predict {step}")
+        return SimpleNamespace(step_s=step, compute_s=step / 2, communication_s=step / 4, bubble_s=0.0)
+
+    @contextlib.contextmanager
+    def fake_remeasured():
+        replays.append("round")
+        yield
+
+    def fake_run(argv, env=None, **kwargs):
+        document = {"record": {"points": [{"step_s": [0.5]}]}}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(document), "")
+
+    monkeypatch.setattr(predict_module, "predict", fake_predict)
+    monkeypatch.setattr(validate, "remeasured", fake_remeasured)
+    monkeypatch.setattr(validate, "run_child", fake_run)
+    machine = preset("a100-ib")
+    frame = validate.validate_distributed(["basic_cnn"], [8], ["dp"], "tiny", 3, machine, processes=3)
+    rounds = ["round", "predict 0.42", "round", "predict 0.25", "round", "predict 0.4"]
+    assert replays == ["predict 0.3", *rounds]
+    row = frame.iloc[0]
+    assert (row["predicted_s"], row["compute_s"], row["communication_s"]) == (0.40, 0.20, 0.10)
+    assert row["error"] == pytest.approx(0.40 / 0.5 - 1)
+    assert validate.median_prediction([SimpleNamespace(step_s=s) for s in (3, 1, 2, 4)]).step_s == 2
+
+
 def test_link_mbit_bad_input_is_one_line(capsys: pytest.CaptureFixture) -> None:
     for args, needle in (
         (["basic_cnn", "--link-mbit", "100"], "add --distributed"),

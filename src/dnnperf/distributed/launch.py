@@ -205,6 +205,9 @@ def rank_environment(run_id: str, rank_dir: Path, threads: int) -> dict[str, str
         "OMP_NUM_THREADS": str(threads),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # an NCCL timeout tears the rank down instead of hanging
         "PYTHONUNBUFFERED": "1",
+        # torchrun leaves a torchelastic_* directory in the temporary directory after each job: it and
+        # whatever else the ranks put there go in the rank directory, removed at the end.
+        "TMPDIR": str(rank_dir / "tmp"),
     }
 
 
@@ -240,6 +243,7 @@ class Outcome:
 def _rank_dir() -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="dnnperf-ranks-"))
     try:
+        (directory / "tmp").mkdir()
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)

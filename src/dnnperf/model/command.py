@@ -475,7 +475,7 @@ def _validate_distributed(
 
     from dnnperf import hardware
     from dnnperf.model.collective_calibration import link_calibration
-    from dnnperf.model.machine import from_profile
+    from dnnperf.model.machine import with_link
     from dnnperf.model.validate import calibrated_machines, ranking_agrees, validate_distributed
     from dnnperf.report.terminal import distributed_validation_table
 
@@ -488,16 +488,9 @@ def _validate_distributed(
         machines, figures = calibrated_machines(profile)
     finally:
         torch.set_num_threads(threads)
-    model = machines["model"]
-    machine = from_profile(
-        profile,
-        link=link_calibration(),
-        op_overhead_s=model.dispatch_s,
-        efficiency=model.efficiency,
-        page_fault_s=model.page_fault_s,
-        call_s=model.call_s,
-        zero_operand_s=model.zero_operand_s,
-    )
+    # The calibrated model machine, every term of it (split regions and DDP's host work included: a
+    # machine rebuilt from some of its parts had lost them), with this host's fitted gloo link.
+    machine = with_link(machines["model"], link_calibration())
     frame = validate_distributed(
         names,
         batches,

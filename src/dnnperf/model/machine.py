@@ -275,37 +275,50 @@ def from_profile(
     curves.update(zoo_curves or {})  # per-phase curves of calibrate.zoo_calibration
     bandwidth = profile.bandwidth_curve()
     sizes, rates = dedupe(sorted((p.params["footprint"], p.rate.median) for p in bandwidth.points))
-    link = link or {}
-    alpha = link.get("alpha", LOOPBACK_ALPHA)
-    beta_bandwidth = link.get("bandwidth", LOOPBACK_BANDWIDTH)
-    return Machine(
+    machine = Machine(
         name=f"hw:{profile.device_key}",
         peak_flops=peaks,
         memory_bandwidth=profile.memory_bandwidth,
         memory_bytes=float(psutil.virtual_memory().total),
-        link_bandwidth=beta_bandwidth,
-        link_latency=alpha,
-        intra_bandwidth=beta_bandwidth,
-        intra_latency=alpha,
+        link_bandwidth=LOOPBACK_BANDWIDTH,  # with_link puts the calibrated link in place
+        link_latency=LOOPBACK_ALPHA,
+        intra_bandwidth=LOOPBACK_BANDWIDTH,
+        intra_latency=LOOPBACK_ALPHA,
         dispatch_s=op_overhead_s if op_overhead_s is not None else profile.dispatch_overhead_us * 1e-6,
         page_fault_s=page_fault_s,
         split_region_s=split_region_s,
         ddp_step_s=ddp_s[0],
         ddp_param_s=ddp_s[1],
-        reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),
         segment_bytes=GLOO_SEGMENT,
         comm_on_compute_cores=True,
-        collectives=dict(link.get("ops", {})),
         efficiency=dict(efficiency or {}),
         call_s=dict(call_s or {}),
         zero_operand_s=dict(zero_operand_s or {}),
         replay_device=host_device(profile),
-        sources={
-            "all": f"dnnperf hw calibration of {profile.created}",
-            "link": link.get("source", "default"),
-        },
+        sources={"all": f"dnnperf hw calibration of {profile.created}"},
+    )
+    return with_link(machine, link)
+
+
+def with_link(machine: Machine, link: dict[str, Any] | None) -> Machine:
+    """``machine`` with the collective calibration's ``link`` (collective_calibration.calibrate: alpha,
+    bandwidth, reduce bandwidth and each operation's own fit under ``ops``) as its link between
+    devices, everything else kept; None: the gloo loopback defaults measured on the project's 2-core
+    machine (docs/performance-model.md)."""
+    link = link or {}
+    alpha = link.get("alpha", LOOPBACK_ALPHA)
+    bandwidth = link.get("bandwidth", LOOPBACK_BANDWIDTH)
+    return dataclasses.replace(
+        machine,
+        link_bandwidth=bandwidth,
+        link_latency=alpha,
+        intra_bandwidth=bandwidth,
+        intra_latency=alpha,
+        reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
+        collectives=dict(link.get("ops", {})),
+        sources={**machine.sources, "link": link.get("source", "default")},
     )
 
 

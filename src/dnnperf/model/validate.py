@@ -9,6 +9,7 @@ device beside the memory profiler's measurement of a tracked step of the same co
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -280,7 +281,10 @@ def validate_distributed(
     ``validate_single``): the same 2-rank job launched twice in a row differs by up to 10% on a shared
     host (gpt2 `small` pp: 447-495 ms over five launches), and rounds put a slow spell in one launch
     of several configurations rather than in every launch of one. ``measured_s`` is the median of the
-    launches' median steps, ``measured_min_s`` and ``measured_max_s`` their range."""
+    launches' median steps, ``measured_min_s`` and ``measured_max_s`` their range. Each round predicts
+    every configuration again with its own kernel replays (as ``validate_single``; a replay of the
+    same convolution varies by up to 2x between processes here) and a row takes the round whose
+    predicted step is the median."""
     import sys
     import tempfile
 
@@ -301,7 +305,7 @@ def validate_distributed(
 
     # Every configuration predicted first (the shaped links' collectives timed once each), then run
     # ``processes`` times in rounds over all of them.
-    planned: list[tuple[dict, Any, list[str]]] = []
+    planned: list[tuple[dict, Callable[[], Any] | None, list[str]]] = []
     for link in [LOOPBACK] if links is None else links:
         if link == LOOPBACK:
             two = shaped_link(machine, link)
@@ -312,8 +316,11 @@ def validate_distributed(
                 for strategy in strategies:
                     row: dict = {"workload": name, "batch": batch, "strategy": strategy}
                     row["link"] = link_label(link)
+                    again = functools.partial(
+                        predict, name, two, batch, strategy, preset=preset, micro_batches=micro_batches
+                    )
                     try:
-                        p = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
+                        again()  # a strategy that cannot apply is said here, before any run
                     except UsageError as error:
                         row["reason"] = str(error)
                         planned.append((row, None, []))
@@ -324,11 +331,16 @@ def validate_distributed(
                     argv += ["--runs-dir", "{runs}", "--json"]
                     if link != LOOPBACK:
                         argv += ["--netns"] + ([] if link is None else ["--link-mbit", f"{link:g}"])
-                    planned.append((row, p, argv))
+                    planned.append((row, again, argv))
     medians: list[list[float]] = [[] for _ in planned]
+    predictions: list[list[Any]] = [[] for _ in planned]
     for round_ in range(processes):
-        for (row, p, argv), runs in zip(planned, medians, strict=True):
-            if p is None:
+        with remeasured():  # this round's own replays
+            for (_, again, _), made in zip(planned, predictions, strict=True):
+                if again is not None:
+                    made.append(again())
+        for (row, again, argv), runs, made in zip(planned, medians, predictions, strict=True):
+            if again is None:
                 continue
             with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as scratch:
                 done = run_child([scratch if a == "{runs}" else a for a in argv])
@@ -342,14 +354,21 @@ def validate_distributed(
             if progress is not None:
                 progress(
                     f"run {round_ + 1}/{processes}, {row['workload']} {row['strategy']} b{row['batch']} "
-                    f"({row['link']}): measured {runs[-1] * 1e3:.1f} ms, predicted {p.step_s * 1e3:.1f} ms"
+                    f"({row['link']}): measured {runs[-1] * 1e3:.1f} ms, "
+                    f"predicted {made[-1].step_s * 1e3:.1f} ms"
                 )
     rows = []
-    for (row, p, _), runs in zip(planned, medians, strict=True):
-        if p is not None:
-            _measured_row(row, runs, p)
+    for (row, again, _), runs, made in zip(planned, medians, predictions, strict=True):
+        if again is not None:
+            _measured_row(row, runs, median_prediction(made))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def median_prediction(predictions: Sequence[Any]) -> Any:
+    """The prediction whose step is the median of ``predictions`` (the lower of the middle two)."""
+    ordered = sorted(predictions, key=lambda p: p.step_s)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 #: ``links`` entry for ranks on loopback, without network namespaces.
