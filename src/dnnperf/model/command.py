@@ -507,6 +507,9 @@ def _validate_distributed(
         out.print(distributed_validation_table(frame, ranking))
     return {
         "calibration": figures,
+        # The whole calibration, so that two validations can be compared term by term.
+        "efficiency": machine.efficiency,
+        "call_s": machine.call_s,
         "link": machine.collectives,
         "rows": frame.to_dict(orient="records"),
         "ranking": ranking.to_dict(orient="records"),

@@ -303,8 +303,8 @@ def validate_distributed(
                     progress(f"  {op}: alpha {fit['alpha'] * 1e6:.0f} us, {fit['bandwidth'] / 1e6:.2f} MB/s")
         return calibrated[link]
 
-    # Every configuration predicted first (the shaped links' collectives timed once each), then run
-    # ``processes`` times in rounds over all of them.
+    # Every configuration planned first (its strategy checked to apply; each shaped link's collectives
+    # timed once), then predicted and run once in each of ``processes`` rounds over all of them.
     planned: list[tuple[dict, Callable[[], Any] | None, list[str]]] = []
     for link in [LOOPBACK] if links is None else links:
         if link == LOOPBACK:
