@@ -274,7 +274,7 @@ def test_distributed_rounds_predict_again_and_the_median_round_counts(monkeypatc
     from dnnperf.model import validate
     from dnnperf.model.machine import preset
 
-    steps = iter([0.30, 0.42, 0.25, 0.40])  # the planning call, then rounds 1-3
+    steps = iter([0.42, 0.25, 0.40])  # rounds 1-3
     replays: list[str] = []
 
     def fake_predict(*args, **kwargs):
@@ -297,11 +297,46 @@ def test_distributed_rounds_predict_again_and_the_median_round_counts(monkeypatc
     machine = preset("a100-ib")
     frame = validate.validate_distributed(["basic_cnn"], [8], ["dp"], "tiny", 3, machine, processes=3)
     rounds = ["round", "predict 0.42", "round", "predict 0.25", "round", "predict 0.4"]
-    assert replays == ["predict 0.3", *rounds]
+    assert replays == rounds  # no prediction outside a round
     row = frame.iloc[0]
     assert (row["predicted_s"], row["compute_s"], row["communication_s"]) == (0.40, 0.20, 0.10)
     assert row["error"] == pytest.approx(0.40 / 0.5 - 1)
     assert validate.median_prediction([SimpleNamespace(step_s=s) for s in (3, 1, 2, 4)]).step_s == 2
+
+
+def test_a_strategy_that_cannot_apply_is_said_and_never_run(monkeypatch) -> None:
+    """The first round's prediction refuses tp: its row gives the reason, no tp rank is launched and
+    later rounds do not ask again; dp is predicted and run in every round."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from dnnperf.errors import UsageError
+    from dnnperf.model import predict as predict_module
+    from dnnperf.model import validate
+    from dnnperf.model.machine import preset
+
+    asked: list[str] = []
+    launched: list[str] = []
+
+    def fake_predict(name, machine, batch, strategy, **kwargs):
+        asked.append(strategy)
+        if strategy == "tp":
+            raise UsageError("tp has no split here")
+        return SimpleNamespace(step_s=0.4, compute_s=0.2, communication_s=0.1, bubble_s=0.0)
+
+    def fake_run(argv, env=None, **kwargs):
+        launched.append(argv[argv.index("--strategy") + 1])
+        document = {"record": {"points": [{"step_s": [0.5]}]}}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(document), "")
+
+    monkeypatch.setattr(predict_module, "predict", fake_predict)
+    monkeypatch.setattr(validate, "run_child", fake_run)
+    frame = validate.validate_distributed(
+        ["basic_cnn"], [8], ["dp", "tp"], "tiny", 3, preset("a100-ib"), processes=3
+    ).set_index("strategy")
+    assert asked == ["dp", "tp", "dp", "dp"] and launched == ["dp"] * 3
+    assert frame.loc["tp", "reason"] == "tp has no split here"
+    assert frame.loc["dp", "predicted_s"] == 0.4
 
 
 def test_link_mbit_bad_input_is_one_line(capsys: pytest.CaptureFixture) -> None:

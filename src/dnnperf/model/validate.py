@@ -303,8 +303,8 @@ def validate_distributed(
                     progress(f"  {op}: alpha {fit['alpha'] * 1e6:.0f} us, {fit['bandwidth'] / 1e6:.2f} MB/s")
         return calibrated[link]
 
-    # Every configuration planned first (its strategy checked to apply; each shaped link's collectives
-    # timed once), then predicted and run once in each of ``processes`` rounds over all of them.
+    # Every configuration planned first (each shaped link's collectives timed once), then predicted and
+    # run once in each of ``processes`` rounds over all of them.
     planned: list[tuple[dict, Callable[[], Any] | None, list[str]]] = []
     for link in [LOOPBACK] if links is None else links:
         if link == LOOPBACK:
@@ -319,12 +319,6 @@ def validate_distributed(
                     again = functools.partial(
                         predict, name, two, batch, strategy, preset=preset, micro_batches=micro_batches
                     )
-                    try:
-                        again()  # a strategy that cannot apply is said here, before any run
-                    except UsageError as error:
-                        row["reason"] = str(error)
-                        planned.append((row, None, []))
-                        continue
                     argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
                     argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy]
                     argv += ["--steps", str(steps), "--warmup", "3", "--microbatches", str(micro_batches)]
@@ -335,10 +329,15 @@ def validate_distributed(
     medians: list[list[float]] = [[] for _ in planned]
     predictions: list[list[Any]] = [[] for _ in planned]
     for round_ in range(processes):
-        with remeasured():  # this round's own replays
-            for (_, again, _), made in zip(planned, predictions, strict=True):
-                if again is not None:
+        with remeasured():  # this round's own replays, before any of its runs
+            for i, ((row, again, _), made) in enumerate(zip(planned, predictions, strict=True)):
+                if again is None:
+                    continue
+                try:
                     made.append(again())
+                except UsageError as error:  # a strategy that cannot apply: said, never run
+                    row["reason"] = str(error)
+                    planned[i] = (row, None, [])
         for (row, again, argv), runs, made in zip(planned, medians, predictions, strict=True):
             if again is None:
                 continue
