@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import mmap
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -126,8 +128,16 @@ def test_a_row_replayed_on_this_host_takes_the_replays_time(
 
 @torch.library.custom_op("dnnperf_test::fresh", mutates_args=())
 def _fresh(x: torch.Tensor) -> torch.Tensor:
-    """Writes a fresh 64 MiB buffer (beyond glibc's largest mmap threshold: mapped anew every call)."""
-    return x + torch.ones(2**24)[: x.numel()].view_as(x)
+    """Writes a fresh 64 MiB block: a private anonymous mapping of its own each call, as glibc maps a
+    block above its mmap threshold. (A torch allocation of that size took no fault in one full run:
+    glibc served it from free memory already faulted at the top of its heap.)"""
+    block = mmap.mmap(-1, 2**26, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    ones = np.frombuffer(block, dtype=np.float32)
+    ones.fill(1.0)
+    out = x + torch.from_numpy(ones[: x.numel()].copy()).view_as(x)
+    del ones
+    block.close()
+    return out
 
 
 def test_a_replays_page_faults_are_counted_and_left_to_the_steps_own_count(
