@@ -44,7 +44,7 @@ def test_json_fields_and_measured_peak_within_a_feasible_budget(feasible):
     assert m["budget"] == 600 * 1000 and m["budget_text"] == FEASIBLE
     assert m["feasible"] is True and m["reason"] == ""
     names = [v["name"] for v in m["variants"]]
-    assert names == ["none", "offload-all", "sqrt(n)", "planner"]
+    assert names == ["none", "offload-all", "sqrt(n)", "offload-state", "offload-all+state", "planner"]
     planned = m["variants"][-1]
     assert planned["peak"] <= m["budget"]  # measured by the allocator, not predicted
     assert feasible["within_budget"] is True
@@ -55,9 +55,16 @@ def test_json_fields_and_measured_peak_within_a_feasible_budget(feasible):
             statistics.median(v["step_s"]) / statistics.median(v["plain_s"]) - 1
         )
         assert v["timeline"] and all(b > 0 for _, b in v["timeline"])
-    # Every unit of the model is in the plan table, in forward order.
+    # Every unit of the model is in the plan table, in forward order (then the training state's row,
+    # where the plan moves it).
     model = get_workload("basic_cnn").build("tiny", "cpu").model
-    assert [r["unit"] for r in m["plan_table"]] == [u.name for u in find_units(model)]
+    units = [r["unit"] for r in m["plan_table"] if not r["unit"].startswith("(training state")]
+    assert units == [u.name for u in find_units(model)]
+    # The training state's bytes to disk: SGD's momentum, one float per parameter element, each step.
+    momentum = sum(p.numel() * 4 for p in model.parameters())
+    by_name = {v["name"]: v for v in m["variants"]}
+    assert by_name["offload-state"]["bytes_written"] == momentum
+    assert by_name["offload-all+state"]["bytes_written"] == momentum + by_name["offload-all"]["bytes_written"]
     assert Path(feasible["report_path"]).is_file()
 
 
@@ -135,7 +142,9 @@ def test_html_section_with_its_chart_only_for_a_memsave_record(feasible):
 
 def test_infeasible_budget_says_why_and_keeps_the_baselines(capsys, isolated_dirs):
     torch.set_num_threads(1)
-    code = cli.main(["memsave", "basic_cnn", "--budget", "50%", "--steps", "1", "--no-report"])
+    code = cli.main(
+        ["memsave", "basic_cnn", "--budget", "50%", "--steps", "1", "--no-report", "--state", "keep"]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "infeasible" in captured.out
@@ -158,3 +167,11 @@ def test_bad_budget_is_one_line_and_exit_2(budget, message, capsys, isolated_dir
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert not isolated_dirs["runs"].exists()  # refused before anything ran or was written
+
+
+def test_an_unknown_training_state_choice_is_one_line_and_exit_2(capsys, isolated_dirs):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["memsave", "basic_cnn", "--budget", "50%", "--state", "drop"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "invalid choice: 'drop'" in err
+    assert not isolated_dirs["runs"].exists()

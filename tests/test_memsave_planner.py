@@ -55,7 +55,7 @@ def test_feasible_budget_holds_when_measured(feasible):
     assert planned.peak <= feasible.budget  # measured by the allocator, not predicted
     assert feasible.plan.policies  # something had to change
     names = {v.name for v in feasible.variants}
-    assert names == {"none", "offload-all", "sqrt(n)", "planner"}
+    assert names == {"none", "offload-all", "sqrt(n)", "offload-state", "offload-all+state", "planner"}
     assert feasible.variant("offload-all").bytes_written > 0
 
 

@@ -1,7 +1,9 @@
-"""Memory saving: keep, offload or recompute each layer's saved activations (docs/memsave.md)."""
+"""Memory saving: keep, offload or recompute each layer's saved activations, and the training state off the
+device (docs/memsave.md)."""
 
 from dnnperf.memsave.policy import KEEP, OFFLOAD, POLICIES, RECOMPUTE, Plan, Unit, find_units, plan_of
 from dnnperf.memsave.saver import MemorySaver
+from dnnperf.memsave.state import StateSaver
 
 __all__ = [
     "KEEP",
@@ -10,6 +12,7 @@ __all__ = [
     "RECOMPUTE",
     "MemorySaver",
     "Plan",
+    "StateSaver",
     "Unit",
     "find_units",
     "plan_of",

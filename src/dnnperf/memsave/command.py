@@ -40,6 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
     parser.add_argument(
         "--offload-dir", type=Path, help="where the CPU disk tier writes (default: a temporary directory)"
     )
+    parser.add_argument(
+        "--state",
+        choices=("auto", "keep", "offload"),
+        default="auto",
+        help="gradients and optimizer state: auto (the planner may fuse each update into backward and "
+        "keep the optimizer state off the device, where the update can be fused), keep, or offload "
+        "(default: auto)",
+    )
     parser.add_argument("--no-report", action="store_true", help="do not write the HTML report")
 
 
@@ -89,6 +97,7 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
             "requested_device": args.device,
             "data": "memory",
             "budget": args.budget,
+            "training_state": args.state,
             "offload_dir": str(args.offload_dir) if args.offload_dir is not None else None,
             "torch_threads": torch.get_num_threads(),
         },
@@ -121,7 +130,7 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
             batch = to_device(workload.data(args.preset).synthesize(batch_size, 0), device)
             result = memsave(
                 task, batch, device, args.budget, pairs=args.steps, offload_dir=args.offload_dir,
-                on_plan=on_plan,
+                on_plan=on_plan, training_state=args.state,
             )  # fmt: skip
         record.memsave = result
         # The point: every plain (unoptimised) step timed between the variants' steps.

@@ -19,7 +19,13 @@ that neither the all-keep plan nor any measured ``calibration`` plan is predicte
 peak.
 
 Cost: a recomputed unit costs its forward time; an offloaded byte costs ``offload_s_per_byte``, the
-exposed (not overlapped) time per byte measured by an offload-everything step. A greedy search adds
+exposed (not overlapped) time per byte measured by an offload-everything step.
+
+The training state (``state.StateSaver``: each update fused into backward, the optimizer state off the
+device) is a second mode, searched beside the first when its baseline was measured: a unit's backward
+then holds its own parameters' gradients only (not every gradient so far), ``rest`` is fitted on the
+measured state baseline (which has no optimizer state), and every plan pays that baseline's measured
+added time. A greedy search adds
 the change with the best peak reduction per second until the budget holds, then drops changes that
 are no longer needed; it is repeated with several caps on a segment's size and the cheapest wins.
 """
@@ -97,8 +103,10 @@ class MemoryModel:
         profile: StorageProfile | None = None,
         min_bytes: int = 0,
         calibration: Sequence[tuple[Plan, int]] = (),
+        fused_update: bool = False,
     ) -> None:
         self.units, self.costs = list(units), list(costs)
+        self.fused_update = fused_update
         self.offload_s_per_byte, self.prefetch_bytes = offload_s_per_byte, prefetch_bytes
         self.recompute_factor, self.min_bytes = recompute_factor, min_bytes
         if profile is None:
@@ -122,9 +130,12 @@ class MemoryModel:
         # recomputation before it does not overlap: its temporaries are gone by then).
         self._output_gradient = [live(profile.outputs[j]) for j in range(n)]
         self._input_gradient = [live(set(profile.inputs[j]) - set(profile.outputs[j])) for j in range(n)]
-        self._gradient_suffix = [0] * (n + 1)
+        # The parameters' gradients alive at unit j's backward: every one so far, or (the update fused
+        # into backward) the unit's own until they are applied.
+        self._parameter_gradients = [0] * (n + 1)
         for j in range(n - 1, -1, -1):
-            self._gradient_suffix[j] = self._gradient_suffix[j + 1] + self.costs[j].gradients
+            before = 0 if fused_update else self._parameter_gradients[j + 1]
+            self._parameter_gradients[j] = before + self.costs[j].gradients
         # ``rest`` (parameters, optimizer state, input, workspace, what the model leaves out) is fitted
         # so that no measured plan is predicted below its measured peak: the unoptimised step, and the
         # baselines measured before planning (their peaks fall where this one's do not: at an early
@@ -232,7 +243,7 @@ class MemoryModel:
         peak, running = forward, 0
         for j in range(n):
             running += diff[j]
-            gradients = self._gradient_suffix[j] + self._output_gradient[j]
+            gradients = self._parameter_gradients[j] + self._output_gradient[j]
             at = running + gradients + max(temporary[j], self._input_gradient[j])
             peak = max(peak, at)
         return peak, written
@@ -279,6 +290,8 @@ def plan_budget(
     calibration: Sequence[tuple[Plan, int]] = (),
     measured: Sequence[MeasuredPlan] = (),
     recompute_factor: float = 1.0,
+    state: MeasuredPlan | None = None,
+    state_only: bool = False,
 ) -> PlanResult:
     """The cheapest plan predicted to stay within ``budget * (1 - margin)`` (the margin covers what
     the model leaves out: recomputation's temporaries, allocator rounding; small, since ``memsave``
@@ -290,36 +303,55 @@ def plan_budget(
     candidate at its measured cost, so the plan chosen is never costlier than a baseline known to fit
     (the model, fitted to never predict below a measured peak, cannot promise less than sqrt(n)'s
     own peak for any plan: at that budget the choice is between sqrt(n) and what the model finds).
-    ``recompute_factor``: a recomputed unit costs its forward time times this (``run.recompute_factor``)."""
+    ``recompute_factor``: a recomputed unit costs its forward time times this (``run.recompute_factor``).
+    ``state``: the measured training-state baseline (``Plan(training_state=OFFLOAD)``, nothing else):
+    plans with the training state offloaded are searched too, each paying its measured added time;
+    ``state_only``: only those."""
     if profile is None:
         profile = profile_from_units([c.saved for c in costs], [c.inputs for c in costs])
     if prefetch_bytes is None:
         prefetch_bytes = read_ahead_window(profile, min_bytes)
-    model = MemoryModel(
-        units,
-        costs,
-        measured_peak,
-        offload_s_per_byte,
-        prefetch_bytes,
-        recompute_factor=recompute_factor,
-        profile=profile,
-        min_bytes=min_bytes,
-        calibration=calibration,
-    )
+    # (training-state mode, its model, the added seconds every plan of that mode pays)
+    wanted = [(KEEP, measured_peak, 0.0)] if state is None or not state_only else []
+    if state is not None:
+        wanted.append((OFFLOAD, state.peak, state.overhead_s))
+    modes = [
+        (
+            mode,
+            MemoryModel(
+                units,
+                costs,
+                peak,
+                offload_s_per_byte,
+                prefetch_bytes,
+                recompute_factor=recompute_factor,
+                profile=profile,
+                min_bytes=min_bytes,
+                calibration=[(p, m) for p, m in calibration if p.training_state == mode],
+                fused_update=mode == OFFLOAD,
+            ),
+            extra,
+        )
+        for mode, peak, extra in wanted
+    ]
     target = int(budget * (1 - margin))
     total_saved = sum(c.saved for c in costs) or 1
-    best: tuple[float, dict[str, str], list[list[str]]] | None = None
     caps = (math.inf, total_saved / 4, total_saved / 16, total_saved / 64)
-    for cap in caps:
-        policies, segments = _greedy(model, units, costs, target, allow, cap)
-        peak, cost = model.evaluate(policies, segments)
-        if peak <= target and (best is None or cost < best[0]):
-            best = (cost, policies, segments)
+    best: tuple[float, str, MemoryModel, dict[str, str], list[list[str]]] | None = None
+    for mode, model, extra in modes:
+        for cap in caps:
+            policies, segments = _greedy(model, units, costs, target, allow, cap)
+            peak, cost = model.evaluate(policies, segments)
+            if peak <= target and (best is None or cost + extra < best[0]):
+                best = (cost + extra, mode, model, policies, segments)
     settings = {"min_bytes": min_bytes, "prefetch_bytes": prefetch_bytes}
-    fits = [m for m in measured if m.peak <= budget]
+    candidates = [*measured, *([state] if state is not None else [])]
+    allowed = {mode for mode, _, _ in modes}
+    fits = [m for m in candidates if m.peak <= budget and m.plan.training_state in allowed]
     known = min(fits, key=lambda m: m.overhead_s, default=None)
     if known is not None and (best is None or known.overhead_s < best[0]):
-        table = _table(model, known.plan)
+        model = next(model for mode, model, _ in modes if mode == known.plan.training_state)
+        table = _table(model, known.plan, state)
         reason = (
             f"the measured {known.name} plan: {known.peak:,} bytes, within the budget, at "
             f"{known.overhead_s * 1e3:.1f} ms a step"
@@ -328,25 +360,48 @@ def plan_budget(
             reason += f", cheaper than the model's best plan ({best[0] * 1e3:.1f} ms predicted)"
         return PlanResult(known.plan, budget, True, known.peak, known.overhead_s, reason, table)
     if best is None:
-        floor, policies, segments = min(
+        floor, mode, model, policies, segments = min(
             (
-                (model.peak(p, s), p, s)
+                (model.peak(p, s), mode, model, p, s)
+                for mode, model, _ in modes
                 for p, s in (_greedy(model, units, costs, 0, allow, cap) for cap in caps)
             ),
             key=lambda found: found[0],
         )
         largest = max(costs, key=lambda c: c.saved)
+        keep_model = next((model for mode, model, _ in modes if mode == KEEP), None)
         reason = (
             f"infeasible: the smallest predicted peak is {floor:,} bytes > {target:,} (budget less "
-            f"{margin:.0%} margin); parameters, optimizer state, input and workspace alone take "
-            f"{model.rest:,} bytes, gradients {sum(c.gradients for c in costs):,}, and the largest layer "
-            f"({largest.name}) needs its {largest.saved:,} saved bytes back in backward"
+            f"{margin:.0%} margin)"
         )
-        plan = Plan(policies=policies, segments=segments, **settings)
-        return PlanResult(plan, budget, False, floor, model.cost(policies), reason, _table(model, plan))
-    cost, policies, segments = best
-    plan = Plan(policies={k: v for k, v in policies.items() if v != KEEP}, segments=segments, **settings)
-    return PlanResult(plan, budget, True, model.peak(policies, segments), cost, "", _table(model, plan))
+        if keep_model is not None:
+            reason += (
+                f"; parameters, optimizer state, input and workspace alone take {keep_model.rest:,} bytes, "
+                f"gradients {sum(c.gradients for c in costs):,}"
+            )
+        if state is not None:
+            reason += (
+                f"; with the training state off the device, parameters, input and workspace take "
+                f"{next(m for k, m, _ in modes if k == OFFLOAD).rest:,} bytes"
+            )
+        reason += (
+            f"; the largest layer ({largest.name}) needs its {largest.saved:,} saved bytes back in backward"
+        )
+        plan = Plan(policies=policies, segments=segments, training_state=mode, **settings)
+        cost = model.evaluate(policies, segments)[1] + (
+            state.overhead_s if mode == OFFLOAD and state else 0.0
+        )
+        return PlanResult(plan, budget, False, floor, cost, reason, _table(model, plan, state))
+    cost, mode, model, policies, segments = best
+    plan = Plan(
+        policies={k: v for k, v in policies.items() if v != KEEP},
+        segments=segments,
+        training_state=mode,
+        **settings,
+    )
+    return PlanResult(
+        plan, budget, True, model.peak(policies, segments), cost, "", _table(model, plan, state)
+    )
 
 
 def _greedy(
@@ -415,7 +470,7 @@ def _one_sequential(run: Sequence[Unit]) -> bool:
     )
 
 
-def _table(model: MemoryModel, plan: Plan) -> pd.DataFrame:
+def _table(model: MemoryModel, plan: Plan, state: MeasuredPlan | None = None) -> pd.DataFrame:
     rows = []
     each = model.unit_costs(plan.policies, plan.segments)
     for c, cost in zip(model.costs, each, strict=True):
@@ -426,6 +481,16 @@ def _table(model: MemoryModel, plan: Plan) -> pd.DataFrame:
                 "saved_bytes": c.saved,
                 "forward_s": c.forward_s,
                 "predicted_cost_s": cost,
+            }
+        )
+    if plan.training_state == OFFLOAD:
+        rows.append(
+            {
+                "unit": "(training state: update fused into backward)",
+                "policy": OFFLOAD,
+                "saved_bytes": 0,
+                "forward_s": 0.0,
+                "predicted_cost_s": state.overhead_s if state is not None else 0.0,
             }
         )
     return pd.DataFrame(rows)

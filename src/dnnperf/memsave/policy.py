@@ -65,18 +65,23 @@ class Plan:
     """A policy per unit (absent: keep) and the recompute segments (lists of unit names).
 
     ``min_bytes``: saved tensors smaller than this are kept whatever the policy (a copy of a few
-    bytes costs more than it saves). ``prefetch_bytes``: how much backward reads ahead of use."""
+    bytes costs more than it saves). ``prefetch_bytes``: how much backward reads ahead of use.
+    ``training_state``: keep, or offload (each parameter's update fused into backward, its optimizer
+    state off the device between updates: ``memsave.state.StateSaver``)."""
 
     policies: dict[str, str] = field(default_factory=dict)
     segments: list[list[str]] = field(default_factory=list)
     min_bytes: int = 64 * 1024
     prefetch_bytes: int = 64 * 2**20
+    training_state: str = KEEP
 
     def policy(self, unit: str) -> str:
         return self.policies.get(unit, KEEP)
 
     def validate(self, units: Iterable[Unit]) -> None:
         """A one-line error for unknown units, policies, or segments that cannot be checkpointed."""
+        if self.training_state not in (KEEP, OFFLOAD):
+            raise UsageError(f"unknown training-state policy {self.training_state!r}: choose keep or offload")
         by_name = {u.name: u for u in units}
         for name, policy in self.policies.items():
             if name not in by_name:
@@ -111,6 +116,7 @@ class Plan:
             "segments": [list(s) for s in self.segments],
             "min_bytes": self.min_bytes,
             "prefetch_bytes": self.prefetch_bytes,
+            "training_state": self.training_state,
         }
 
     @classmethod
@@ -120,6 +126,7 @@ class Plan:
             segments=[[str(n) for n in s] for s in data["segments"]],
             min_bytes=int(data.get("min_bytes", 0)),
             prefetch_bytes=int(data.get("prefetch_bytes", 0)),
+            training_state=str(data.get("training_state", KEEP)),
         )
 
     def dumps(self) -> str:

@@ -10,6 +10,8 @@ offloaded byte.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -31,8 +33,9 @@ from dnnperf.memsave.planner import (
     read_ahead_window,
     sqrt_checkpointing,
 )
-from dnnperf.memsave.policy import OFFLOAD, RECOMPUTE, Plan, Unit, find_units
+from dnnperf.memsave.policy import KEEP, OFFLOAD, RECOMPUTE, Plan, Unit, find_units
 from dnnperf.memsave.saver import MemorySaver
+from dnnperf.memsave.state import StateSaver, check_fusable
 from dnnperf.memsave.storages import profile_storages
 from dnnperf.probes.memory import CATEGORIES, MemoryTracker, StepMemory
 from dnnperf.stats import Samples
@@ -237,13 +240,23 @@ def unit_forward_times(task: Task, batch: Batch, units: list[Unit], device: torc
     return {name: Samples.of(values).median for name, values in per_step.items()}
 
 
-def tracked_step(task: Task, batch: Batch, device: torch.device, context: Callable[[], Any]) -> StepMemory:
+def tracked_step(
+    task: Task,
+    batch: Batch,
+    device: torch.device,
+    context: Callable[[], Any],
+    outer: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> StepMemory:
+    """One step under the memory tracker, inside ``context``; ``outer`` is entered before the tracker
+    starts (the training state's saver, which a training loop enters once: the state it moves off the
+    device at its start is not part of any step)."""
     # No resident cross-check: the variants are compared by the allocator's peak, and its heap trim
     # would slow the tracked step (docs/memory.md).
-    tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device, resident=False)
-    with tracker, context():
-        task.step(batch, tracker)
-    return tracker.result()
+    with outer():
+        tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device, resident=False)
+        with tracker, context():
+            task.step(batch, tracker)
+        return tracker.result()
 
 
 def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float]) -> list[UnitCost]:
@@ -298,28 +311,36 @@ def _timeline(memory: StepMemory) -> list[list[float]]:
 
 
 def paired_times(
-    task: Task, batch: Batch, device: torch.device, context: Callable[[], Any], pairs: int
+    task: Task,
+    batch: Batch,
+    device: torch.device,
+    context: Callable[[], Any],
+    pairs: int,
+    outer: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> tuple[list[float], list[float]]:
-    """Plain and variant steps interleaved (order alternating each pair): their step seconds."""
+    """Plain and variant steps interleaved (order alternating each pair): their step seconds. A variant
+    step runs inside ``context`` (timed) inside ``outer`` (entered and left outside the clock: what a
+    training loop enters once, the training state's saver)."""
 
-    def timed(ctx: Callable[[], Any]) -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        with ctx():
-            task.step(batch)
-        synchronize(device)
-        return time.perf_counter() - start
+    def timed(ctx: Callable[[], Any], around: Callable[[], AbstractContextManager[Any]]) -> float:
+        with around():
+            synchronize(device)
+            start = time.perf_counter()
+            with ctx():
+                task.step(batch)
+            synchronize(device)
+            return time.perf_counter() - start
 
-    with context():  # warm-up: first use of the variant (threads, files, the pinned pool)
+    with outer(), context():  # warm-up: first use of the variant (threads, files, the pinned pool)
         task.step(batch)
     plain, variant = [], []
     for i in range(pairs):
         if i % 2 == 0:
-            plain.append(timed(nullcontext))
-            variant.append(timed(context))
+            plain.append(timed(nullcontext, nullcontext))
+            variant.append(timed(context, outer))
         else:
-            variant.append(timed(context))
-            plain.append(timed(nullcontext))
+            variant.append(timed(context, outer))
+            plain.append(timed(nullcontext, nullcontext))
     return plain, variant
 
 
@@ -331,6 +352,14 @@ def _saver(task: Task, plan: Plan, offload_dir: Path | None, stats: dict[str, in
     stats["bytes_written"] = saver.bytes_written
 
 
+@contextmanager
+def _state_saver(task: Task, offload_dir: Path | None, stats: dict[str, int]) -> Iterator[None]:
+    saver = StateSaver(task.optimizers(), offload_dir=offload_dir)
+    with saver:
+        yield
+    stats["state_bytes_written"] = saver.bytes_written
+
+
 def measure_variant(
     name: str,
     task: Task,
@@ -339,10 +368,11 @@ def measure_variant(
     context: Callable[[], AbstractContextManager[Any]],
     pairs: int,
     stats: dict[str, int] | None = None,
+    outer: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> Variant:
-    plain, steps = paired_times(task, batch, device, context, pairs)
-    memory = tracked_step(task, batch, device, context)
-    written = (stats or {}).get("bytes_written", 0)
+    plain, steps = paired_times(task, batch, device, context, pairs, outer)
+    memory = tracked_step(task, batch, device, context, outer)
+    written = (stats or {}).get("bytes_written", 0) + (stats or {}).get("state_bytes_written", 0)
     return Variant(
         name,
         memory.measured_peak,
@@ -363,8 +393,15 @@ def memsave(
     offload_dir: Path | None = None,
     min_bytes: int = 64 * 1024,
     on_plan: Callable[[PlanResult, int], None] | None = None,
+    training_state: str = "auto",
 ) -> MemsaveResult:
-    """Profile, run the baselines, plan for the budget, run the plan; every figure measured here."""
+    """Profile, run the baselines, plan for the budget, run the plan; every figure measured here.
+
+    ``training_state``: "auto" (the planner may fuse each update into backward and move the optimizer
+    state off the device, where the task's update can be fused: ``state.check_fusable``), "keep"
+    (never) or "offload" (always; a task whose update cannot be fused is an error)."""
+    if training_state not in ("auto", KEEP, OFFLOAD):
+        raise UsageError(f"unknown training-state choice {training_state!r}: choose auto, keep or offload")
     units = find_units(task.model)
     for _ in range(2):  # warm-up: the optimizer's state exists, the allocator is warm
         task.step(batch)
@@ -409,6 +446,46 @@ def memsave(
             "sqrt(n)", task, batch, device, lambda: _saver(task, sqrt_plan, offload_dir, {}), pairs
         )
     )
+    # The training state off the device: alone, and with every activation offloaded (the least memory
+    # a plan can reach), where the task's update can be fused into backward.
+    state_baseline: MeasuredPlan | None = None
+    state_plans: list[tuple[Variant, Plan]] = []
+    unfusable = ""
+    if training_state != KEEP:
+        try:
+            check_fusable(task, batch)
+        except UsageError as error:
+            if training_state == OFFLOAD:
+                raise
+            unfusable = str(error)
+        else:
+            state_stats: dict[str, int] = {}
+            outer = functools.partial(_state_saver, task, offload_dir, state_stats)
+            alone = Plan(min_bytes=min_bytes, prefetch_bytes=prefetch, training_state=OFFLOAD)
+            both = dataclasses.replace(everything, training_state=OFFLOAD)
+            both_stats: dict[str, int] = {}
+            state_plans = [
+                (
+                    measure_variant(
+                        "offload-state", task, batch, device, nullcontext, pairs, state_stats, outer
+                    ),
+                    alone,
+                ),
+                (
+                    measure_variant(
+                        "offload-all+state",
+                        task,
+                        batch,
+                        device,
+                        lambda: _saver(task, everything, offload_dir, both_stats),
+                        pairs,
+                        both_stats,
+                        functools.partial(_state_saver, task, offload_dir, both_stats),
+                    ),
+                    both,
+                ),
+            ]
+            variants.extend(v for v, _ in state_plans)
     # The exposed cost of an offloaded byte, from the offload-everything run (never below zero).
     plain_median = Samples.of(offload_all.plain_s).median
     exposed = Samples.of(offload_all.step_s).median - plain_median
@@ -417,12 +494,16 @@ def memsave(
     # The baselines as plans the planner may choose at their measured cost (never below zero), and
     # as its calibration. Feasible means measured within the budget: a plan that measures above it
     # joins the calibration (the model's ``rest`` rises to cover it) and the planner plans again.
+    sqrt_variant = next(v for v in variants if v.name == "sqrt(n)")
     baselines = [
         MeasuredPlan(v.name, plan, v.peak, max(v.overhead, 0.0) * plain_median)
-        for v, plan in ((offload_all, everything), (variants[-1], sqrt_plan))
+        for v, plan in ((offload_all, everything), (sqrt_variant, sqrt_plan), *state_plans)
     ]
+    if state_plans:
+        state_baseline = baselines[2]
+        baselines = [b for b in baselines if b is not state_baseline]  # offered as ``state`` instead
     calibration = [(b.plan, b.peak) for b in baselines]
-    factor = recompute_factor(costs, sqrt_plan, baselines[-1].overhead_s)  # sqrt(n)'s measured cost
+    factor = recompute_factor(costs, sqrt_plan, baselines[1].overhead_s)  # sqrt(n)'s measured cost
     missed: list[str] = []
     for attempt in range(1, _PLAN_ATTEMPTS + 1):
         result = plan_budget(
@@ -437,7 +518,11 @@ def memsave(
             recompute_factor=factor,
             calibration=calibration,
             measured=baselines,
+            state=state_baseline,
+            state_only=training_state == OFFLOAD,
         )
+        if unfusable and not result.feasible:
+            result.reason += f"; the training state stays on the device: {unfusable}"
         if on_plan is not None:
             on_plan(result, baseline_peak)
         if not result.feasible:
@@ -453,6 +538,9 @@ def memsave(
             lambda plan=result.plan, stats=plan_stats: _saver(task, plan, offload_dir, stats),
             pairs,
             plan_stats,
+            functools.partial(_state_saver, task, offload_dir, plan_stats)
+            if result.plan.training_state == OFFLOAD
+            else nullcontext,
         )
         planned.predicted_peak = result.predicted_peak
         planned.predicted_overhead = result.predicted_overhead_s / plain_median
@@ -465,6 +553,8 @@ def memsave(
         missed.append(f"{planned.peak:,} bytes (predicted {result.predicted_peak:,})")
         calibration.append((result.plan, planned.peak))
         baselines = [b for b in baselines if b.plan is not result.plan]  # measured over this time
+        if state_baseline is not None and result.plan is state_baseline.plan:
+            state_baseline = dataclasses.replace(state_baseline, peak=max(state_baseline.peak, planned.peak))
     else:
         result.feasible = False
         result.reason = (
