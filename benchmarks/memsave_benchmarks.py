@@ -1,5 +1,5 @@
 """Memory saving on the CPU: vgg19 and resnet50 at ``small``, the planner at a budget against no saving,
-offload-everything (disk) and sqrt(n) checkpointing. Each variant: the measured peak of a tracked
+offload-everything (disk), sqrt(n) checkpointing and the training state off the device. Each variant: the measured peak of a tracked
 step and the overhead from paired, interleaved plain/variant steps (ratio of medians).
 
     .venv/bin/python benchmarks/memsave_benchmarks.py [--pairs 3] [--out results.json]
@@ -23,7 +23,8 @@ from dnnperf.workloads import get_workload
 #: (workload, preset, batch size or the preset's, budget; "sqrt" = the peak sqrt(n) checkpointing
 #: measured in the case before it: the planner at equal memory).
 CASES = [
-    ("vgg19", "small", None, "90%"),
+    ("vgg19", "small", None, "60%"),  # met only with the training state off the device
+    ("vgg19", "small", None, "50%"),  # issue 8's target
     ("vgg19", "small", None, "sqrt"),
     ("resnet50", "small", None, "70%"),
     ("resnet50", "small", None, "sqrt"),

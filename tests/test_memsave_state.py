@@ -228,3 +228,25 @@ def test_a_plan_dict_without_a_training_state_keeps_it(tmp_path: Path):
     assert Plan.from_dict({"policies": {}, "segments": []}).training_state == KEEP
     with pytest.raises(UsageError, match="training-state"):
         Plan(training_state="drop").validate([])
+
+
+def test_a_full_disk_is_one_clear_error_and_leaves_nothing(monkeypatch, tmp_path):
+    """Writing the state fails with ENOSPC: a DnnperfError saying the disk is full and naming the
+    directory; the directory is removed and the momentum is still in the optimizer."""
+    import errno
+
+    task, batch = _mlp()
+    task.step(batch)
+
+    def full(path, mode="r", *args, **kwargs):
+        if "w" in mode or "+" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(state_module, "open", full, raising=False)
+    saver = StateSaver([task.optimizer], offload_dir=tmp_path)
+    full_disk = r"disk full: cannot write optimizer state to .*dnnperf-state-"
+    with pytest.raises(DnnperfError, match=full_disk), saver:
+        pass
+    assert list(tmp_path.iterdir()) == []
+    assert all("momentum_buffer" in task.optimizer.state[p] for p in task.model.parameters())
