@@ -215,6 +215,27 @@ def test_a_slow_disk_holds_at_most_one_write_in_flight(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_writer_never_holds_the_last_reference(tmp_path):
+    """An offloaded tensor is released on the training thread, where the memory profiler records the
+    release: once a write is done, nothing the writer thread was given still refers to the tensor.
+    (Passed as an argument, it stayed referenced by the writer's work item until the worker dropped
+    the item; when the training thread let go first, the release ran on the writer thread, unseen by
+    the profiler, and the block stayed alive in the trace: one vgg19 `small` plan measured 163.0,
+    167.2, 175.5 and 175.5 MB in four runs, and 163.0 MB in four after the fix.)"""
+    store = disk_module.DiskStore(tmp_path)
+    given: list[tuple] = []
+    submit = store._writer.submit
+    store._writer.submit = lambda fn, *args: given.append(args) or submit(fn, *args)
+    try:
+        for i in range(3):
+            store.put(torch.full((4096,), float(i))).written.result()
+            held = [a for a in given[-1] if isinstance(a, torch.Tensor)]
+            held += [x for a in given[-1] if isinstance(a, list) for x in a]
+            assert held == []
+    finally:
+        store.close()
+
+
 def test_bad_plans_and_compiled_models_are_refused():
     model = small_cnn()
     units = find_units(model)

@@ -119,13 +119,16 @@ class DiskStore:
             version=tensor._version,
             position=position,
         )
-        handle.written = self._writer.submit(self._write, handle.path, tensor.detach())
+        # The writer gets the tensor in a box it empties: the last reference stays the training
+        # thread's (``_pending``), so the storage is released there, where the memory profiler sees it;
+        # a release on the writer thread would leave the block alive in the profiler's trace.
+        handle.written = self._writer.submit(self._write, handle.path, [tensor.detach()])
         self._pending.append((handle, tensor))
         self._order.append(weakref.ref(handle))
         return handle
 
-    def _write(self, path: Path, tensor: torch.Tensor) -> int:
-        data = _raw(tensor).numpy()
+    def _write(self, path: Path, box: list[torch.Tensor]) -> int:
+        data = _raw(box.pop()).numpy()
         try:
             with self._open(path) as file:
                 file.write(memoryview(data))

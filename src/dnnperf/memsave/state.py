@@ -57,7 +57,7 @@ class _Chunk:
     whole: bool = False
     #: Per-element state keys this chunk holds off the device, with their dtype.
     stored: dict[str, torch.dtype] = field(default_factory=dict)
-    reading: dict[str, Future[torch.Tensor]] = field(default_factory=dict)
+    reading: dict[str, _Read] = field(default_factory=dict)
 
     @property
     def state(self) -> dict[str, Any]:
@@ -75,6 +75,23 @@ class _Parameter:
 def _per_element(value: Any, tensor: torch.Tensor) -> bool:
     """A state entry with one value per element of ``tensor`` (momentum, Adam's moments; not its step)."""
     return isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == tensor.numel()
+
+
+@dataclass(eq=False)
+class _Read:
+    """A chunk of state being read back: the buffer (the training thread's) and the read filling it."""
+
+    future: Future[None] | None
+    out: torch.Tensor
+
+    def result(self) -> torch.Tensor:
+        if self.future is not None:
+            self.future.result()
+        return self.out
+
+    def cancel(self) -> None:
+        if self.future is not None:
+            self.future.cancel()
 
 
 class _Backing:
@@ -129,8 +146,8 @@ class _Backing:
                 ) from None
         self.bytes_written += values.numel() * values.element_size()
 
-    def read(self, key: tuple[int, str], start: int, count: int, dtype: torch.dtype) -> Future[torch.Tensor]:
-        """Elements [start, start + count) of the key's state, on the device, when the future is done
+    def read(self, key: tuple[int, str], start: int, count: int, dtype: torch.dtype) -> _Read:
+        """Elements [start, start + count) of the key's state, on the device, once ``result()`` returns
         (CUDA: the copy is queued on the side stream and the compute stream waits for it)."""
         self.bytes_read += count * torch.empty(0, dtype=dtype).element_size()
         if self._stream is not None:
@@ -139,14 +156,15 @@ class _Backing:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(self._stream)
             out.record_stream(compute)
-            done: Future[torch.Tensor] = Future()
-            done.set_result(out)
-            return done
+            return _Read(None, out)
         assert self._reader is not None
         out = torch.empty(count, dtype=dtype)  # allocated here, on the training thread
-        return self._reader.submit(self._read_file, key, start, out)
+        # The reader gets the buffer in a box it empties and returns nothing: only the training thread
+        # holds it after the read, so it is released there, where the memory profiler sees it.
+        return _Read(self._reader.submit(self._read_file, key, start, [out]), out)
 
-    def _read_file(self, key: tuple[int, str], start: int, out: torch.Tensor) -> torch.Tensor:
+    def _read_file(self, key: tuple[int, str], start: int, box: list[torch.Tensor]) -> None:
+        out = box.pop()
         raw = out.view(torch.uint8).numpy()
         with open(self._path(key), "rb") as file:
             file.seek(start * out.element_size())
@@ -155,7 +173,6 @@ class _Backing:
             raise DnnperfError(
                 f"optimizer state file {self._path(key)} is short: {got} of {raw.nbytes} bytes"
             )
-        return out
 
     def close(self) -> None:
         if self._reader is not None:
@@ -274,8 +291,8 @@ class StateSaver:
             if self._backing is not None:
                 self._read_ahead(entry, index)
             state = chunk.state
-            for key, future in chunk.reading.items():
-                state[key] = future.result().view(chunk.alias.shape)
+            for key, pending in chunk.reading.items():
+                state[key] = pending.result().view(chunk.alias.shape)
             chunk.reading.clear()
             chunk.optimizer.param_groups[0].update(hyper)  # a scheduler may have changed the group
             chunk.alias.grad = _slice(grad, chunk)
@@ -353,8 +370,8 @@ class StateSaver:
                         state[key] = value  # the scalars: every chunk advanced them alike
                 if backing is not None:
                     for chunk in entry.chunks:
-                        for future in chunk.reading.values():
-                            future.cancel()
+                        for pending in chunk.reading.values():
+                            pending.cancel()
                     # Every chunk wrote it (a backward stopped by an error may have left some without).
                     for key, dtype in entry.chunks[-1].stored.items():
                         if all(key in chunk.stored for chunk in entry.chunks):
