@@ -250,3 +250,39 @@ def test_a_full_disk_is_one_clear_error_and_leaves_nothing(monkeypatch, tmp_path
         pass
     assert list(tmp_path.iterdir()) == []
     assert all("momentum_buffer" in task.optimizer.state[p] for p in task.model.parameters())
+
+
+class _Reversed(nn.Module):
+    """Layers run in the reverse of their registration: backward updates them in registration order,
+    the opposite of a saver's first guess."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in reversed(self.layers):
+            x = layer(x)
+        return x
+
+
+def test_a_wrong_first_guess_of_the_order_reads_nothing_twice(monkeypatch, tmp_path):
+    """The first step of a saver guesses backward's order; where the guess is wrong, the read-ahead
+    must not fetch a parameter already updated (that read would wait, held, until the next step):
+    one step reads the state once, plus the next step's first chunk; a saver entered again starts
+    from the order learnt."""
+    monkeypatch.setattr(state_module, "_LEARNT_ORDER", state_module.weakref.WeakKeyDictionary())
+    torch.manual_seed(0)
+    model = _Reversed(512, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    task = SupervisedTask(model, lambda m, b: m(b["x"]).square().mean(), optimizer)
+    batch = {"x": torch.randn(2, 512)}
+    task.step(batch)
+    state_bytes = sum(p.numel() * 4 for p in model.parameters())
+    chunk = state_module.CHUNK_ELEMENTS * 4
+    for _ in range(2):
+        saver = StateSaver([optimizer], offload_dir=tmp_path)
+        with saver:
+            task.step(batch)
+        assert state_bytes <= saver.bytes_read <= state_bytes + chunk
+    assert state_module._LEARNT_ORDER[optimizer] == [id(p) for p in model.parameters()]

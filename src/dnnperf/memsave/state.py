@@ -30,6 +30,7 @@ import copy
 import errno
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ from typing import Any
 import torch
 
 from dnnperf.errors import DnnperfError, UsageError
+
+#: Per optimizer (the first a saver was given), the order its parameters were last updated in: a saver
+#: entered again (one per measured step in ``memsave``) reads ahead in the right order from its first
+#: step.
+_LEARNT_ORDER: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = weakref.WeakKeyDictionary()
 
 #: Elements updated at once: the update's temporaries and the state read back are at most this big.
 CHUNK_ELEMENTS = 1 << 18
@@ -221,6 +227,7 @@ class StateSaver:
             raise UsageError("the optimizers hold no trainable parameter: nothing to fuse")
         self._handles: list[Any] = []
         self._backing: _Backing | None = None
+        self._first_optimizer = optimizers[0]
         self._order: list[int] = []  # parameters in the order the last backward updated them
         self._updated: list[int] = []
         #: State bytes written and read by the updates of the last block (not its start's and end's moves).
@@ -239,8 +246,11 @@ class StateSaver:
             for entry in self._parameters.values():
                 self._split_state(entry)
                 self._handles.append(entry.parameter.register_post_accumulate_grad_hook(self._update))
-            # Before any backward has run: the reverse of registration order, backward's usual one.
-            self._order = list(reversed(self._parameters))
+            # The order the last block's backward updated these parameters in; before any, the reverse
+            # of registration order, backward's usual one.
+            learnt = _LEARNT_ORDER.get(self._first_optimizer)
+            fits = learnt is not None and sorted(learnt) == sorted(self._parameters)
+            self._order = list(learnt) if fits else list(reversed(self._parameters))
             self._moved_at_start = self._moved()
         except BaseException:
             self._restore()
@@ -319,6 +329,7 @@ class StateSaver:
         self._updated.append(pid)
         if len(self._updated) == len(self._parameters):
             self._order, self._updated = self._updated, []
+            _LEARNT_ORDER[self._first_optimizer] = self._order
 
     def _adopt(self, entry: _Parameter) -> None:
         """State the chunks created (a first step) joined into the optimizer's, the chunks viewing it."""
@@ -339,10 +350,17 @@ class StateSaver:
         if index + 1 < len(entry.chunks):
             wanted.append((entry, entry.chunks[index + 1]))
         else:
+            # The next parameter in the learnt order not updated yet in this backward (a guessed order
+            # must not leave a read of one already updated waiting, and held, until the next step).
             pid = id(entry.parameter)
             at = self._order.index(pid) if pid in self._order else -1
-            upcoming = self._parameters[self._order[(at + 1) % len(self._order)]]
-            wanted.append((upcoming, upcoming.chunks[0]))
+            updated = {*self._updated, pid}
+            following = self._order[at + 1 :] + self._order[: at + 1]
+            upcoming = next((p for p in following if p not in updated), None)
+            if upcoming is None:  # the last one of this backward: the next step's first
+                upcoming = self._order[0]
+            nxt = self._parameters[upcoming]
+            wanted.append((nxt, nxt.chunks[0]))
         for target, chunk in wanted:
             for key, dtype in chunk.stored.items():
                 if key not in chunk.reading:
