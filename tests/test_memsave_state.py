@@ -183,6 +183,13 @@ def test_an_offload_directory_that_cannot_be_made_is_a_clear_error(tmp_path):
     with pytest.raises(UsageError, match="no trainable parameter"):
         StateSaver([torch.optim.SGD([torch.zeros(2)], lr=0.1)])
 
+    class NeedsMore(torch.optim.SGD):
+        def __init__(self, params, scale):  # a user's optimizer with an argument of its own
+            super().__init__(params, lr=0.1 * scale)
+
+    with pytest.raises(UsageError, match="cannot fuse NeedsMore's update into backward"):
+        StateSaver([NeedsMore(task.model.parameters(), 1.0)])
+
 
 def _units(n: int) -> list[Unit]:
     return [Unit(f"u{i}", "seq", i) for i in range(n)]

@@ -13,8 +13,8 @@ Where parameters, gradients and optimizer state outweigh the activations (vgg19 
 - the optimizer's state tensors of each parameter (momentum, Adam's moments) live in a file (CPU) or
   in pinned host memory (CUDA) between its updates: each chunk is read back, updated with the
   parameter and written out again, so only a chunk of state is on the device at a time. The next
-  parameter's first chunks are read ahead (in the order the last backward updated them) while this
-  one updates;
+  chunk is read ahead while one updates, and after a parameter's last chunk the first chunk of the
+  parameter the last backward updated next;
 - on exit the whole state is read back into the optimizer, so after the block it is as if the steps
   had run plainly.
 
@@ -193,13 +193,23 @@ class _Backing:
 def _chunks(parameter: torch.Tensor, optimizer: torch.optim.Optimizer) -> list[_Chunk]:
     """Aliases of the parameter's memory, ``CHUNK_ELEMENTS`` each (one, of its shape, when it is not
     contiguous), each with a one-tensor optimizer of the task's class (hyper-parameters set per step)."""
+
+    def over(alias: torch.Tensor) -> torch.optim.Optimizer:
+        try:
+            return type(optimizer)([alias])
+        except (TypeError, ValueError) as error:
+            raise UsageError(
+                f"cannot fuse {type(optimizer).__name__}'s update into backward: it cannot be built "
+                f"over one tensor ({error})"
+            ) from None
+
     detached = parameter.detach()
     if not detached.is_contiguous():
-        return [_Chunk(0, detached.numel(), detached, type(optimizer)([detached]), whole=True)]
+        return [_Chunk(0, detached.numel(), detached, over(detached), whole=True)]
     flat, chunks = detached.view(-1), []
     for start in range(0, flat.numel(), CHUNK_ELEMENTS):
         alias = flat[start : start + CHUNK_ELEMENTS]
-        chunks.append(_Chunk(start, start + alias.numel(), alias, type(optimizer)([alias])))
+        chunks.append(_Chunk(start, start + alias.numel(), alias, over(alias)))
     return chunks
 
 
@@ -415,7 +425,12 @@ def _slice(tensor: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
 def check_fusable(task: Any, batch: Any) -> None:
     """A one-line error unless one step with the update fused into backward leaves the same parameters
     as one plain step: each on a deep copy of ``task``, from the same random state."""
-    plain, fused = copy.deepcopy(task), copy.deepcopy(task)
+    try:
+        plain, fused = copy.deepcopy(task), copy.deepcopy(task)
+    except (TypeError, copy.Error, RuntimeError) as error:  # a member that cannot be copied
+        raise UsageError(
+            f"cannot check whether this task's update can be fused: copying it failed ({error})"
+        ) from None
     devices = [p.device for p in task.model.parameters() if p.device.type == "cuda"][:1]
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
     for copied, context in ((plain, None), (fused, StateSaver(fused.optimizers(), offload_state=False))):
