@@ -225,6 +225,14 @@ def test_the_planner_offloads_the_training_state_only_when_it_must():
     assert not plan_budget(units, costs, 2000, 1600, 1e-6, 0, min_bytes=0).feasible
     floor = plan_budget(units, costs, 2000, 1000, 1e-6, 0, min_bytes=0, state=state)
     assert not floor.feasible and "smallest predicted peak is 1,400 bytes" in floor.reason
+    # An offloaded byte priced for this mode (measured beside the state's own I/O): the same plan, each
+    # of its 300-byte writes at 1 s.
+    dear = plan_budget(
+        units, costs, 2000, 1600, 1e-6, 0, min_bytes=0, state=state, state_offload_s_per_byte=1.0
+    )
+    written = sum(300 for policy in hard.plan.policies.values() if policy == OFFLOAD)
+    assert dear.plan == hard.plan and dear.predicted_overhead_s == pytest.approx(0.005 + written)
+    assert hard.predicted_overhead_s == pytest.approx(0.005 + written * 1e-6)
     forced = plan_budget(units, costs, 2000, 1900, 1e-6, 0, min_bytes=0, state=state, state_only=True)
     assert forced.feasible and forced.plan.training_state == OFFLOAD
     assert Plan.from_dict(hard.plan.to_dict()) == hard.plan

@@ -292,6 +292,7 @@ def plan_budget(
     recompute_factor: float = 1.0,
     state: MeasuredPlan | None = None,
     state_only: bool = False,
+    state_offload_s_per_byte: float | None = None,
 ) -> PlanResult:
     """The cheapest plan predicted to stay within ``budget * (1 - margin)`` (the margin covers what
     the model leaves out: recomputation's temporaries, allocator rounding; small, since ``memsave``
@@ -306,15 +307,17 @@ def plan_budget(
     ``recompute_factor``: a recomputed unit costs its forward time times this (``run.recompute_factor``).
     ``state``: the measured training-state baseline (``Plan(training_state=OFFLOAD)``, nothing else):
     plans with the training state offloaded are searched too, each paying its measured added time;
-    ``state_only``: only those."""
+    ``state_only``: only those; ``state_offload_s_per_byte``: an offloaded byte's cost in that mode
+    (measured beside the state's own reads and writes; default ``offload_s_per_byte``)."""
     if profile is None:
         profile = profile_from_units([c.saved for c in costs], [c.inputs for c in costs])
     if prefetch_bytes is None:
         prefetch_bytes = read_ahead_window(profile, min_bytes)
     # (training-state mode, its model, the added seconds every plan of that mode pays)
-    wanted = [(KEEP, measured_peak, 0.0)] if state is None or not state_only else []
+    wanted = [(KEEP, measured_peak, 0.0, offload_s_per_byte)] if state is None or not state_only else []
     if state is not None:
-        wanted.append((OFFLOAD, state.peak, state.overhead_s))
+        per_byte = offload_s_per_byte if state_offload_s_per_byte is None else state_offload_s_per_byte
+        wanted.append((OFFLOAD, state.peak, state.overhead_s, per_byte))
     modes = [
         (
             mode,
@@ -322,7 +325,7 @@ def plan_budget(
                 units,
                 costs,
                 peak,
-                offload_s_per_byte,
+                per_byte,
                 prefetch_bytes,
                 recompute_factor=recompute_factor,
                 profile=profile,
@@ -332,7 +335,7 @@ def plan_budget(
             ),
             extra,
         )
-        for mode, peak, extra in wanted
+        for mode, peak, extra, per_byte in wanted
     ]
     target = int(budget * (1 - margin))
     total_saved = sum(c.saved for c in costs) or 1

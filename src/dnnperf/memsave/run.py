@@ -116,6 +116,9 @@ class MemsaveResult:
     #: Measured / predicted recomputation seconds of the sqrt(n) baseline (planner's recompute cost
     #: scale; 1.0 in records from before it was measured).
     recompute_factor: float = 1.0
+    #: The exposed seconds per offloaded byte with the training state off the device (offload-all+state
+    #: over offload-state); None where the state was not measured.
+    state_offload_s_per_byte: float | None = None
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -132,6 +135,7 @@ class MemsaveResult:
             "variants": [v.to_dict() for v in self.variants],
             "offload_s_per_byte": self.offload_s_per_byte,
             "recompute_factor": self.recompute_factor,
+            "state_offload_s_per_byte": self.state_offload_s_per_byte,
             "bandwidth": self.bandwidth,
         }
 
@@ -164,6 +168,11 @@ class MemsaveResult:
             offload_s_per_byte=float(data.get("offload_s_per_byte", 0.0)),
             bandwidth={str(k): float(v) for k, v in data.get("bandwidth", {}).items()},
             recompute_factor=float(data.get("recompute_factor", 1.0)),
+            state_offload_s_per_byte=(
+                None
+                if data.get("state_offload_s_per_byte") is None
+                else float(data["state_offload_s_per_byte"])
+            ),
         )
 
 
@@ -491,6 +500,13 @@ def memsave(
     exposed = Samples.of(offload_all.step_s).median - plain_median
     offloaded = max(1, offload_all.bytes_written or sum(c.saved for c in costs))
     offload_s_per_byte = max(exposed, 0.0) / offloaded
+    # The same with the training state off the device: offload-all+state over offload-state, per
+    # activation byte (the state's reads and writes share the cores with the disk tier's).
+    state_offload_s_per_byte = None
+    if state_plans:
+        (alone_variant, _), (both_variant, _) = state_plans
+        beside = (both_variant.overhead - alone_variant.overhead) * plain_median
+        state_offload_s_per_byte = max(beside, 0.0) / offloaded
     # The baselines as plans the planner may choose at their measured cost (never below zero), and
     # as its calibration. Feasible means measured within the budget: a plan that measures above it
     # joins the calibration (the model's ``rest`` rises to cover it) and the planner plans again.
@@ -520,6 +536,7 @@ def memsave(
             measured=baselines,
             state=state_baseline,
             state_only=training_state == OFFLOAD,
+            state_offload_s_per_byte=state_offload_s_per_byte,
         )
         if unfusable and not result.feasible:
             result.reason += f"; the training state stays on the device: {unfusable}"
@@ -573,4 +590,5 @@ def memsave(
         offload_s_per_byte=offload_s_per_byte,
         bandwidth=bandwidth,
         recompute_factor=factor,
+        state_offload_s_per_byte=state_offload_s_per_byte,
     )
