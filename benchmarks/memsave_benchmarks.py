@@ -1,6 +1,7 @@
 """Memory saving on the CPU: vgg19 and resnet50 at ``small``, the planner at a budget against no saving,
-offload-everything (disk), sqrt(n) checkpointing and the training state off the device. Each variant: the measured peak of a tracked
-step and the overhead from paired, interleaved plain/variant steps (ratio of medians).
+offload-everything (disk), sqrt(n) checkpointing and the training state off the device. Each variant:
+the measured peak of a tracked step and the overhead from paired, interleaved plain/variant steps
+(ratio of medians).
 
     .venv/bin/python benchmarks/memsave_benchmarks.py [--pairs 3] [--out results.json]
 
