@@ -102,7 +102,7 @@ def mlp_task() -> tuple[SupervisedTask, dict]:
 def test_a_plan_measured_over_the_budget_is_replanned(monkeypatch):
     runs = _planner_measures_over_budget(monkeypatch, times=1)
     task, batch = mlp_task()
-    result = memsave(task, batch, torch.device("cpu"), "70%", pairs=1, min_bytes=0)
+    result = memsave(task, batch, torch.device("cpu"), "70%", pairs=1, min_bytes=0, training_state="keep")
     assert len(runs) == 2  # measured over, planned again with that measurement, measured within
     assert result.feasible and result.variant("planner").peak <= result.budget
     assert "measured above the budget" in result.reason and f"{result.budget + 1:,}" in result.reason
