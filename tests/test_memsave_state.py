@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from dnnperf.errors import DnnperfError, UsageError
 from dnnperf.memsave import state as state_module
 from dnnperf.memsave.planner import MeasuredPlan, MemoryModel, UnitCost, plan_budget
 from dnnperf.memsave.policy import KEEP, OFFLOAD, Plan, Unit
+from dnnperf.memsave.run import tracked_step
 from dnnperf.memsave.state import StateSaver, check_fusable
-from dnnperf.probes.memory import MemoryTracker
 from dnnperf.workloads import get_workload
 from dnnperf.workloads.base import SupervisedTask
 
@@ -87,10 +88,7 @@ def test_the_state_lies_in_files_of_its_own_size_between_updates(tmp_path):
 
 
 def _tracked_peak(task: SupervisedTask, batch: dict[str, torch.Tensor]) -> int:
-    tracker = MemoryTracker(task.model, task.optimizers(), batch, device=torch.device("cpu"), resident=False)
-    with tracker:
-        task.step(batch, tracker)
-    return tracker.result().measured_peak
+    return tracked_step(task, batch, torch.device("cpu"), nullcontext).measured_peak
 
 
 def test_the_peak_loses_every_gradient_but_one_and_the_whole_state(tmp_path):

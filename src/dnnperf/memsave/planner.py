@@ -106,7 +106,6 @@ class MemoryModel:
         fused_update: bool = False,
     ) -> None:
         self.units, self.costs = list(units), list(costs)
-        self.fused_update = fused_update
         self.offload_s_per_byte, self.prefetch_bytes = offload_s_per_byte, prefetch_bytes
         self.recompute_factor, self.min_bytes = recompute_factor, min_bytes
         if profile is None:

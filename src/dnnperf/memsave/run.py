@@ -510,16 +510,17 @@ def memsave(
     # The baselines as plans the planner may choose at their measured cost (never below zero), and
     # as its calibration. Feasible means measured within the budget: a plan that measures above it
     # joins the calibration (the model's ``rest`` rises to cover it) and the planner plans again.
+    # offload-state is offered as the planner's ``state`` (the base of its second mode), not among these.
     sqrt_variant = next(v for v in variants if v.name == "sqrt(n)")
-    baselines = [
+    measured = [
         MeasuredPlan(v.name, plan, v.peak, max(v.overhead, 0.0) * plain_median)
         for v, plan in ((offload_all, everything), (sqrt_variant, sqrt_plan), *state_plans)
     ]
     if state_plans:
-        state_baseline = baselines[2]
-        baselines = [b for b in baselines if b is not state_baseline]  # offered as ``state`` instead
+        state_baseline = measured.pop(2)
+    baselines = measured
     calibration = [(b.plan, b.peak) for b in baselines]
-    factor = recompute_factor(costs, sqrt_plan, baselines[1].overhead_s)  # sqrt(n)'s measured cost
+    factor = recompute_factor(costs, sqrt_plan, measured[1].overhead_s)  # sqrt(n)'s measured cost
     missed: list[str] = []
     for attempt in range(1, _PLAN_ATTEMPTS + 1):
         result = plan_budget(
