@@ -261,7 +261,7 @@ class _Workspace(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        workspace = torch.ones(2**21)  # 8 MiB, far above the model's own bytes
+        workspace = torch.ones(2**21, device=grad.device)  # 8 MiB, far above the model's own bytes
         return grad * workspace[0]
 
 

@@ -5,6 +5,7 @@ dropout, hooks and files removed, disk full."""
 from __future__ import annotations
 
 import errno
+import itertools
 import threading
 from pathlib import Path
 
@@ -248,3 +249,42 @@ def test_bad_plans_and_compiled_models_are_refused():
     model._orig_mod = nn.Linear(1, 1)  # what torch.compile's wrapper carries
     with pytest.raises(UsageError, match="compile"):
         MemorySaver(model, Plan())
+
+
+def test_the_pinned_pool_grows_to_a_steps_demand_and_then_allocates_nothing():
+    """The CUDA tier's pool (pinned memory faked by plain bytes here): a step that needs more than the
+    pool grows it by one segment at least as large as the pool; after a rewind the same step fits in
+    what exists; slices are aligned and never overlap; a host that cannot pin more keeps the tensor."""
+    from dnnperf.memsave.pinned import _ALIGN, PinnedPool
+
+    allocated: list[int] = []
+
+    def allocate(nbytes: int) -> torch.Tensor:
+        allocated.append(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    pool = PinnedPool(4096, allocate)
+    sizes = [1000, 3000, 5000, 700]
+
+    def one_step() -> list[torch.Tensor]:
+        taken = [pool.take(n) for n in sizes]
+        pool.rewind()
+        return taken
+
+    first = one_step()
+    assert [t.numel() for t in first] == sizes
+    # 1000 + 3000 fit (aligned: 1024 + 3000); 5000 gets a segment of its own (the pool, 4096, is
+    # smaller), and 700 one as large as the pool (doubling it: few segments however large a step).
+    assert allocated == [4096, 5000, 9096]
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in first)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
+    assert all(t.data_ptr() % _ALIGN == first[0].data_ptr() % _ALIGN for t in first[:2])
+    second = one_step()
+    assert allocated == [4096, 5000, 9096]  # nothing new
+    assert [t.data_ptr() for t in second] == [t.data_ptr() for t in first]
+
+    def refuse(nbytes: int) -> torch.Tensor:
+        raise RuntimeError("cannot pin")
+
+    pool._allocate = refuse
+    assert pool.take(20000) is None

@@ -1,7 +1,10 @@
 """Offload to pinned host memory (the CUDA tier), after vDNN and seed 003.
 
-- One pinned pool, allocated once per saver (``cudaHostAlloc`` is slow and synchronising), handed
-  out as a bump allocator; reused only after the side stream's copies are done (event sync).
+- One pinned pool per saver (``cudaHostAlloc`` is slow and synchronising), handed out as a bump
+  allocator and rewound when a step ends, once the side stream's copies are done (event sync). It is
+  allocated before the first step at the size asked for (``memsave`` asks for the profiled step's
+  saved bytes) and, where a step needs more, grows by a segment at least as large as all it has: the
+  first steps find its size, the later ones allocate nothing.
 - Copies run on a dedicated side stream that first waits for the compute stream, so they overlap
   the next layers' compute.
 - The device copy is freed only when the copy and its consumers are done: ``record_stream`` on the
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,20 +37,41 @@ class PinnedHandle:
     ready: torch.cuda.Event | None = None
 
 
-class PinnedPool:
-    """Pinned host bytes handed out front to back, rewound when a step ends."""
+def _pinned_bytes(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
-    def __init__(self, nbytes: int) -> None:
-        self.buffer = torch.empty(max(nbytes, _ALIGN), dtype=torch.uint8, pin_memory=True)
-        self.used = 0
+
+class PinnedPool:
+    """Pinned host bytes handed out front to back in segments, rewound when a step ends."""
+
+    def __init__(self, nbytes: int, allocate: Callable[[int], torch.Tensor] = _pinned_bytes) -> None:
+        self._allocate = allocate
+        self.segments = [allocate(max(nbytes, _ALIGN))]
+        self._segment = 0
+        self.used = 0  # bytes taken from the current segment
+
+    @property
+    def capacity(self) -> int:
+        return sum(s.numel() for s in self.segments)
 
     def take(self, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` of pinned memory, or None where the host cannot pin more (the tensor then stays
+        on the device)."""
+        while self.used + nbytes > self.segments[self._segment].numel():
+            if self._segment + 1 == len(self.segments):
+                try:
+                    self.segments.append(self._allocate(max(nbytes, self.capacity)))
+                except RuntimeError:  # pinning failed: the host's memory is not ours to exhaust
+                    return None
+            self._segment += 1
+            self.used = 0
         start = self.used
-        end = start + nbytes
-        if end > self.buffer.numel():
-            return None
-        self.used = -(-end // _ALIGN) * _ALIGN
-        return self.buffer[start:end]
+        self.used = -(-(start + nbytes) // _ALIGN) * _ALIGN
+        return self.segments[self._segment][start : start + nbytes]
+
+    def rewind(self) -> None:
+        self._segment = 0
+        self.used = 0
 
 
 class PinnedStore:
@@ -110,7 +135,7 @@ class PinnedStore:
     def end_step(self) -> None:
         # Event sync before the pool's bytes are reused by the next step.
         self.stream.synchronize()
-        self.pool.used = 0
+        self.pool.rewind()
         self._order = []
         self._cursor = None
 

@@ -354,8 +354,10 @@ def paired_times(
 
 
 @contextmanager
-def _saver(task: Task, plan: Plan, offload_dir: Path | None, stats: dict[str, int]) -> Iterator[None]:
-    saver = MemorySaver(task.model, plan, offload_dir=offload_dir)
+def _saver(
+    task: Task, plan: Plan, offload_dir: Path | None, stats: dict[str, int], pool_bytes: int | None = None
+) -> Iterator[None]:
+    saver = MemorySaver(task.model, plan, offload_dir=offload_dir, pool_bytes=pool_bytes)
     with saver:
         yield
     stats["bytes_written"] = saver.bytes_written
@@ -422,6 +424,11 @@ def memsave(
     costs = unit_costs(baseline_memory, units, unit_forward_times(task, batch, units, device))
     profile = profile_storages(task.model, units, lambda: task.step(batch), batch)
     bandwidth = measure_bandwidth(offload_dir) if device.type == "cpu" else {}
+    # CUDA: every measured step's pinned pool at the size of all a step can offload (what forward
+    # holds when backward starts, or all that is saved for it, with room for alignment), so that no
+    # timed step pins memory.
+    held = max(sum(c.saved for c in costs), forward_held(baseline_memory) or 0)
+    pool = held + held // 4 + 2**20 if device.type == "cuda" else None
 
     variants = [
         measure_variant("none", task, batch, device, nullcontext, pairs),
@@ -446,13 +453,19 @@ def memsave(
     everything = Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=min_bytes, prefetch_bytes=prefetch)
     stats: dict[str, int] = {}
     offload_all = measure_variant(
-        "offload-all", task, batch, device, lambda: _saver(task, everything, offload_dir, stats), pairs, stats
+        "offload-all",
+        task,
+        batch,
+        device,
+        lambda: _saver(task, everything, offload_dir, stats, pool),
+        pairs,
+        stats,
     )
     variants.append(offload_all)
     sqrt_plan = sqrt_checkpointing(units)
     variants.append(
         measure_variant(
-            "sqrt(n)", task, batch, device, lambda: _saver(task, sqrt_plan, offload_dir, {}), pairs
+            "sqrt(n)", task, batch, device, lambda: _saver(task, sqrt_plan, offload_dir, {}, pool), pairs
         )
     )
     # The training state off the device: alone, and with every activation offloaded (the least memory
@@ -486,7 +499,7 @@ def memsave(
                         task,
                         batch,
                         device,
-                        lambda: _saver(task, everything, offload_dir, both_stats),
+                        lambda: _saver(task, everything, offload_dir, both_stats, pool),
                         pairs,
                         both_stats,
                         functools.partial(_state_saver, task, offload_dir, both_stats),
@@ -553,7 +566,7 @@ def memsave(
             task,
             batch,
             device,
-            lambda plan=result.plan, stats=plan_stats: _saver(task, plan, offload_dir, stats),
+            lambda plan=result.plan, stats=plan_stats: _saver(task, plan, offload_dir, stats, pool),
             pairs,
             plan_stats,
             functools.partial(_state_saver, task, offload_dir, plan_stats)

@@ -26,6 +26,9 @@ from dnnperf.memsave.pinned import PinnedPool, PinnedStore
 from dnnperf.memsave.policy import KEEP, OFFLOAD, Plan, find_units
 from dnnperf.memsave.recompute import Checkpointing
 
+#: The pinned pool's first size where none is asked for (it grows to what a step needs).
+DEFAULT_POOL_BYTES = 256 * 2**20
+
 
 def refuse_compiled(model: nn.Module) -> None:
     """torch.compile, compiled autograd and CUDA graphs bypass saved-tensor hooks silently: refuse."""
@@ -65,10 +68,9 @@ class MemorySaver:
             return None
         if self.device.type == "cuda":
             if self._pool is None:
-                # Pre-allocated once (cudaHostAlloc is slow and synchronising); default: the device's
-                # saved activations can be at most the device's memory.
-                size = self.pool_bytes or torch.cuda.get_device_properties(self.device).total_memory // 2
-                self._pool = PinnedPool(size)
+                # Allocated once per saver (cudaHostAlloc is slow and synchronising) and grown by what
+                # a step needs beyond it (pinned.py); kept for the saver's later blocks.
+                self._pool = PinnedPool(self.pool_bytes or DEFAULT_POOL_BYTES)
             return PinnedStore(self.device, self._pool, self.plan.prefetch_bytes)
         return DiskStore(self.offload_dir, self.plan.prefetch_bytes)
 

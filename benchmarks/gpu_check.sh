@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# dnnperf's CUDA paths on a GPU machine, as one script: the CUDA tests, then the CLI's main jobs on the
+# GPU (calibration, the demo's profile, memsave at the seed paper's size). Each step has its own time
+# limit and log; a failed step does not stop the next. Everything lands in OUTDIR, and is also packed
+# into OUTDIR/gpu-check.tgz after every step, so a run stopped at its limit keeps what it measured.
+#
+#   benchmarks/gpu_check.sh OUTDIR          # on the GPU machine, from the repository root
+#
+# Needs torch with CUDA and dnnperf's dependencies importable by $PYTHON (default python3); dnnperf
+# itself is taken from src/ (no install). STEPS picks steps by name (default: all, in this order).
+set -u
+OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
+PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+STEPS=${STEPS:-"env tests hw memsave-full profile memsave-small"}
+WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
+mkdir -p "$OUTDIR" "$WORK/logs"
+export PYTHON
+dnnperf() { "$PYTHON" -m dnnperf "$@"; }
+
+pack() {
+    tar -C "$WORK" -czf "$OUTDIR/gpu-check.tgz.part" logs runs cache 2>/dev/null
+    mv "$OUTDIR/gpu-check.tgz.part" "$OUTDIR/gpu-check.tgz"
+}
+
+step() {  # step NAME SECONDS COMMAND...: run it unless STEPS leaves it out; log, status, pack
+    local name=$1 limit=$2 started
+    shift 2
+    [[ " $STEPS " == *" $name "* ]] || return 0
+    started=$(date +%s)
+    echo "== $(date -u +%T) $name (limit ${limit}s)"
+    timeout -k 10 "$limit" bash -c '"$@"' _ "$@" >"$WORK/logs/$name.log" 2>&1  # functions too
+    local rc=$?
+    echo "rc=$rc ${name} $(($(date +%s) - started))s" | tee -a "$OUTDIR/summary.txt"
+    tail -n 30 "$WORK/logs/$name.log"
+    pack
+}
+
+environment() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    "$PYTHON" -c "import torch, sys; print(sys.version); print(torch.__version__, torch.version.cuda, \
+torch.cuda.get_device_name(0), torch.backends.cudnn.version())"
+    nproc
+    free -g
+}
+
+export -f dnnperf environment
+step env 30 environment
+step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rA --timeout 60 tests/test_cuda_paths.py \
+    tests/test_stages.py::test_cuda_stage_boundaries_are_events_resolved_after_the_step \
+    tests/test_layers.py::test_layers_on_cuda_are_timed_with_events_and_attributed \
+    tests/test_hardware.py::test_quick_calibration_on_cuda
+step hw 90 dnnperf hw --device "$DEVICE" --quick
+# Seed 003's experiment at its size: VGG-19, 224x224 images, batch 64 (the issue: -50% at <= 10%).
+step memsave-full 200 dnnperf memsave vgg19 --preset full --budget 50% --device "$DEVICE" --steps 7
+# The demo's profile, on the GPU: stages (on-disk data), layers and memory at three batch sizes.
+step profile 150 dnnperf profile resnet18 --preset small --sweep 16,64,256 --steps 10 --warmup 3 \
+    --data disk --layers --memory --device "$DEVICE"
+# The CPU benchmark's configuration, for comparison with docs/benchmarks-memsave.md.
+step memsave-small 150 dnnperf memsave vgg19 --preset small --budget 50% --device "$DEVICE" --steps 9

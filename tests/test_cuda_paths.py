@@ -1,0 +1,271 @@
+"""The CUDA paths of the memory profiler and the memory saver, against independent counters: the caching
+allocator's own peak (``torch.cuda.max_memory_allocated``), analytic sizes, and the gradients and
+optimizer state of plain training on the same GPU. Skipped on a machine without CUDA; run on a GPU
+machine with ``pytest tests/test_cuda_paths.py`` (benchmarks/gpu_check.sh does)."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+
+import pytest
+import torch
+from tests.test_memory import _WithWorkspace
+from torch import nn
+
+from dnnperf.memsave import KEEP, OFFLOAD, RECOMPUTE, MemorySaver, Plan, find_units, plan_of
+from dnnperf.memsave.run import memsave
+from dnnperf.memsave.state import StateSaver
+from dnnperf.probes.memory import MemoryTracker
+from dnnperf.workloads import get_workload
+from dnnperf.workloads.base import SupervisedTask
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA = torch.device("cuda")
+FLOAT = 4
+
+
+@pytest.fixture(autouse=True)
+def deterministic():
+    """Deterministic cuDNN: two runs of one step differ only by what the saver does."""
+    before = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+
+
+def _mlp(width: int, depth: int, batch: int, momentum: float = 0.9):
+    """Linear layers whose every tensor is a multiple of 512 bytes (the caching allocator's rounding)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.ReLU())]).to(CUDA)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
+    task = SupervisedTask(model, lambda m, b: nn.functional.mse_loss(m(b["x"]), b["y"]), optimizer)
+    data = {"x": torch.randn(batch, width, device=CUDA), "y": torch.randn(batch, width, device=CUDA)}
+    return task, data
+
+
+# -- the memory profiler ---------------------------------------------------------------------------------
+
+
+def test_cuda_categories_equal_their_analytic_sizes_and_the_allocators_peak():
+    """Adam over two 128-wide layers, batch 32: parameters, gradients, two state tensors per parameter,
+    the input and the saved activations by hand; the peak is the caching allocator's own."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128)).to(CUDA)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = {"x": torch.randn(32, 64, device=CUDA), "y": torch.randn(32, 128, device=CUDA)}
+    task = SupervisedTask(model, lambda m, b: nn.functional.mse_loss(m(b["x"]), b["y"]), optimizer)
+    task.step(batch)  # the optimizer's state exists
+    torch.cuda.synchronize()
+    tracker = MemoryTracker(model, [optimizer], batch, device=CUDA)
+    with tracker:
+        task.step(batch, tracker)
+    memory = tracker.result()
+    params = (64 * 128 + 128 + 128 * 128 + 128) * FLOAT
+    assert memory.measured_by == "cuda caching allocator"
+    assert memory.category_max["parameters"] == params
+    assert memory.category_max["gradients"] == params
+    assert memory.category_max["optimizer_state"] == 2 * params
+    assert memory.category_max["input"] == (32 * 64 + 32 * 128) * FLOAT
+    # The ReLU's output (saved by it and by the second Linear: one storage) and the model's output.
+    assert memory.category_max["activations"] == 2 * 32 * 128 * FLOAT
+    assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
+
+
+def test_a_known_cuda_allocation_in_backward_is_the_peak_and_is_placed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), _WithWorkspace(), nn.Linear(128, 128)).to(CUDA)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"x": torch.randn(32, 64, device=CUDA), "y": torch.randn(32, 128, device=CUDA)}
+    task = SupervisedTask(model, lambda m, b: nn.functional.mse_loss(m(b["x"]), b["y"]), optimizer)
+    task.step(batch)
+    tracker = MemoryTracker(model, [optimizer], batch, device=CUDA)
+    with tracker:
+        task.step(batch, tracker)
+    memory = tracker.result()
+    assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
+    assert memory.peak["temporaries"] >= 2**23
+    assert memory.measured_peak - 2**23 < 2**18  # the model and its batch: under 256 KiB
+
+
+# -- the memory saver: offload to pinned memory, recompute ---------------------------------------------
+
+
+def _one_step(name: str, plan_for=None):
+    """Gradients at the update, buffers and loss of one step of ``name`` at tiny on the GPU."""
+    workload = get_workload(name)
+    torch.manual_seed(0)
+    task = workload.build("tiny", CUDA)
+    batch = {
+        k: v.to(CUDA)
+        for k, v in workload.data("tiny").synthesize(workload.default_batch_size["tiny"], 1).items()
+    }
+    names = {p: n for n, p in task.model.named_parameters()}
+    grads: list[dict[str, torch.Tensor]] = []
+    handles = [
+        o.register_step_pre_hook(
+            lambda o, a, k: grads.append(
+                {names[p]: p.grad.clone() for g in o.param_groups for p in g["params"] if p.grad is not None}
+            )
+        )
+        for o in task.optimizers()
+    ]
+    saver = None
+    torch.manual_seed(1)  # dropout: the same draws in both runs
+    if plan_for is None:
+        loss = task.step(batch)
+    else:
+        saver = MemorySaver(task.model, plan_for(find_units(task.model)))
+        with saver:
+            loss = task.step(batch)
+    for handle in handles:
+        handle.remove()
+    torch.cuda.synchronize()
+    return grads, {n: b.clone() for n, b in task.model.named_buffers()}, loss, saver
+
+
+def _max_relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("name", ["vgg16", "resnet18", "gpt2"])
+def test_pinned_offload_gives_the_gradients_of_the_plain_step(name):
+    """Every unit offloaded to the pinned pool on the side stream: the gradients are those of the plain
+    step (deterministic cuDNN: bitwise expected; the tolerance is recompute's, and the message says
+    how far apart they are), every byte written is read back."""
+    ref_grads, ref_buffers, ref_loss, _ = _one_step(name)
+    grads, buffers, loss, saver = _one_step(
+        name, lambda units: Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=0)
+    )
+    assert saver.bytes_written > 0 and saver.bytes_written == saver.bytes_read
+    assert len(grads) == len(ref_grads) > 0
+    worst = max(_max_relative(g[k], w[k]) for g, w in zip(grads, ref_grads, strict=True) for k in w)
+    assert worst <= 1e-6, f"gradients differ by {worst:.2e} relative"
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    for key in ref_buffers:
+        torch.testing.assert_close(buffers[key], ref_buffers[key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "gpt2"])  # BatchNorm; dropout (the CUDA RNG replayed)
+def test_recompute_on_cuda_gives_the_gradients_of_the_plain_step(name):
+    def mixed(units):
+        cycle = (RECOMPUTE, RECOMPUTE, OFFLOAD, KEEP)
+        return plan_of(units, {u.name: cycle[i % 4] for i, u in enumerate(units)}, min_bytes=0)
+
+    ref_grads, ref_buffers, ref_loss, _ = _one_step(name)
+    grads, buffers, loss, _ = _one_step(name, mixed)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    worst = max(_max_relative(g[k], w[k]) for g, w in zip(grads, ref_grads, strict=True) for k in w)
+    assert worst <= 1e-6, f"gradients differ by {worst:.2e} relative"
+    for key in ref_buffers:  # BatchNorm's running statistics updated exactly once
+        torch.testing.assert_close(buffers[key], ref_buffers[key], rtol=1e-6, atol=1e-7)
+
+
+def test_offloading_every_unit_lowers_the_allocators_peak_by_the_activations():
+    """Eight 2048-wide layers at batch 2048: each ReLU's output (16 MiB) is saved for backward. Offloaded
+    to the pinned pool, the caching allocator's peak falls by most of them: at least six of eight
+    (one unit's activations may be in flight, one read back ahead)."""
+    task, batch = _mlp(width=2048, depth=8, batch=2048)
+    activation = 2048 * 2048 * FLOAT
+    for _ in range(2):
+        task.step(batch)
+
+    def peak(context) -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        with context:
+            task.step(batch)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+
+    plain = peak(nullcontext())
+    plan = Plan(
+        policies={u.name: OFFLOAD for u in find_units(task.model)}, min_bytes=0, prefetch_bytes=activation
+    )
+    saver = MemorySaver(task.model, plan)
+    offloaded = peak(saver)
+    assert saver.bytes_written >= 8 * activation
+    assert plain - offloaded >= 6 * activation, (plain, offloaded)
+
+
+# -- the training state in pinned memory -----------------------------------------------------------------
+
+
+def test_fused_updates_with_the_state_in_pinned_memory_match_plain_training():
+    """gpt2 (AdamW) and resnet18 (SGD, BatchNorm) for three steps, the state in pinned host memory in
+    the first and third: parameters and optimizer state those of plain training on the same GPU."""
+    for name in ("gpt2", "resnet18"):
+        workload = get_workload(name)
+        torch.manual_seed(0)
+        plain = workload.build("tiny", CUDA)
+        fused = copy.deepcopy(plain)
+        batch = {k: v.to(CUDA) for k, v in workload.data("tiny").synthesize(4, seed=1).items()}
+        for step in range(3):
+            with torch.random.fork_rng(devices=[CUDA]):
+                torch.manual_seed(step)
+                plain.step(batch)
+            with (
+                StateSaver(fused.optimizers(), offload_state=step != 1),
+                torch.random.fork_rng(devices=[CUDA]),
+            ):
+                torch.manual_seed(step)
+                fused.step(batch)
+            torch.cuda.synchronize()
+            for a, b in zip(plain.model.parameters(), fused.model.parameters(), strict=True):
+                torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+            for a, b in zip(plain.optimizers(), fused.optimizers(), strict=True):
+                sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+                assert sa.keys() == sb.keys()
+                for i in sa:
+                    assert sa[i].keys() == sb[i].keys()
+                    for k in sa[i]:
+                        torch.testing.assert_close(sb[i][k], sa[i][k], rtol=1e-6, atol=1e-7)
+        assert all(p.grad is None for p in fused.model.parameters())
+
+
+def _allocated() -> int:
+    """Bytes the caching allocator counts once every queued copy is done: a block freed while a side
+    stream still used it (``record_stream``) leaves the count only when an allocation processes its
+    event, so one is made."""
+    torch.cuda.synchronize()
+    torch.empty(1, device=CUDA)
+    return torch.cuda.memory_allocated()
+
+
+def test_the_state_leaves_the_device_inside_the_block():
+    """SGD's momentum of four 1024-wide layers moved to pinned memory on entering: the allocator's count
+    falls by exactly its bytes, and comes back on leaving."""
+    task, batch = _mlp(width=1024, depth=4, batch=64)
+    task.step(batch)
+    momentum = sum(p.numel() * FLOAT for p in task.model.parameters())
+    before = _allocated()
+    saver = StateSaver([task.optimizer])
+    with saver:
+        inside = _allocated()
+        task.step(batch)
+    assert before - inside == momentum
+    assert _allocated() == before
+    assert saver.bytes_written == momentum
+
+
+# -- the whole memsave run -----------------------------------------------------------------------------
+
+
+def test_memsave_on_cuda_measures_its_baselines_and_keeps_its_promise():
+    """The whole run on a small CNN: the CUDA baselines (save_on_cpu) are there, every variant's peak
+    is the allocator's, and a plan called feasible measures within its budget."""
+    workload = get_workload("vgg16")
+    torch.manual_seed(0)
+    task = workload.build("tiny", CUDA)
+    batch = {k: v.to(CUDA) for k, v in workload.data("tiny").synthesize(16, 0).items()}
+    result = memsave(task, batch, CUDA, "70%", pairs=2)
+    names = [v.name for v in result.variants]
+    assert {"none", "save_on_cpu", "offload-all", "sqrt(n)"} <= set(names)
+    assert all(v.peak > 0 for v in result.variants)
+    if result.feasible:
+        planned = result.variant("planner")
+        assert planned.peak <= result.budget
+    else:
+        assert result.reason
