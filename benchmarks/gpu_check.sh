@@ -54,7 +54,7 @@ step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rA --timeout 60 tests
     tests/test_hardware.py::test_quick_calibration_on_cuda
 step hw 90 dnnperf hw --device "$DEVICE" --quick
 # Seed 003's experiment at its size: VGG-19, 224x224 images, batch 64 (the issue: -50% at <= 10%).
-step memsave-full 200 dnnperf memsave vgg19 --preset full --budget 50% --device "$DEVICE" --steps 7
+step memsave-full 200 dnnperf memsave vgg19 --preset full --budget "${MEMSAVE_BUDGET:-50%}" --device "$DEVICE" --steps 7
 # The demo's profile, on the GPU: stages (on-disk data), layers and memory at three batch sizes.
 step profile 150 dnnperf profile resnet18 --preset small --sweep 16,64,256 --steps 10 --warmup 3 \
     --data disk --layers --memory --device "$DEVICE"

@@ -163,11 +163,12 @@ def test_recompute_on_cuda_gives_the_gradients_of_the_plain_step(name):
 
 
 def test_offloading_every_unit_lowers_the_allocators_peak_by_the_activations():
-    """Eight 2048-wide layers at batch 2048: each ReLU's output (16 MiB) is saved for backward. Offloaded
-    to the pinned pool, the caching allocator's peak falls by most of them: at least six of eight
-    (one unit's activations may be in flight, one read back ahead)."""
-    task, batch = _mlp(width=2048, depth=8, batch=2048)
-    activation = 2048 * 2048 * FLOAT
+    """Eight 256-wide layers at batch 65536: each ReLU's output (64 MiB) is saved for backward, the
+    parameters are a few hundred KiB. Plain, the step holds all eight at the end of forward; offloaded
+    to the pinned pool, a few at a time (the one in use, one read ahead, backward's gradients): the
+    caching allocator's peak falls by at least four of them (on the CPU's disk tier, 5.9 measured)."""
+    task, batch = _mlp(width=256, depth=8, batch=65536)
+    activation = 65536 * 256 * FLOAT
     for _ in range(2):
         task.step(batch)
 
@@ -187,7 +188,8 @@ def test_offloading_every_unit_lowers_the_allocators_peak_by_the_activations():
     saver = MemorySaver(task.model, plan)
     offloaded = peak(saver)
     assert saver.bytes_written >= 8 * activation
-    assert plain - offloaded >= 6 * activation, (plain, offloaded)
+    assert plain >= 8 * activation
+    assert plain - offloaded >= 4 * activation, (plain / activation, offloaded / activation)
 
 
 # -- the training state in pinned memory -----------------------------------------------------------------

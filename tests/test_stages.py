@@ -311,6 +311,27 @@ def test_garbage_collection_inside_a_step_is_its_own_stage():
     assert len(gc.callbacks) == callbacks  # unhooked at the end of the step
 
 
+def test_a_process_forked_during_a_step_leaves_its_collections_alone():
+    """A DataLoader worker forked inside a step inherits the collector callback and the step's thread id
+    (on CUDA its stamp would initialise CUDA in the child and fail): its collections mark nothing."""
+    import gc
+    import os
+
+    from dnnperf.probes.clock import StageClock
+
+    clock = StageClock()
+    clock.begin_step()
+    with clock("read"):
+        marks = len(clock._marks)
+        child = os.fork()
+        if child == 0:  # the worker: collect, and say whether the clock moved
+            gc.collect()
+            os._exit(0 if len(clock._marks) == marks else 1)
+        _, status = os.waitpid(child, 0)
+    clock.end_step()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_collections_starting_inside_a_mark_never_put_marks_out_of_order():
     import gc
 

@@ -92,7 +92,7 @@ class SavedTensorHook:
             if self.policy_now() != OFFLOAD:
                 return Kept(detached(tensor), position)
             handle = self.store.put(tensor, position)
-            if handle is None:  # the store is full (CUDA pool): keep it
+            if handle is None:  # the store cannot take it (CUDA: a host tensor, no pinned memory left)
                 return Kept(detached(tensor), position)
             self._seen[(*key, view)] = (weakref.ref(tensor), weakref.ref(handle), tensor._version)
             self.offloaded_bytes += storage.nbytes()

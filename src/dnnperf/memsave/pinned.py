@@ -86,6 +86,9 @@ class PinnedStore:
         self._cursor: int | None = None
 
     def put(self, tensor: torch.Tensor, position: int = 0) -> PinnedHandle | None:
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        if tensor.device.type != "cuda" or tensor.device.index != index:
+            return None  # a host tensor saved on the way (an index, a CPU scalar), or another GPU's: kept
         raw = _raw_device(tensor)
         host = self.pool.take(raw.numel())
         if host is None:

@@ -16,6 +16,7 @@ in ``other``. Pauses of Python's garbage collector inside a step are their own s
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections import defaultdict
@@ -82,6 +83,7 @@ class StageClock(WallClock):
         self._before_gc = OTHER
         self._marking = False
         self._owner: int | None = None  # the thread that runs the step
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) inherits the callback, not the step
 
     def _stamp(self) -> float | torch.cuda.Event:
         if not self.cuda:
@@ -93,6 +95,7 @@ class StageClock(WallClock):
     def begin_step(self) -> None:
         super().begin_step()
         self._owner = threading.get_ident()
+        self._pid = os.getpid()
         self._stack.clear()
         self._marks = [(OTHER, self._stamp())]
         if self._on_gc not in gc.callbacks:
@@ -101,8 +104,12 @@ class StageClock(WallClock):
     def _on_gc(self, phase: str, info: dict) -> None:
         """Python's garbage collector pausing the step is its own stage, not an unexplained "other".
         Only collections on the step's own thread count, and none that start inside a mark (between
-        reading the clock and storing the reading), which would put marks out of order."""
+        reading the clock and storing the reading), which would put marks out of order. A process forked
+        during a step (a DataLoader worker) has the callback and the step's thread id but not its device:
+        its collections are not the step's."""
         if self._start is None or self._marking or threading.get_ident() != self._owner:
+            return
+        if os.getpid() != self._pid:
             return
         if phase == "start":
             self._before_gc = self._marks[-1][0]
