@@ -12,7 +12,7 @@ set -u
 OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-STEPS=${STEPS:-"env tests hw memsave-full profile memsave-small"}
+STEPS=${STEPS:-"env tests hw memsave-full profile memsave-small profile-full memsave-resnet50"}
 WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
@@ -60,3 +60,8 @@ step profile 150 dnnperf profile resnet18 --preset small --sweep 16,64,256 --ste
     --data disk --layers --memory --device "$DEVICE"
 # The CPU benchmark's configuration, for comparison with docs/benchmarks-memsave.md.
 step memsave-small 150 dnnperf memsave vgg19 --preset small --budget 50% --device "$DEVICE" --steps 9
+# A compute-bound profile (where per-layer CUDA events measure kernels, not launch gaps).
+step profile-full 150 dnnperf profile resnet50 --preset full -b 64 --steps 10 --warmup 3 --layers --memory \
+    --device "$DEVICE"
+# The CPU criterion's workload at its published size (saved activations 2x smaller).
+step memsave-resnet50 200 dnnperf memsave resnet50 --preset full --budget 60% --device "$DEVICE" --steps 5

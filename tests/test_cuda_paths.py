@@ -28,11 +28,19 @@ FLOAT = 4
 
 @pytest.fixture(autouse=True)
 def deterministic():
-    """Deterministic cuDNN: two runs of one step differ only by what the saver does."""
-    before = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    """Deterministic cuDNN and no TF32: two runs of one step differ only by what the saver does. (TF32
+    rounds a convolution's inputs to 10 bits: the last-bit differences of an atomic reduction, such as
+    adaptive average pooling's backward, became 8e-4 relative in vgg16's gradients on an H200.)"""
+    flags = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (flags[0].deterministic, flags[0].benchmark, flags[0].allow_tf32, flags[1].allow_tf32)
+    flags[0].deterministic, flags[0].benchmark, flags[0].allow_tf32, flags[1].allow_tf32 = (
+        True,
+        False,
+        False,
+        False,
+    )
     yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+    flags[0].deterministic, flags[0].benchmark, flags[0].allow_tf32, flags[1].allow_tf32 = before
 
 
 def _mlp(width: int, depth: int, batch: int, momentum: float = 0.9):

@@ -322,6 +322,9 @@ def test_the_trace_parser_reads_allocations_nodes_and_cuda_copies():
 
     raw = [
         {"ph": "X", "name": _MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
+        # Backward's operator carries its node's number, and on CUDA (the engine's device thread) can be
+        # listed before the forward operator that made the node (seen on an H200): the earliest counts.
+        {"ph": "X", "name": "AddmmBackward0", "ts": 1101.0, "dur": 18.0, "args": {"Sequence number": 7}},
         {"ph": "X", "name": "aten::addmm", "ts": 1010.0, "dur": 5.0, "args": {"Sequence number": 7}},
         {
             "name": "[memory]",
@@ -345,7 +348,6 @@ def test_the_trace_parser_reads_allocations_nodes_and_cuda_copies():
             "dur": 20.0,
             "args": {"Sequence number": 7},
         },
-        {"ph": "X", "name": "AddmmBackward0", "ts": 1101.0, "dur": 18.0, "args": {"Sequence number": 7}},
         {
             "ph": "X",
             "cat": "gpu_memcpy",

@@ -438,7 +438,11 @@ class AllocatorEvents:
                     start = seconds(event["ts"])
                     trace.nodes.append((start, start + float(event.get("dur", 0)) * 1e-6, sequence))
                 elif sequence is not None:  # the first operator with a number made its node
-                    trace.forward_ops.setdefault(int(sequence), seconds(event["ts"]))
+                    # The earliest, not the first listed: on CUDA backward runs on the engine's device
+                    # thread, whose operators carry their node's number and may be listed first.
+                    at = seconds(event["ts"])
+                    if at < trace.forward_ops.get(int(sequence), float("inf")):
+                        trace.forward_ops[int(sequence)] = at
         trace.allocations.sort(key=lambda e: e.ts)
         trace.nodes.sort()
         return trace
