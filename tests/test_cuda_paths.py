@@ -140,8 +140,9 @@ def _max_relative(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("name", ["vgg16", "resnet18", "gpt2"])
 def test_pinned_offload_gives_the_gradients_of_the_plain_step(name):
     """Every unit offloaded to the pinned pool on the side stream: the gradients are those of the plain
-    step (deterministic cuDNN: bitwise expected; the tolerance is recompute's, and the message says
-    how far apart they are), every byte written is read back."""
+    step, every byte written is read back. Not bitwise on a GPU: vgg16's adaptive average pooling
+    reduces its backward with atomics, in an order that varies from run to run (offloaded against
+    plain, 1.9e-6 relative on an H200 with TF32 off); 1e-5 still catches a copy read before it landed."""
     ref_grads, ref_buffers, ref_loss, _ = _one_step(name)
     grads, buffers, loss, saver = _one_step(
         name, lambda units: Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=0)
@@ -149,7 +150,7 @@ def test_pinned_offload_gives_the_gradients_of_the_plain_step(name):
     assert saver.bytes_written > 0 and saver.bytes_written == saver.bytes_read
     assert len(grads) == len(ref_grads) > 0
     worst = max(_max_relative(g[k], w[k]) for g, w in zip(grads, ref_grads, strict=True) for k in w)
-    assert worst <= 1e-6, f"gradients differ by {worst:.2e} relative"
+    assert worst <= 1e-5, f"gradients differ by {worst:.2e} relative"
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
     for key in ref_buffers:
         torch.testing.assert_close(buffers[key], ref_buffers[key], rtol=1e-6, atol=1e-7)

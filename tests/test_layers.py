@@ -335,7 +335,7 @@ def test_layers_on_cuda_are_timed_with_events_and_attributed(tmp_path):
         BenchSettings("resnet18", steps=2, warmup=1, layers=True, device="cuda"), RunStore(tmp_path)
     )
     profile = record.points[0].layers
-    assert profile.timing == "cuda-events"
+    assert profile.timing == "cuda-kernels"
     table = layers.layer_table(profile).set_index(["module", "phase"])
     assert table.loc[("stem.conv1", "forward"), "time_s"] > 0
     assert table.loc[("stem.conv1", "forward"), "library"] in ("cuDNN", "native")
@@ -369,3 +369,58 @@ def test_table_cells_from_missing_values_render():
     from dnnperf.report.terminal import _text
 
     assert _text(float("nan")) == "" and _text(None) == "" and _text("oneDNN") == "oneDNN"
+
+
+def test_device_work_is_placed_by_its_launch_in_the_innermost_module_or_the_running_node():
+    """The CUDA layer times (LayerTimer on a GPU): each kernel's device seconds go to the module
+    innermost when the host launched it (forward) or to the owner of the autograd node running then
+    (backward; a re-entrant node inside another takes its own); work launched outside both is none."""
+    from dnnperf.probes.layers import device_times
+
+    changes = [(0.0, "(root)"), (1.0, "conv"), (2.0, "(root)"), (3.0, "fc"), (4.0, "(root)"), (5.0, "(none)")]
+    nodes = [(10.0, 11.0, "fc"), (12.0, 15.0, "conv"), (13.0, 14.0, "fc")]
+    kernels = [
+        (0.5, 0.001),  # the root's own (a residual add)
+        (1.5, 0.010),  # conv
+        (1.7, 0.020),  # conv
+        (3.5, 0.030),  # fc
+        (6.0, 0.500),  # the loss, after the model returned: no layer's
+        (10.5, 0.040),  # fc's node
+        (11.5, 0.600),  # between nodes: autograd's own
+        (12.5, 0.050),  # conv's node
+        (13.5, 0.060),  # fc's node nested in conv's
+        (14.5, 0.070),  # conv's again
+    ]
+    times = device_times(kernels, changes, nodes)
+    assert times == {
+        "(root)": {"forward": pytest.approx(0.001)},
+        "conv": {"forward": pytest.approx(0.030), "backward": pytest.approx(0.120)},
+        "fc": {"forward": pytest.approx(0.030), "backward": pytest.approx(0.100)},
+    }
+
+
+def test_the_trace_parser_joins_kernels_to_their_launches():
+    """kineto's CUDA trace: a kernel and a copy with the correlation ids of the host calls that launched
+    them; their device seconds at the launch's moment on the step's clock (a kernel whose launch is not
+    in the trace is dropped)."""
+    from dnnperf.probes.memory import _MARKER, AllocatorEvents
+
+    raw = [
+        {"ph": "X", "name": _MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1010.0, "dur": 3.0,
+         "args": {"correlation": 5}},
+        {"ph": "X", "cat": "kernel", "name": "sgemm", "ts": 1500.0, "dur": 40.0, "args": {"correlation": 5}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1020.0, "dur": 3.0,
+         "args": {"correlation": 6}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 1600.0,
+         "dur": 8.0, "args": {"correlation": 6, "bytes": 4096}},
+        {"ph": "X", "cat": "kernel", "name": "orphan", "ts": 1700.0, "dur": 9.0, "args": {"correlation": 99}},
+    ]  # fmt: skip
+    events = AllocatorEvents(torch.device("cuda", 0), origin=0.5, memory=False)
+    events._marked_at = 1.0
+    trace = events._parse(raw)
+    assert trace.kernels == [
+        (pytest.approx(0.500009), pytest.approx(40e-6)),
+        (pytest.approx(0.500019), pytest.approx(8e-6)),
+    ]
+    assert trace.copies["DtoD"] == [4096.0, pytest.approx(8e-6)]

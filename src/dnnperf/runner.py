@@ -334,7 +334,7 @@ def _layer_steps(
     """Two operator-timed steps (the first also counted: FLOPs, bytes, libraries), one layer-timed
     warm-up step, then ``settings.steps`` layer-timed steps. Every hook and the dispatch mode are
     gone when this returns, also on error."""
-    timing = "cuda-events" if device.type == "cuda" else "host-clock"
+    timing = "cuda-kernels" if device.type == "cuda" else "host-clock"
     done = settings.warmup + settings.steps
     total = settings.steps_per_point
 

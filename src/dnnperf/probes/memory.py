@@ -341,6 +341,9 @@ class StepTrace:
     forward_ops: dict[int, float] = field(default_factory=dict)
     #: CUDA copies: kind ("HtoD", "DtoH", "DtoD"...) -> [bytes, seconds on the copy engine].
     copies: dict[str, list[float]] = field(default_factory=dict)
+    #: CUDA work on the device (kernels, copies, memsets): (when the host launched it, on the step's
+    #: clock; seconds it ran on the device), joined through the profiler's correlation ids.
+    kernels: list[tuple[float, float]] = field(default_factory=list)
 
     def copy_summary(self) -> dict[str, float]:
         """Bytes, seconds and achieved bandwidth of host-to-device and device-to-host copies."""
@@ -360,8 +363,8 @@ class AllocatorEvents:
     puts the profiler's clock on ``time.perf_counter``'s. The trace file is written to a temporary
     directory, removed at once."""
 
-    def __init__(self, device: torch.device, origin: float) -> None:
-        self.device, self.origin = device, origin
+    def __init__(self, device: torch.device, origin: float, memory: bool = True) -> None:
+        self.device, self.origin, self.memory = device, origin, memory
         self.trace = StepTrace()
         self._profiler: Any = None
         self._marked_at = 0.0
@@ -372,7 +375,7 @@ class AllocatorEvents:
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-        self._profiler = profile(activities=activities, profile_memory=True)
+        self._profiler = profile(activities=activities, profile_memory=self.memory)
         with _quiet_native_stderr():
             self._profiler.__enter__()
         # The marker's middle on both clocks (its first call pays a one-off lookup: warmed up first).
@@ -411,9 +414,16 @@ class AllocatorEvents:
         device_type = 1 if self.device.type == "cuda" else 0
         device_index = self.device.index if self.device.index is not None else 0
         trace = StepTrace()
+        launched: dict[Any, float] = {}  # correlation id -> when the host launched it
+        ran: list[tuple[Any, float]] = []  # (correlation id, seconds on the device)
         for event in raw:
             args = event.get("args", {})
             name = event.get("name", "")
+            category = event.get("cat", "")
+            if category in _DEVICE_WORK and "correlation" in args:
+                ran.append((args["correlation"], float(event.get("dur", 0)) * 1e-6))
+            elif category in _LAUNCHES and "correlation" in args:
+                launched[args["correlation"]] = seconds(event.get("ts", 0))
             if name == "[memory]":
                 if args.get("Device Type") != device_type or "Total Allocated" not in args:
                     continue
@@ -445,6 +455,7 @@ class AllocatorEvents:
                         trace.forward_ops[int(sequence)] = at
         trace.allocations.sort(key=lambda e: e.ts)
         trace.nodes.sort()
+        trace.kernels = sorted((launched[c], d) for c, d in ran if c in launched)
         return trace
 
 
@@ -475,6 +486,10 @@ class _Steps:
         index = bisect.bisect_right(self.times, t) - 1
         return self.values[index] if index >= 0 else self.default
 
+
+#: Trace categories (kineto's) of work that runs on the GPU, and of the host calls that launch it.
+_DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+_LAUNCHES = ("cuda_runtime", "cuda_driver")
 
 #: Slack when a moment seen by a hook is compared with the profiler's (the clocks are aligned at one
 #: marker to within microseconds; an operator's output is allocated well before autograd saves it).
