@@ -424,3 +424,21 @@ def test_the_trace_parser_joins_kernels_to_their_launches():
         (pytest.approx(0.500019), pytest.approx(8e-6)),
     ]
     assert trace.copies["DtoD"] == [4096.0, pytest.approx(8e-6)]
+
+
+def test_layers_against_stages_leaves_out_what_no_layer_did(known_delay):
+    """The closure line (layers vs stages): a layer's known forward delay is in the layers' sum; the
+    ``(none)`` row (what the instrumented steps left outside every layer) and ``(profiler)`` are not,
+    so the remainder is the stage's time that no layer accounts for."""
+    _delays["forward"] = known_delay(FORWARD_DELAY_S)
+    _delays["backward"] = known_delay(0.0)
+    profile = profile_loop(nn.Sequential(nn.Linear(16, 32), Spin(), nn.Linear(32, 4)))
+    own = layers.layer_times(profile)
+    in_layers = float(
+        statistics.median(sum(v for (m, p), v in own.items() if p == "forward" and m != "(profiler)"))
+    )
+    profile.layer_seconds["(none)"] = {"forward": [1.0] * profile.steps}
+    outside = 0.25
+    row = layers.closure(profile, {"forward": in_layers + outside}).set_index("phase").loc["forward"]
+    assert row["layers_s"] == pytest.approx(in_layers) and row["layers_s"] >= FORWARD_DELAY_S
+    assert row["remainder_s"] == pytest.approx(outside)

@@ -33,6 +33,7 @@ from dnnperf.probes.memory import MemoryTracker, ResidentGrowth
 from dnnperf.probes.stages import CpuMeter, StageBreakdown
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
+from dnnperf.stats import Samples
 from dnnperf.workloads import get_workload
 from dnnperf.workloads.base import Task, Workload, count_parameters
 
@@ -357,11 +358,16 @@ def _layer_steps(
     layer_tables: list[dict[str, dict[str, float]]] = []
     step_s: list[float] = []
     clock = StageClock(device)
+    # On CUDA the layers are their kernels' device time, and work outside them is measured against the
+    # measured steps' stages: the instrumented step's own are stretched by the tracing of it.
+    measured: dict[str, float] | None = None
+    if device.type == "cuda" and point.stages is not None and point.stages.wall_s:
+        measured = {n: Samples.of(v).median for n, v in point.stages.steps.items()}
     try:
         with LayerTimer(task.model, device) as timer:
             for index in range(settings.steps + 1):
                 step_timing, _, _ = timed_step(task, source, device, clock)
-                table = with_outside_the_model(timer.take_step(), step_timing.stages)
+                table = with_outside_the_model(timer.take_step(), measured or step_timing.stages)
                 if index > 0:  # the first warms up the hooks' own paths
                     layer_tables.append(table)
                     step_s.append(step_timing.wall_s)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from dnnperf.analysis.opcount import FREE_FAMILIES
+from dnnperf.analysis.opcount import FREE_FAMILIES, NO_MODULE
 from dnnperf.hardware import HardwareProfile, NotMeasuredError
 from dnnperf.probes.layers import CATEGORIES, PROFILER, LayerProfile
 
@@ -255,8 +255,10 @@ def coverage(profile: LayerProfile, phases: Sequence[str] = (*LAYER_PHASES, "upd
 def closure(profile: LayerProfile, stage_s: Mapping[str, float]) -> pd.DataFrame:
     """Per phase: the stage's measured median time (from uninstrumented steps), the sum of its layers'
     times (median over the layer-timed steps; for the update, its operators'), and the remainder no
-    layer accounts for: the loss and other work outside the model, autograd's engine between nodes.
-    The layer timer's own work (``(profiler)``) is left out: a plain step has none."""
+    layer accounts for: the loss and other work outside the model, autograd's engine between nodes
+    (on CUDA also the device's idle time: there a layer's time is its kernels'). The ``(none)`` row is
+    that remainder as the instrumented steps saw it, and the layer timer's own work (``(profiler)``)
+    a plain step does not have: both are left out of the layers' sum."""
     ops = op_frame(profile)
     times = layer_times(profile, (*LAYER_PHASES, "update"))
     rows = []
@@ -265,7 +267,8 @@ def closure(profile: LayerProfile, stage_s: Mapping[str, float]) -> pd.DataFrame
             continue
         if profile.steps and phase in LAYER_PHASES:
             per_step = sum(
-                (v for (m, p), v in times.items() if p == phase and m != PROFILER), np.zeros(profile.steps)
+                (v for (m, p), v in times.items() if p == phase and m not in (PROFILER, NO_MODULE)),
+                np.zeros(profile.steps),
             )
         else:  # the update is no layer's: its operators
             per_step = _per_step(ops.loc[ops["phase"] == phase, "seconds"], profile.op_steps)
