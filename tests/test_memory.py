@@ -5,6 +5,7 @@ batch under a limit; vgg19's feature maps."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -399,3 +400,43 @@ def test_a_memory_profile_checks_resident_memory_in_a_step_of_its_own(monkeypatc
     for point in record.points:
         assert point.memory.subsystem["peak_rss_growth_bytes"] is not None
         assert point.memory.subsystem["minor_faults"] > 0  # the trimmed step faults its pages in
+
+
+def _zero_grad_first_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, stages
+) -> None:
+    """The common loop body: the last step's gradients released first, then forward, backward, update."""
+    with stages("update"):
+        optimizer.zero_grad(set_to_none=True)
+    with stages("forward"):
+        loss = model(x).square().mean()
+    with stages("backward"):
+        loss.backward()
+    with stages("update"):
+        optimizer.step()
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["released", "kept by the caller"])
+def test_gradients_from_before_the_step_count_until_the_step_releases_them(kept):
+    """A 16 MiB layer whose loop zeroes gradients (set to None) at the start of the step. The profiler
+    reports no release of a block allocated before it started, so the last step's gradients would be
+    counted beside the new ones (48 MiB measured before the fix). By hand: parameters and one set of
+    gradients, 32 MiB and the tiny activations; 48 MiB when the caller still holds the old gradients."""
+    torch.manual_seed(0)
+    model = nn.Linear(2048, 2048, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 2048)
+    for _ in range(2):
+        _zero_grad_first_step(model, optimizer, x, lambda name: nullcontext())
+    held = [p.grad for p in model.parameters()] if kept else []
+    tracker = MemoryTracker(model, [optimizer], {"x": x}, resident=False)
+    with tracker:
+        _zero_grad_first_step(model, optimizer, x, tracker)
+    memory = tracker.result()
+    layer = 2048 * 2048 * FLOAT
+    small = 2**18  # the input, the output and the loss's temporaries: tens of KiB
+    expected = 3 * layer if kept else 2 * layer
+    assert expected <= memory.measured_peak <= expected + small
+    assert memory.peak["gradients"] == (2 if kept else 1) * layer and memory.peak["parameters"] == layer
+    assert abs(memory.peak["unattributed"]) <= small
+    assert len(held) == int(kept)

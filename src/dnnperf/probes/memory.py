@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -538,6 +539,11 @@ class MemoryTracker:
         self._start = 0.0
         self._before: dict[str, int] = {}
         self._before_addresses: set[int] = set()
+        # Tensors that existed before the step and were released in it (the last step's gradients at
+        # a zero_grad(set_to_none=True) that opens the step): (time, category, bytes, address). The
+        # profiler reports no release of a block allocated before it started.
+        self._released: list[tuple[float, str, int, int]] = []
+        self._finalizers: list[weakref.finalize] = []
         self._hooks: list[Any] = []
         self._saved_hooks: Any = None
         self._counters = CacheCounters()
@@ -589,6 +595,8 @@ class MemoryTracker:
             self._saved_hooks = observe_saved(self._on_saved)
             self._saved_hooks.__enter__()
             self._counters = CacheCounters().__enter__()
+            self._watch_releases(before)
+            del before  # its lists would keep every tensor from before the step alive
             self._start = time.perf_counter()
             self._allocator = AllocatorEvents(self.device, self._start).__enter__()
         except BaseException:
@@ -615,7 +623,36 @@ class MemoryTracker:
         if exc[0] is None:
             self._finish(end)
 
+    def _watch_releases(self, before: dict[str, list[torch.Tensor]]) -> None:
+        """A finalizer on each tensor that alone owns a storage that existed before the step: when the
+        step lets go of it, the release is noted with the moment (CPython frees at the last reference)."""
+        owners: dict[int, int] = {}
+        for tensors in before.values():
+            for tensor in tensors:
+                address = tensor.untyped_storage().data_ptr()
+                owners[address] = owners.get(address, 0) + 1
+        for category, tensors in before.items():
+            for tensor in tensors:
+                storage = tensor.untyped_storage()
+                whole = tensor._base is None and storage.nbytes() == tensor.numel() * tensor.element_size()
+                address, nbytes = storage.data_ptr(), storage.nbytes()
+                if whole and owners[address] == 1 and nbytes > 0:
+                    released = weakref.finalize(tensor, self._on_released, category, nbytes, address)
+                    self._finalizers.append(released)
+
+    def _on_released(self, category: str, nbytes: int, address: int) -> None:
+        self._released.append((self._now(), category, nbytes, address))
+
+    def _alive_before(self, address: int, t: float) -> bool:
+        """Is ``address`` a block from before the step, not released by ``t``?"""
+        if address not in self._before_addresses:
+            return False
+        return not any(a == address and at <= t for at, _, _, a in self._released)
+
     def _remove(self) -> None:
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers.clear()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -707,10 +744,10 @@ class MemoryTracker:
                 block.category = "activations"
         for t, addresses in self._gradients_at_update:
             for address in addresses:
-                if address not in self._before_addresses and (block := alive(address, t)) is not None:
+                if not self._alive_before(address, t) and (block := alive(address, t)) is not None:
                     block.category = "gradients"
         for address in _addresses(optimizer_tensors(self.optimizers)):
-            if address not in self._before_addresses and (block := alive(address, end)) is not None:
+            if not self._alive_before(address, end) and (block := alive(address, end)) is not None:
                 block.category = "optimizer_state"
         for block in blocks:
             if block.freed is None and block.category == "temporaries":
@@ -726,12 +763,19 @@ class MemoryTracker:
         timeline = [(0.0, {k: v for k, v in current.items() if k in CATEGORIES})]
         category_max = dict(current)
         peak, peak_total, peak_block = dict(current), -1, None
+        released = sorted(self._released)
+        gone = 0  # bytes from before the step released so far: the profiler's running total keeps them
         for event, block in events:
+            while released and released[0][0] <= event.ts:
+                at, category, nbytes, _ = released.pop(0)
+                current[category] -= nbytes
+                gone += nbytes
+                timeline.append((at, {k: v for k, v in current.items() if k in CATEGORIES}))
             current[block.category] += event.bytes
             category_max[block.category] = max(category_max[block.category], current[block.category])
             timeline.append((event.ts, {k: v for k, v in current.items() if k in CATEGORIES}))
-            if event.bytes > 0 and event.total > peak_total:
-                peak, peak_total, peak_block = dict(current), event.total, block
+            if event.bytes > 0 and event.total - gone > peak_total:
+                peak, peak_total, peak_block = dict(current), event.total - gone, block
         unattributed = peak.pop("unattributed")
         category_max.pop("unattributed")
         peak_all = {**peak, "allocator_cache": 0, "unattributed": unattributed}
