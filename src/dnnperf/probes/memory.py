@@ -553,15 +553,19 @@ class MemoryTracker:
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        self._mark(stage)
-        if stage == "update":
-            self._gradients_at_update.append((self._now(), _addresses(self._grads())))
+        self.mark(stage)
         if self.clock is None:
             yield
         else:
             with self.clock(stage):
                 yield
         self._mark("other")
+
+    def mark(self, stage: str) -> None:
+        """A stage begins now (the update: the gradients it will read are named as such)."""
+        self._mark(stage)
+        if stage == "update":
+            self._gradients_at_update.append((self._now(), _addresses(self._grads())))
 
     def _now(self) -> float:
         return time.perf_counter() - self._start
