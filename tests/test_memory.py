@@ -440,3 +440,44 @@ def test_gradients_from_before_the_step_count_until_the_step_releases_them(kept)
     assert memory.peak["gradients"] == (2 if kept else 1) * layer and memory.peak["parameters"] == layer
     assert abs(memory.peak["unattributed"]) <= small
     assert len(held) == int(kept)
+
+
+def test_a_release_the_trace_reports_itself_is_taken_off_once():
+    """Gradients zeroed between forward and backward, two tracked steps in a row: the first step's
+    gradients were allocated under a profiled session, so the trace of the second reports their
+    release itself (as CUDA's allocator always does). Taken off twice, backward would look 16 MiB
+    smaller than it was and the end of forward would pass for the peak; the peak is backward's 8 MiB
+    workspace beside the parameters and the new gradients (the big layer's backward runs first)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 2048, bias=False), _WithWorkspace(), nn.Linear(2048, 2048, bias=False))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 8)
+
+    def step(stages) -> None:
+        with stages("forward"):
+            loss = model(x).square().mean()
+        with stages("update"):
+            optimizer.zero_grad(set_to_none=True)
+        with stages("backward"):
+            loss.backward()
+        with stages("update"):
+            optimizer.step()
+
+    step(lambda name: nullcontext())
+    layer = 2048 * 2048 * FLOAT
+    for _ in range(2):
+        tracker = MemoryTracker(model, [optimizer], {"x": x}, resident=False)
+        with tracker:
+            step(tracker)
+        memory = tracker.result()
+        assert (memory.peak_phase, memory.peak_module) == ("backward", "1")
+        assert 2 * layer + 2**23 <= memory.measured_peak <= 2 * layer + 2**23 + 2**19
+
+
+def test_only_tensors_on_the_tracked_device_count_from_before_the_step():
+    """A loop's host batch is none of a GPU's memory: the tracker of a CUDA step leaves it out."""
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"x": torch.ones(2, 4)}
+    assert MemoryTracker(model, [optimizer], batch, device="cpu")._on_device(batch["x"])
+    assert not MemoryTracker(model, [optimizer], batch, device="cuda")._on_device(batch["x"])

@@ -339,11 +339,12 @@ class LayerTimer:
     def _start_trace(self) -> None:
         self._trace = AllocatorEvents(self.device, origin=0.0, memory=False).__enter__()
 
-    def _stop_trace(self) -> StepTrace:
+    def _stop_trace(self, *exc: Any) -> StepTrace:
+        """Stop the profiler; its trace is read unless the block ended with an error (``exc``)."""
         trace, self._trace = self._trace, None
         if trace is None:
             return StepTrace()
-        trace.__exit__(None, None, None)
+        trace.__exit__(*(exc or (None, None, None)))
         return trace.trace
 
     def __enter__(self) -> LayerTimer:
@@ -362,8 +363,10 @@ class LayerTimer:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._stop_trace()
-        self._reset()
+        try:
+            self._stop_trace(*exc)
+        finally:
+            self._reset()
 
     def _reset(self) -> None:
         for handle in self._node_handles:

@@ -576,14 +576,16 @@ class MemoryTracker:
     # -- context -------------------------------------------------------------------------------------
 
     def __enter__(self) -> MemoryTracker:
+        batch = list(_tensors(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch))
         before = {
             "parameters": list(self.model.parameters()),
             "gradients": self._grads(),
             "optimizer_state": list(optimizer_tensors(self.optimizers)),
-            "input": list(
-                _tensors(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch)
-            ),
+            "input": batch,
         }
+        # Only what lies on the tracked device: a loop's host batch, before it is copied to the GPU, is
+        # none of the device's memory (the copy is the step's own).
+        before = {name: [t for t in tensors if self._on_device(t)] for name, tensors in before.items()}
         self._before = {name: sum(storages(tensors).values()) for name, tensors in before.items()}
         self._before_addresses = {a for tensors in before.values() for a in _addresses(tensors)}
         gc.collect()
@@ -626,6 +628,13 @@ class MemoryTracker:
             self._remove()
         if exc[0] is None:
             self._finish(end)
+
+    def _on_device(self, tensor: torch.Tensor) -> bool:
+        if tensor.device.type != self.device.type:
+            return False
+        return self.device.type != "cuda" or tensor.device.index == (
+            self.device.index if self.device.index is not None else torch.cuda.current_device()
+        )
 
     def _watch_releases(self, before: dict[str, list[torch.Tensor]]) -> None:
         """A finalizer on each tensor that alone owns a storage that existed before the step: when the
@@ -760,6 +769,16 @@ class MemoryTracker:
     def _finish(self, end: float) -> None:
         trace = self._allocator.trace if self._allocator is not None else StepTrace()
         blocks, events = self._blocks(trace, end)
+        # Blocks from before the step whose release the trace did report (CUDA's allocator always
+        # does; torch's CPU reporter does for a block it saw allocated in an earlier profiled session):
+        # their release is in the allocator's running total already.
+        reported: set[int] = set()
+        allocated: set[int] = set()
+        for event in trace.allocations:
+            if event.bytes > 0:
+                allocated.add(event.addr)
+            elif event.addr in self._before_addresses and event.addr not in allocated:
+                reported.add(event.addr)
         self._name_blocks(blocks, end)
         current = dict.fromkeys((*CATEGORIES, "unattributed"), 0)
         for name, value in self._before.items():
@@ -768,12 +787,12 @@ class MemoryTracker:
         category_max = dict(current)
         peak, peak_total, peak_block = dict(current), -1, None
         released = sorted(self._released)
-        gone = 0  # bytes from before the step released so far: the profiler's running total keeps them
+        gone = 0  # bytes from before the step released so far that the trace's running total still holds
         for event, block in events:
             while released and released[0][0] <= event.ts:
-                at, category, nbytes, _ = released.pop(0)
+                at, category, nbytes, address = released.pop(0)
                 current[category] -= nbytes
-                gone += nbytes
+                gone += 0 if address in reported else nbytes
                 timeline.append((at, {k: v for k, v in current.items() if k in CATEGORIES}))
             current[block.category] += event.bytes
             category_max[block.category] = max(category_max[block.category], current[block.category])
