@@ -13,6 +13,7 @@ from torch import nn
 
 from conftest import run_cli
 from dnnperf.analysis.memory import parse_bytes, predict_max_batch, scaling_fit
+from dnnperf.devices import on_device
 from dnnperf.errors import UsageError
 from dnnperf.probes.memory import MemoryTracker, StepMemory
 from dnnperf.results.record import RecordError, RunRecord
@@ -479,5 +480,9 @@ def test_only_tensors_on_the_tracked_device_count_from_before_the_step():
     model = nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = {"x": torch.ones(2, 4)}
-    assert MemoryTracker(model, [optimizer], batch, device="cpu")._on_device(batch["x"])
-    assert not MemoryTracker(model, [optimizer], batch, device="cuda")._on_device(batch["x"])
+    assert on_device(batch["x"], torch.device("cpu"))
+    assert not on_device(batch["x"], torch.device("cuda"))
+    elsewhere = MemoryTracker(model, [optimizer], {"x": torch.ones(2, 4, device="meta")}, resident=False)
+    with elsewhere:
+        pass
+    assert elsewhere._before["input"] == 0 and elsewhere._before["parameters"] == (4 * 4 + 4) * FLOAT

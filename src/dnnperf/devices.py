@@ -33,6 +33,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def on_device(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Does ``tensor`` live on ``device`` (``cuda`` without an index: the current GPU)?"""
+    if tensor.device.type != device.type:
+        return False
+    if device.type != "cuda":
+        return True
+    return tensor.device.index == (device.index if device.index is not None else torch.cuda.current_device())
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued work on ``device`` so a host clock reading covers it (no-op on CPU)."""
     if device.type == "cuda":

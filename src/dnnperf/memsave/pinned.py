@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dnnperf.devices import on_device
 from dnnperf.memsave.disk import read_ahead
 
 _ALIGN = 512  # bytes: keeps every slice of the pool aligned for fast DMA
@@ -86,8 +87,7 @@ class PinnedStore:
         self._cursor: int | None = None
 
     def put(self, tensor: torch.Tensor, position: int = 0) -> PinnedHandle | None:
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        if tensor.device.type != "cuda" or tensor.device.index != index:
+        if not on_device(tensor, self.device):
             return None  # a host tensor saved on the way (an index, a CPU scalar), or another GPU's: kept
         raw = _raw_device(tensor)
         host = self.pool.take(raw.numel())

@@ -517,13 +517,12 @@ def device_times(
         open_nodes.append(len(enclosing) - 1)
     result: dict[str, dict[str, float]] = {}
     for launched, seconds in kernels:
-        owner, phase = None, "backward"
         index = bisect.bisect_right(starts, launched) - 1
         while index >= 0 and ordered[index][1] < launched:  # ended before: try the one around it
             index = enclosing[index]
         if index >= 0:
-            owner = ordered[index][2]
-        if owner is None:
+            owner, phase = ordered[index][2], "backward"
+        else:
             owner, phase = innermost.at(launched), "forward"
         if owner != NO_MODULE:
             phases = result.setdefault(owner, {})

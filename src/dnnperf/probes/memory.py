@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from dnnperf.analysis.opcount import NO_MODULE, ROOT_MODULE, _tensors
+from dnnperf.devices import on_device
 from dnnperf.probes.saved import observe_saved
 
 CATEGORIES = (
@@ -576,16 +577,17 @@ class MemoryTracker:
     # -- context -------------------------------------------------------------------------------------
 
     def __enter__(self) -> MemoryTracker:
-        batch = list(_tensors(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch))
         before = {
             "parameters": list(self.model.parameters()),
             "gradients": self._grads(),
             "optimizer_state": list(optimizer_tensors(self.optimizers)),
-            "input": batch,
+            "input": list(
+                _tensors(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch)
+            ),
         }
         # Only what lies on the tracked device: a loop's host batch, before it is copied to the GPU, is
         # none of the device's memory (the copy is the step's own).
-        before = {name: [t for t in tensors if self._on_device(t)] for name, tensors in before.items()}
+        before = {name: [t for t in tensors if on_device(t, self.device)] for name, tensors in before.items()}
         self._before = {name: sum(storages(tensors).values()) for name, tensors in before.items()}
         self._before_addresses = {a for tensors in before.values() for a in _addresses(tensors)}
         gc.collect()
@@ -628,13 +630,6 @@ class MemoryTracker:
             self._remove()
         if exc[0] is None:
             self._finish(end)
-
-    def _on_device(self, tensor: torch.Tensor) -> bool:
-        if tensor.device.type != self.device.type:
-            return False
-        return self.device.type != "cuda" or tensor.device.index == (
-            self.device.index if self.device.index is not None else torch.cuda.current_device()
-        )
 
     def _watch_releases(self, before: dict[str, list[torch.Tensor]]) -> None:
         """A finalizer on each tensor that alone owns a storage that existed before the step: when the
