@@ -12,7 +12,7 @@ set -u
 OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-STEPS=${STEPS:-"env tests hw memsave-full profile memsave-small profile-full memsave-resnet50"}
+STEPS=${STEPS:-"env tests hw memsave-full profile memsave-small profile-full memsave-resnet50 hw-full model"}
 WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
@@ -47,11 +47,13 @@ torch.cuda.get_device_name(0), torch.backends.cudnn.version())"
 }
 
 export -f dnnperf environment
-step env 30 environment
-step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rA --timeout 60 tests/test_cuda_paths.py \
+TESTS=${TESTS:-"tests/test_cuda_paths.py \
     tests/test_stages.py::test_cuda_stage_boundaries_are_events_resolved_after_the_step \
     tests/test_layers.py::test_layers_on_cuda_are_timed_with_events_and_attributed \
-    tests/test_hardware.py::test_quick_calibration_on_cuda
+    tests/test_hardware.py::test_quick_calibration_on_cuda"}
+step env 30 environment
+# shellcheck disable=SC2086  # TESTS is a list of test ids
+step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rA --timeout 60 $TESTS
 step hw 90 dnnperf hw --device "$DEVICE" --quick
 # Seed 003's experiment at its size: VGG-19, 224x224 images, batch 64 (the issue: -50% at <= 10%).
 step memsave-full 200 dnnperf memsave vgg19 --preset full --budget "${MEMSAVE_BUDGET:-50%}" --device "$DEVICE" --steps 7
@@ -65,3 +67,8 @@ step profile-full 150 dnnperf profile resnet50 --preset full -b 64 --steps 10 --
     --device "$DEVICE"
 # The CPU criterion's workload at its published size (saved activations 2x smaller).
 step memsave-resnet50 200 dnnperf memsave resnet50 --preset full --budget 60% --device "$DEVICE" --steps 5
+# The performance model on the GPU (issue 7): the full calibration, then single-process step times of
+# eight workloads at three batch sizes, host-bound to device-bound, predicted and measured.
+step hw-full 180 dnnperf hw --device "$DEVICE"
+step model 360 dnnperf validate ${MODEL_WORKLOADS:-resnet18 resnet50 vgg16 alexnet inception_v3 transformer gpt2 \
+    seq2seq} --device "$DEVICE" --preset small --batch-sizes "${MODEL_BATCHES:-16,64,256}" --processes 1 --steps 10

@@ -306,3 +306,48 @@ def test_your_own_loop_on_cuda_counts_the_device_copy_of_the_batch_not_the_host_
     assert memory.category_max["gradients"] == params
     assert memory.category_max["optimizer_state"] == params
     assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
+
+
+# -- the performance model on a GPU ----------------------------------------------------------------------
+
+
+def test_a_kernels_floor_is_at_least_what_the_profiler_times_of_it():
+    """measure_kernel_floor's seconds per back-to-back tiny kernel against the CUDA profiler's own
+    duration of those kernels: the floor holds each kernel and the gap before the next."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dnnperf.model.calibrate import measure_kernel_floor
+
+    floor = measure_kernel_floor(CUDA)
+    tiny = torch.zeros(1, device=CUDA)
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(200):
+            tiny.add_(1.0)
+        torch.cuda.synchronize()
+    kernels = [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels
+    mean_kernel_s = sum(e.device_time for e in kernels) / len(kernels) * 1e-6
+    assert mean_kernel_s <= floor < 50e-6
+
+
+def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
+    """A quick GPU profile with the model's GPU calibrations: an asynchronous machine whose prediction
+    of a host-bound step (resnet18 `tiny`, batch 4) is at least the host's issue of its kernel calls,
+    and whose operators were described on the GPU (its convolutions replayed there)."""
+    from dnnperf import hardware
+    from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
+    from dnnperf.model.compute import NO_KERNEL, op_times, step_time
+    from dnnperf.model.graph import describe_workload
+    from dnnperf.model.machine import from_profile
+
+    profile = hardware.calibrate(CUDA, quick=True)
+    overhead = measure_op_overhead(device=CUDA)
+    zoo = zoo_calibration(from_profile(profile), repeats=2)
+    machine = from_profile(profile, op_overhead_s=overhead, efficiency=zoo.efficiency, kernel_s=zoo.kernel_s)
+    assert machine.asynchronous and machine.replay_device.startswith("cuda") and machine.host_bandwidth > 0
+    assert 0 < zoo.kernel_s < 50e-6 and all(0 < v <= 1 for v in zoo.efficiency.values())
+    graph = describe_workload("resnet18", "tiny", 4, machine.replay_device)
+    times = op_times(graph, machine)
+    assert times["replayed"].any()
+    kernels = graph.ops.loc[~graph.ops["family"].isin(NO_KERNEL), "calls"].sum()
+    assert step_time(graph, machine).total_s >= kernels * overhead

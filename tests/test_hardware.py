@@ -191,7 +191,12 @@ def test_only_a_profile_of_this_host_replays_kernels(profile: hw.HardwareProfile
     assert from_profile(profile).replay_device == "cpu"
     elsewhere = replace(profile, device_key="another-host-cpu")
     assert from_profile(elsewhere).replay_device == ""
-    assert from_profile(replace(profile, device_type="cuda", device_index=0)).replay_device == ""
+    gpu = {**profile.environment, "gpus": [{"index": 0, "memory_bytes": 80_000_000_000}]}
+    elsewhere_gpu = from_profile(replace(profile, device_type="cuda", device_index=0, environment=gpu))
+    assert elsewhere_gpu.replay_device == ""
+    # A GPU's profile is an asynchronous machine with the GPU's memory, not the host's.
+    assert elsewhere_gpu.asynchronous and not from_profile(profile).asynchronous
+    assert elsewhere_gpu.memory_bytes == 80e9 and not elsewhere_gpu.comm_on_compute_cores
 
 
 def test_a_link_put_on_a_calibrated_machine_keeps_every_other_term(profile: hw.HardwareProfile) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from dnnperf.errors import UsageError
 from dnnperf.model import collectives as c
 from dnnperf.model import strategies as s
-from dnnperf.model.compute import ComputeOptions, op_times
+from dnnperf.model.compute import ComputeOptions, op_times, queued_end, step_time
 from dnnperf.model.graph import StepGraph
 from dnnperf.model.machine import PRESETS, Machine, from_dict, preset
 
@@ -152,6 +153,72 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
     assert op_times(graph, machine, ComputeOptions(overhead=False))["overhead_s"].sum() == 0
 
 
+def _queue_by_call(
+    rows: list[tuple[float, float, int]], issued: float = 0.0, free: float = 0.0
+) -> list[float]:
+    """The asynchronous device one call at a time: the independent truth for queued_end's closed form."""
+    ends = []
+    for h, d, calls in rows:
+        for _ in range(calls):
+            issued += h
+            free = max(free, issued) + d
+        ends.append(free)
+    return ends
+
+
+def test_an_asynchronous_device_ends_each_row_as_its_calls_queue() -> None:
+    # Host-bound: 10 calls issued every 5 us, 1 us each on the device: the last ends at 50 + 1 us.
+    assert queued_end([5e-6], [1e-6], [10]).tolist() == pytest.approx([51e-6])
+    # Device-bound: the first call is issued at 1 us, then 10 x 5 us back to back.
+    assert queued_end([1e-6], [5e-6], [10]).tolist() == pytest.approx([51e-6])
+    # A long kernel keeps the device busy while the host issues the next row: the queue carries over.
+    assert queued_end([1e-6, 1e-6], [100e-6, 1e-6], [1, 10]).tolist() == pytest.approx([101e-6, 111e-6])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        rows = [
+            (float(rng.uniform(0, 1e-5)), float(rng.uniform(0, 1e-5)), int(rng.integers(1, 9)))
+            for _ in range(12)
+        ]
+        h, d, calls = zip(*rows, strict=True)
+        assert queued_end(list(h), list(d), list(calls), 3e-6, 7e-6).tolist() == pytest.approx(
+            _queue_by_call(rows, 3e-6, 7e-6)
+        )
+
+
+def test_an_asynchronous_step_overlaps_host_and_device() -> None:
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward", "forward", "backward", "update"],
+            "module": ["m", "m", "m", "(optimizer)"],
+            "op": ["aten.mm", "aten.view", "aten.mm", "aten._foreach_add_"],
+            "family": ["matmul", "free", "matmul", "elementwise"],
+            "dtype": ["float32"] * 4,
+            "flops": [1e9, 0.0, 2e9, 0.0],  # 1 ms and 2 ms at 1 TFLOP/s
+            "bytes": [0.0, 0.0, 0.0, 1e6],  # 10 us at 100 GB/s
+            "calls": [1.0, 3.0, 1.0, 1.0],
+        }
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 1_000_000)  # a 1 MB batch
+    machine = _machine(dispatch_s=20e-6, asynchronous=True, kernel_s=2e-6, host_bandwidth=1e10)
+    step = step_time(graph, machine)
+    # The copy: issued at 20 us, 100 us on the device. The host issues mm at 40 us; the device runs it
+    # from 120 us for 1 ms + 2 us; backward's mm follows back to back (2 ms + 2 us), then the update's
+    # 10 us + 2 us. The host finished issuing at 80 us, long before.
+    assert step.data_s == pytest.approx(120e-6)
+    assert step.forward_s == pytest.approx(1002e-6)
+    assert step.backward_s == pytest.approx(2002e-6)
+    assert step.update_s == pytest.approx(12e-6)
+    assert step.total_s == pytest.approx(120e-6 + 1002e-6 + 2002e-6 + 12e-6)
+    # Host-bound: a slow host (5 ms a call, longer than any kernel) issues the update's kernel at 20 ms
+    # (the copy and three kernels before it); the device idles between kernels.
+    slow = dataclasses.replace(machine, dispatch_s=5e-3)
+    assert step_time(graph, slow).total_s == pytest.approx(20e-3 + 12e-6)
+    # The synchronous machine (a CPU) adds the host's per-call cost to every kernel instead.
+    sync = dataclasses.replace(machine, asynchronous=False, host_bandwidth=0.0)
+    times = op_times(graph, sync)
+    assert step_time(graph, sync).total_s == pytest.approx(times["seconds"].sum() + 2 * 1e6 / 1e11)
+
+
 def test_zero_operands_cost_what_the_machine_says_per_zero() -> None:
     ops = pd.DataFrame(
         {
@@ -201,6 +268,8 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"efficiency": {"matmul": 1.5}}, r"efficiency\['matmul'\] must be in \(0, 1\]"),
         ({"call_s": {"convolution/forward": -1e-6}}, r"call_s\['convolution/forward'\] must be zero or"),
         ({"zero_operand_s": {"aten.sqrt": float("inf")}}, r"zero_operand_s\['aten.sqrt'\] must be zero or"),
+        ({"asynchronous": "yes"}, "asynchronous must be true or false"),
+        ({"kernel_s": -1e-6}, "kernel_s must be zero or a positive number"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

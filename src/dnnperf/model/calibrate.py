@@ -30,12 +30,14 @@ output's allocation), the collectives themselves left out: the model charges it 
 
 from __future__ import annotations
 
+import functools
 import mmap
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,8 @@ from torch import nn
 
 from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
+from dnnperf.devices import synchronize
+from dnnperf.hardware import device_key
 from dnnperf.model.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph
 from dnnperf.model.machine import Curve, Machine, dedupe
@@ -55,11 +59,11 @@ BLOCKS = 32
 MIN_CALL_S = 20e-6
 
 
-def _tiny_step() -> tuple[nn.Module, object]:
+def _tiny_step(device: torch.device | str = "cpu") -> tuple[nn.Module, object]:
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(BLOCKS)])
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(BLOCKS)]).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    x = torch.randn(2, 4)
+    x = torch.randn(2, 4, device=device)
 
     def step(stages: object = None) -> None:
         loss = model(x).sum()
@@ -70,9 +74,9 @@ def _tiny_step() -> tuple[nn.Module, object]:
     return model, step
 
 
-def kernel_calls() -> int:
-    """Operator calls (views and metadata excluded) of one step of the tiny network."""
-    model, step = _tiny_step()
+def kernel_calls(device: torch.device | str = "cpu") -> int:
+    """Operator calls (views and metadata excluded) of one step of the tiny network on ``device``."""
+    model, step = _tiny_step(device)
     step()  # the optimizer's first step creates its state: count a later one
     counter = OpCounter(model, count=False)
     with counter:
@@ -80,18 +84,46 @@ def kernel_calls() -> int:
     return sum(r.calls for r in counter.table() if r.family not in NO_KERNEL)
 
 
-def measure_op_overhead(repeats: int = 30) -> float:
-    """Seconds per operator call: the median step of the tiny network over its kernel calls."""
-    calls = kernel_calls()
-    _, step = _tiny_step()
+def measure_op_overhead(repeats: int = 30, device: torch.device | str = "cpu") -> float:
+    """Seconds per operator call: the median step of the tiny network over its kernel calls. On a
+    GPU the step waits for its kernels, whose few microseconds each hide behind the host's issue of
+    the next: the step's time is the host's, as the model's asynchronous device needs it."""
+    device = torch.device(device)
+    calls = kernel_calls(device)
+    _, step = _tiny_step(device)
     for _ in range(5):
         step()
     samples = []
     for _ in range(repeats):
+        synchronize(device)
         started = time.perf_counter()
         step()
+        synchronize(device)
         samples.append(time.perf_counter() - started)
     return statistics.median(samples) / calls
+
+
+def measure_kernel_floor(device: torch.device | str, kernels: int = 400, repeats: int = 7) -> float:
+    """Device seconds per kernel of a stream of kernels that move next to nothing (a one-element add),
+    issued while the device is busy with a long matrix product so that they run back to back: what a
+    GPU spends on each kernel beyond its arithmetic and traffic (launch, scheduling, the smallest
+    kernel's duration). The median of ``repeats`` samples."""
+    device = torch.device(device)
+    tiny = torch.zeros(1, device=device)
+    a = torch.randn(4096, 4096, device=device)
+    samples = []
+    for i in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(8):  # tens of milliseconds of queued work: the host issues the stream meanwhile
+            a = torch.tanh(a @ a)
+        start.record()
+        for _ in range(kernels):
+            tiny.add_(1.0)
+        end.record()
+        end.synchronize()
+        if i > 0:
+            samples.append(start.elapsed_time(end) * 1e-3 / kernels)
+    return statistics.median(samples)
 
 
 def _measured_once(key: str, measure: Callable[[], Any], usable: Callable[[Any], bool], refresh: bool) -> Any:
@@ -117,11 +149,16 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def op_overhead(refresh: bool = False) -> float:
-    """The per-call overhead of this host at the current thread count, measured once and cached."""
+def op_overhead(refresh: bool = False, device: str = "cpu") -> float:
+    """The per-call overhead of this host at the current thread count (driving ``device``), measured
+    once and cached."""
     key = f"op_overhead/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    key += "" if device == "cpu" else f"/{device_key(device)}"
     found = _measured_once(
-        key, measure_op_overhead, lambda cached: isinstance(cached, (int, float)) and cached > 0, refresh
+        key,
+        functools.partial(measure_op_overhead, device=device),
+        lambda cached: isinstance(cached, (int, float)) and cached > 0,
+        refresh,
     )
     return float(found)
 
@@ -384,19 +421,25 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     ]
 
 
-def _timed_rows(layer: nn.Module, shape: tuple[int, ...], repeats: int) -> pd.DataFrame:
-    """Per operator of one forward + backward of ``layer``: counts and the median measured seconds."""
-    x = torch.randn(shape, requires_grad=True)
+def _timed_rows(
+    layer: nn.Module, shape: tuple[int, ...], repeats: int, device: torch.device | None = None
+) -> pd.DataFrame:
+    """Per operator of one forward + backward of ``layer`` on ``device`` (default the CPU): counts and
+    the median measured seconds (CUDA events around each operator on a GPU)."""
+    device = device or torch.device("cpu")
+    layer = layer.to(device)
+    x = torch.randn(shape, device=device, requires_grad=True)
     # A materialised output gradient, as a loss's backward hands a layer: ``.sum().backward()`` would
     # give every layer a stride-0 expanded gradient (4 bytes of storage), which kernels walk at a
     # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
-    counter = OpCounter(layer, timed=True)
+    counter = OpCounter(layer, timed=True, device=device)
     tables = []
     with counter:
         for i in range(repeats + 2):
             layer(x).backward(grad)
+            synchronize(device)  # the events resolve once the device has run them
             table = counter.take_step()
             if i >= 2:  # the first calls pay for primitive creation and page faults
                 tables.append(table)
@@ -447,15 +490,28 @@ def fixed_cost_fit(roofline: Sequence[float], measured: Sequence[float]) -> tupl
     return float(fixed), float(1 / slope)
 
 
+#: On a GPU the zoo's batches are this many times the CPU's: the CPU's shapes run in a few
+#: microseconds there, under the timing's floor.
+GPU_BATCH_SCALE = 32
+#: On a GPU, zoo operators shorter than this per call (beyond the floor) are left out.
+GPU_MIN_CALL_S = 5e-6
+
+
 def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
-) -> tuple[dict[str, float], dict[str, float], pd.DataFrame]:
+) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float]:
+    """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
+    per call, the timed rows and the timing's floor per call."""
     torch.manual_seed(0)
+    device = torch.device(machine.replay_device or "cpu")
+    gpu = device.type == "cuda"
     frames = []
     for layer, shape in _zoo():
+        if gpu:
+            shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
         if progress is not None:
             progress(f"{type(layer).__name__} {shape}")
-        frame = _timed_rows(layer, shape, repeats)
+        frame = _timed_rows(layer, shape, repeats, device)
         calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
         frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
     rows = pd.concat(frames, ignore_index=True)
@@ -466,12 +522,19 @@ def _zoo_rows(
     floor = float(per_call[(rows["bytes"] / rows["calls"]) <= 1024].median())
     floor = floor if floor == floor else 0.0  # NaN when no such call ran
     rows = rows.assign(measured=rows["measured"] - floor * rows["calls"])
+    # On a GPU, each kernel's own floor too (the model adds Machine.kernel_s per call back).
+    kernel_floor = measure_kernel_floor(device) if gpu else 0.0
+    if gpu:
+        launched = ~rows["family"].isin(NO_KERNEL)
+        rows.loc[launched, "measured"] = (rows["measured"] - kernel_floor * rows["calls"]).clip(lower=0.0)
     # The families with a fixed cost keep every call: their fit separates the fixed part itself. (A
     # tiny 1x1 convolution, 13 us forward and 26-29 us backward, sat on the cut: in the fit in one
     # calibration and out of it in the next, 178 against 34 us of fixed cost backward. 1x1
     # convolutions take another path with a small fixed cost; the zoo's tiny ones are now 3x3, 4x4 and
     # transposed, the kinds most convolutions of the suite are.)
-    long_enough = per_call.ge(2 * floor + MIN_CALL_S) | rows["family"].isin(FIXED_COST_FAMILIES)
+    long_enough = per_call.ge(2 * floor + (GPU_MIN_CALL_S if gpu else MIN_CALL_S)) | rows["family"].isin(
+        FIXED_COST_FAMILIES
+    )
     keep = ~rows["family"].isin(NO_KERNEL) & (rows["module"] != NO_MODULE) & long_enough
     rows = rows[keep]
     graph = StepGraph("zoo", 1, rows.drop(columns="measured").reset_index(drop=True), 0, {}, 0, 0, 0)
@@ -497,7 +560,7 @@ def _zoo_rows(
         if several[(family, phase)] or op in PER_ELEMENT_OPS:
             efficiency[f"{family}/{phase}/{op}"] = (p, m)
     ratios = {key: float(min(1.0, max(p / m, 1e-3))) for key, (p, m) in efficiency.items() if m > 0}
-    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows
+    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor
 
 
 def family_efficiency(
@@ -508,16 +571,30 @@ def family_efficiency(
     return _zoo_rows(machine, repeats, progress)[0]
 
 
-def zoo_calibration(
-    machine: Machine, repeats: int = 7
-) -> tuple[dict[str, float], dict[str, Curve], dict[str, float]]:
+@dataclass(frozen=True)
+class ZooCalibration:
+    """What the layer zoo calibrates (see :func:`zoo_calibration`)."""
+
+    #: Achieved fraction of the roofline per "family/phase" (and "family/phase/op").
+    efficiency: dict[str, float]
+    #: FLOPs per call -> FLOP/s of the zoo's convolutions and matrix products, per "family/phase".
+    curves: dict[str, Curve]
+    #: Fixed seconds per call of the families that have one, per "family/phase".
+    call_s: dict[str, float]
+    #: On a GPU, the device seconds of a kernel that moves next to nothing (:func:`measure_kernel_floor`;
+    #: the zoo's times are taken net of it); 0 on a CPU, whose host runs each operator itself.
+    kernel_s: float
+
+
+def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
     """Efficiencies per family and phase (against the machine's hw curves), and rate curves (FLOPs per
     call -> FLOP/s) per phase of convolutions and matrix products measured on the zoo's shapes. The
     model uses the efficiencies with the hw curves; the zoo curves (to be used without the
     convolution/matmul efficiencies) are an ablation variant: a few noisy points, interpolated by FLOPs
     alone, they rank shapes of equal FLOPs (a 3-channel stem, a 512-channel late layer) as one. Third:
-    the fixed seconds per call of the families that have one (``FIXED_COST_FAMILIES``), per phase."""
-    efficiency, fixed, rows = _zoo_rows(machine, repeats)
+    the fixed seconds per call of the families that have one (``FIXED_COST_FAMILIES``), per phase;
+    fourth, on a GPU, a kernel's device floor. Runs on ``machine``'s replay device (default the CPU)."""
+    efficiency, fixed, rows, kernel_floor = _zoo_rows(machine, repeats)
     curves: dict[str, Curve] = {}
     for (family, phase), group in rows[rows["family"].isin(("convolution", "matmul"))].groupby(
         ["family", "phase"]
@@ -527,30 +604,32 @@ def zoo_calibration(
         points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
         if points:
             curves[f"{family}/{phase}"] = Curve(*dedupe(points))  # shapes of equal FLOPs: their median
-    return efficiency, curves, fixed
+    return ZooCalibration(efficiency, curves, fixed, kernel_floor)
 
 
-def calibrated(
-    machine: Machine, refresh: bool = False
-) -> tuple[dict[str, float], dict[str, Curve], dict[str, float]]:
+def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-4/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-5/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
-            curves = {k: Curve(tuple(v[0]), tuple(v[1])) for k, v in cached["curves"].items()}
-            efficiency = {str(k): float(v) for k, v in cached["efficiency"].items()}
-            return efficiency, curves, {str(k): float(v) for k, v in cached["call_s"].items()}
+            return ZooCalibration(
+                efficiency={str(k): float(v) for k, v in cached["efficiency"].items()},
+                curves={k: Curve(tuple(v[0]), tuple(v[1])) for k, v in cached["curves"].items()},
+                call_s={str(k): float(v) for k, v in cached["call_s"].items()},
+                kernel_s=float(cached["kernel_s"]),
+            )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             pass
-    efficiency, curves, fixed = zoo_calibration(machine)
+    found = zoo_calibration(machine)
     store.put(
         key,
         {
-            "efficiency": efficiency,
-            "curves": {k: [c.sizes, c.rates] for k, c in curves.items()},
-            "call_s": fixed,
+            "efficiency": found.efficiency,
+            "curves": {k: [c.sizes, c.rates] for k, c in found.curves.items()},
+            "call_s": found.call_s,
+            "kernel_s": found.kernel_s,
         },
     )
-    return efficiency, curves, fixed
+    return found

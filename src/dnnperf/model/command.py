@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
     parser.add_argument(
         "--machine", default="hw", help=f"hw (calibrated), a JSON file, or one of {', '.join(PRESETS)} (hw)"
     )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="with --machine hw: the device whose `dnnperf hw` profile to calibrate from (auto, cpu, cuda, "
+        "cuda:N; auto)",
+    )
     parser.add_argument("--nodes", type=positive_int, help="nodes (default: the machine's, 1 for presets)")
     parser.add_argument(
         "--devices-per-node", type=positive_int, help="devices per node (default: the machine's)"
@@ -84,38 +90,12 @@ def parse_sweep(items: list[str]) -> dict[str, list[float]]:
     return axes
 
 
-def load_machine(spec: str) -> Machine:
-    """``hw``, a preset name, or a JSON file."""
+def load_machine(spec: str, device: str = "cpu") -> Machine:
+    """``hw`` (``device`` as `dnnperf hw` profiled it), a preset name, or a JSON file."""
     from dnnperf.model import machine as machines
 
     if spec == "hw":
-        from dnnperf import hardware
-        from dnnperf.model.calibrate import (
-            calibrated,
-            ddp_cost,
-            op_overhead,
-            page_fault_cost,
-            split_region_cost,
-            zero_operand_cost,
-        )
-
-        profile = hardware.load_profile("cpu")
-        if profile is None:
-            raise UsageError("--machine hw needs a calibrated profile: run `dnnperf hw` first")
-        from dnnperf.model.collective_calibration import link_calibration
-
-        efficiency, _, call_s = calibrated(machines.from_profile(profile))
-        return machines.from_profile(
-            profile,
-            link=link_calibration(),
-            op_overhead_s=op_overhead(),
-            efficiency=efficiency,
-            page_fault_s=page_fault_cost(),
-            call_s=call_s,
-            zero_operand_s=zero_operand_cost(),
-            split_region_s=split_region_cost(),
-            ddp_s=ddp_cost(),
-        )
+        return calibrated_machine(device)
     if spec in PRESETS:
         return machines.preset(spec)
     path = Path(spec)
@@ -126,6 +106,54 @@ def load_machine(spec: str) -> Machine:
     except (OSError, ValueError) as error:
         raise UsageError(f"--machine {spec}: not readable JSON ({error})") from None
     return machines.from_dict(document)
+
+
+def calibrated_machine(device: str) -> Machine:
+    """This host's ``device`` as `dnnperf hw` profiled it, with the model's own calibrations (measured
+    once each and cached). A GPU's takes its per-call host overhead and its kernels' floor measured on
+    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, split regions)."""
+    from dnnperf import hardware
+    from dnnperf.devices import resolve_device
+    from dnnperf.model import machine as machines
+    from dnnperf.model.calibrate import (
+        calibrated,
+        ddp_cost,
+        op_overhead,
+        page_fault_cost,
+        split_region_cost,
+        zero_operand_cost,
+    )
+
+    resolved = resolve_device(device)
+    profile = hardware.load_profile(resolved)
+    if profile is None:
+        raise UsageError(
+            f"--machine hw needs a calibrated profile of {resolved.type}: run `dnnperf hw --device "
+            f"{resolved.type}` first"
+        )
+    base = machines.from_profile(profile)
+    zoo = calibrated(base)
+    if profile.device_type == "cuda":
+        return machines.from_profile(
+            profile,
+            op_overhead_s=op_overhead(device=base.replay_device or str(resolved)),
+            efficiency=zoo.efficiency,
+            call_s=zoo.call_s,
+            kernel_s=zoo.kernel_s,
+        )
+    from dnnperf.model.collective_calibration import link_calibration
+
+    return machines.from_profile(
+        profile,
+        link=link_calibration(),
+        op_overhead_s=op_overhead(),
+        efficiency=zoo.efficiency,
+        page_fault_s=page_fault_cost(),
+        call_s=zoo.call_s,
+        zero_operand_s=zero_operand_cost(),
+        split_region_s=split_region_cost(),
+        ddp_s=ddp_cost(),
+    )
 
 
 def run(args: argparse.Namespace, out: Any) -> int:
@@ -140,7 +168,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
         raise UsageError(
             f"{workload.name} has no preset {args.preset!r} (presets: {', '.join(workload.presets)})"
         )
-    machine = load_machine(args.machine)
+    machine = load_machine(args.machine, args.device)
     changes = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     machine = dataclasses.replace(machine, **changes)
     batch = args.batch_size or workload.default_batch_size[args.preset]
@@ -276,6 +304,12 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
     )
     parser.add_argument("--hw", type=Path, help="hardware profile (default: this machine's saved one)")
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda[:N]: the device the single-process runs train on and whose `dnnperf hw` profile "
+        "calibrates the model (cpu)",
+    )
+    parser.add_argument(
         "--distributed",
         metavar="dp,pp,tp",
         help="instead of single-process runs, these strategies on 2 local ranks (gloo, one thread each: "
@@ -307,6 +341,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
     import pandas as pd
 
     from dnnperf import hardware
+    from dnnperf.devices import resolve_device
     from dnnperf.model.validate import (
         ValidationResult,
         ablation,
@@ -343,6 +378,12 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         raise UsageError(f"--batch-sizes must be positive, got {args.batch_sizes!r}")
     if args.hw is not None and not args.hw.exists():
         raise UsageError(f"--hw {args.hw}: no such file")
+    device = resolve_device(args.device)
+    if device.type != "cpu" and (args.memory or args.distributed or args.collectives):
+        raise UsageError(
+            "--device cuda validates single-process step times; --memory, --distributed and --collectives "
+            "run on the CPU"
+        )
     document: dict[str, Any] = {}
     result = ValidationResult()
     if args.collectives:
@@ -365,9 +406,11 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         document["distributed"] = _validate_distributed(args, names, batches, strategies, out)
         result.runs = distributed_rows(pd.DataFrame(document["distributed"]["rows"]))
     elif names:
-        profile = hardware.load_profile("cpu", args.hw)
+        profile = hardware.load_profile(device, args.hw)
         if profile is None:
-            raise UsageError("validate needs a calibrated profile: run `dnnperf hw` first")
+            raise UsageError(
+                f"validate needs a calibrated profile: run `dnnperf hw --device {device.type}` first"
+            )
         machines, figures = calibrated_machines(profile)
         frame = validate_single(
             names,
@@ -418,7 +461,7 @@ def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path 
         command=["dnnperf", *args.argv],
         workload={"name": ", ".join(names), "preset": args.preset},
         settings={
-            "device": "cpu",
+            "device": args.device,
             "data": "memory",
             "batch_sizes": sorted({r["batch"] for r in [*result.runs, *result.memory]}),
             "steps": args.steps,

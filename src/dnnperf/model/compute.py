@@ -168,9 +168,30 @@ class StepTime:
 
 
 def data_seconds(graph: StepGraph, machine: Machine) -> float:
-    """Taking a batch from the in-memory pool and placing it: one copy of the batch (read + write),
-    one call per tensor."""
+    """Taking a batch from the in-memory pool and placing it: one copy of the batch (read + write)
+    through memory, or on a device with its own memory the copy from pinned host memory."""
+    if machine.host_bandwidth > 0:
+        return graph.batch_bytes / machine.host_bandwidth
     return 2 * graph.batch_bytes / machine.memory_bandwidth
+
+
+def queued_end(
+    host_s: np.ndarray, device_s: np.ndarray, calls: np.ndarray, issued: float = 0.0, free: float = 0.0
+) -> np.ndarray:
+    """When each row's last kernel ends on a device that runs behind its host: the host issues the
+    rows' calls in order, ``host_s`` per call, and the device runs each call, ``device_s`` per call,
+    once it is issued and the device is free. A row of ``c`` calls starting with the host at ``h0``
+    and the device free at ``d0`` ends at ``max(d0 + c*d, h0 + max(c*h + d, h + c*d))``: the device's
+    own queue, or its last call waiting for the host (host-bound) or its first call's issue then the
+    calls back to back (device-bound). The host starts issuing at ``issued``; the device is free from
+    ``free``."""
+    ends = np.empty(len(host_s))
+    device = free
+    for i, (h, d, c) in enumerate(zip(host_s, device_s, calls, strict=True)):
+        device = max(device + c * d, issued + max(c * h + d, h + c * d))
+        issued += c * h
+        ends[i] = device
+    return ends
 
 
 def fault_seconds(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> float:
@@ -183,6 +204,8 @@ def fault_seconds(graph: StepGraph, machine: Machine, options: ComputeOptions = 
 def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:
     """Forward + backward + update (+ the data stage) of one step on one device."""
     times = op_times(graph, machine, options)
+    if machine.asynchronous:
+        return _queued_step(graph, machine, times, options)
     by_phase = times.groupby("phase")["seconds"].sum()
     return StepTime(
         forward_s=float(by_phase.get("forward", 0.0)),
@@ -191,5 +214,44 @@ def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = Comp
         data_s=data_seconds(graph, machine),
         compute_s=float(times["compute_s"].sum()),
         overhead_s=float(times["overhead_s"].sum()),
+        faults_s=fault_seconds(graph, machine, options),
+    )
+
+
+def _queued_step(
+    graph: StepGraph, machine: Machine, times: pd.DataFrame, options: ComputeOptions
+) -> StepTime:
+    """The step of an asynchronous device (:func:`queued_end`): the batch's copy, then every row in
+    the description's order. A kernel call costs the host the machine's per-call overhead
+    (``dispatch_s``) and the device the row's roofline (or replayed) seconds per call, its family's
+    fixed cost and the machine's ``kernel_s``. The step ends when both have finished (the runner
+    synchronises); a phase's seconds are how far it moved that end, the host's tail counted in the
+    update."""
+    calls = np.maximum(times["calls"].to_numpy(float), 1.0)
+    kernel = ~times["family"].isin(NO_KERNEL).to_numpy()
+    host = np.where(kernel, machine.dispatch_s if options.overhead else 0.0, 0.0)
+    fixed = np.maximum(times["overhead_s"].to_numpy(float) / calls - host, 0.0)  # op_times' call_s
+    device = np.where(kernel, times["compute_s"].to_numpy(float) / calls + fixed + machine.kernel_s, 0.0)
+    copy_issued = machine.dispatch_s if options.overhead else 0.0
+    data = data_seconds(graph, machine)
+    ends = queued_end(host, device, calls, issued=copy_issued, free=copy_issued + data)
+    issued = copy_issued + float((host * calls).sum())
+    phases = times["phase"].to_numpy(str)
+    seconds: dict[str, float] = {}
+    reached = copy_issued + data
+    for phase in ("forward", "backward", "update"):
+        mask = phases == phase
+        if mask.any():
+            end = float(ends[mask].max())
+            seconds[phase] = max(end - reached, 0.0)
+            reached = max(reached, end)
+    seconds["update"] = seconds.get("update", 0.0) + max(issued - reached, 0.0)  # the host's tail
+    return StepTime(
+        forward_s=seconds.get("forward", 0.0),
+        backward_s=seconds.get("backward", 0.0),
+        update_s=seconds["update"],
+        data_s=copy_issued + data,
+        compute_s=float(times["compute_s"].sum()),
+        overhead_s=float((host * calls).sum()),
         faults_s=fault_seconds(graph, machine, options),
     )

@@ -720,15 +720,23 @@ def describe_workload(
 
 
 def workload_graph(
-    workload: str, preset: str, batch_size: int, exact: bool = True, count_faults: bool = False
+    workload: str,
+    preset: str,
+    batch_size: int,
+    exact: bool = True,
+    count_faults: bool = False,
+    device: str = "cpu",
 ) -> StepGraph:
-    """The description at ``batch_size``: counted at it (``exact``), or interpolated from the counts at
-    BASE_BATCHES (a sweep over batch sizes then counts only twice). An interpolated description has
-    no kernels to replay, so neither has a base batch's here: every point of a sweep is the roofline's."""
+    """The description at ``batch_size`` on ``device``: counted at it (``exact``), or interpolated from
+    the counts at BASE_BATCHES (a sweep over batch sizes then counts only twice). An interpolated
+    description has no kernels to replay, so neither has a base batch's here: every point of a sweep is
+    the roofline's."""
     if exact:
-        return describe_workload(workload, preset, batch_size, count_faults=count_faults)
+        return describe_workload(workload, preset, batch_size, device, count_faults=count_faults)
     if batch_size in BASE_BATCHES:
-        graph = describe_workload(workload, preset, batch_size, count_faults=count_faults)
+        graph = describe_workload(workload, preset, batch_size, device, count_faults=count_faults)
         return dataclasses.replace(graph, kernels=[])
-    a, b = (describe_workload(workload, preset, size, count_faults=count_faults) for size in BASE_BATCHES)
+    a, b = (
+        describe_workload(workload, preset, size, device, count_faults=count_faults) for size in BASE_BATCHES
+    )
     return a.at_batch(b, batch_size)

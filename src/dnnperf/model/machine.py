@@ -39,6 +39,8 @@ _NON_NEGATIVE = (
     "split_region_s",
     "ddp_step_s",
     "ddp_param_s",
+    "kernel_s",
+    "host_bandwidth",
 )
 
 
@@ -113,6 +115,16 @@ class Machine:
     #: convolutions can be replayed for their time (model/kernels.py); "" for a described machine and
     #: for a what-if that changes its speed. Set by from_profile for a profile of this host.
     replay_device: str = ""
+    #: The device runs behind its host (a GPU: the host queues kernels and goes on): a step takes the
+    #: later of the host's dispatch and the device's kernels, simulated in order (compute.step_time).
+    #: False: the host runs every operator itself (a CPU), and dispatch adds to the kernels.
+    asynchronous: bool = False
+    #: Device seconds per kernel beyond its roofline on an asynchronous device (launch and the
+    #: smallest kernel's time; calibrate.zoo_calibration's timing floor); 0: not modelled.
+    kernel_s: float = 0.0
+    #: Bytes/s of the copy that brings a batch from pinned host memory to the device; 0: the batch is
+    #: on the host already (a CPU), and placing it is one copy through memory.
+    host_bandwidth: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -183,6 +195,9 @@ def validate(machine: Machine) -> None:
         value = getattr(machine, name)
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: {name} must be zero or a positive number, got {value!r}")
+    for name in ("asynchronous", "comm_on_compute_cores"):
+        if not isinstance(getattr(machine, name), bool):
+            raise UsageError(f"{where}: {name} must be true or false, got {getattr(machine, name)!r}")
     for name in ("devices_per_node", "nodes"):
         value = getattr(machine, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -245,6 +260,7 @@ def from_profile(
     zero_operand_s: dict[str, float] | None = None,
     split_region_s: float = 0.0,
     ddp_s: tuple[float, float] = (0.0, 0.0),
+    kernel_s: float = 0.0,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -255,7 +271,11 @@ def from_profile(
     ``zero_operand_s``: operators' extra cost per zero input element (calibrate.zero_operand_cost).
     ``split_region_s``: a tensor-parallel split region's host work (calibrate.split_region_cost);
     default 0 (not modelled). ``ddp_s``: DistributedDataParallel's host work per step and per
-    parameter tensor (calibrate.ddp_cost); default none.
+    parameter tensor (calibrate.ddp_cost); default none. ``kernel_s``: a GPU's device seconds per
+    kernel beyond its roofline (calibrate.zoo_calibration); default 0.
+
+    A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
+    its pinned host-to-device bandwidth for the batch's copy.
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
     loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
@@ -275,11 +295,12 @@ def from_profile(
     curves.update(zoo_curves or {})  # per-phase curves of calibrate.zoo_calibration
     bandwidth = profile.bandwidth_curve()
     sizes, rates = dedupe(sorted((p.params["footprint"], p.rate.median) for p in bandwidth.points))
+    gpu = profile.device_type == "cuda"
     machine = Machine(
         name=f"hw:{profile.device_key}",
         peak_flops=peaks,
         memory_bandwidth=profile.memory_bandwidth,
-        memory_bytes=float(psutil.virtual_memory().total),
+        memory_bytes=_device_memory(profile) if gpu else float(psutil.virtual_memory().total),
         link_bandwidth=LOOPBACK_BANDWIDTH,  # with_link puts the calibrated link in place
         link_latency=LOOPBACK_ALPHA,
         intra_bandwidth=LOOPBACK_BANDWIDTH,
@@ -291,15 +312,31 @@ def from_profile(
         ddp_param_s=ddp_s[1],
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),
-        segment_bytes=GLOO_SEGMENT,
-        comm_on_compute_cores=True,
+        segment_bytes=0 if gpu else GLOO_SEGMENT,  # gloo's; NCCL's channels are not modelled
         efficiency=dict(efficiency or {}),
         call_s=dict(call_s or {}),
         zero_operand_s=dict(zero_operand_s or {}),
         replay_device=host_device(profile),
+        asynchronous=gpu,
+        kernel_s=kernel_s,
+        host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
+        # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
+        comm_on_compute_cores=not gpu,
         sources={"all": f"dnnperf hw calibration of {profile.created}"},
     )
     return with_link(machine, link)
+
+
+def _device_memory(profile: HardwareProfile) -> float:
+    """The profiled GPU's memory, as its environment recorded it (the device itself when absent)."""
+    for gpu in profile.environment.get("gpus", []):
+        if gpu.get("index", profile.device_index or 0) == (profile.device_index or 0) and gpu.get(
+            "memory_bytes"
+        ):
+            return float(gpu["memory_bytes"])
+    if torch.cuda.is_available():
+        return float(torch.cuda.get_device_properties(profile.device_index or 0).total_memory)
+    raise UsageError(f"the profile of {profile.device_key} records no memory size for its GPU")
 
 
 def with_link(machine: Machine, link: dict[str, Any] | None) -> Machine:

@@ -20,7 +20,14 @@ import pandas as pd
 from dnnperf.distributed import SCHEDULES
 from dnnperf.errors import UsageError
 from dnnperf.model import collectives, strategies
-from dnnperf.model.compute import COMPUTE_FAMILIES, ComputeOptions, data_seconds, fault_seconds, op_times
+from dnnperf.model.compute import (
+    COMPUTE_FAMILIES,
+    ComputeOptions,
+    data_seconds,
+    fault_seconds,
+    op_times,
+    step_time,
+)
 from dnnperf.model.graph import StepGraph, workload_graph
 from dnnperf.model.kernels import split_kernels
 from dnnperf.model.machine import AXES, Machine
@@ -78,7 +85,12 @@ def _pipeline_starts(graph: StepGraph, names: list[str], seconds: np.ndarray, st
 
 
 def _graph_for(
-    source: str | StepGraph, preset: str, batch: int, exact: bool, count_faults: bool = False
+    source: str | StepGraph,
+    preset: str,
+    batch: int,
+    exact: bool,
+    count_faults: bool = False,
+    device: str = "cpu",
 ) -> StepGraph:
     if isinstance(source, StepGraph):
         if batch != source.batch_size:
@@ -87,7 +99,7 @@ def _graph_for(
                 f"not {batch}: describe it with an example batch of {batch}"
             )
         return source
-    return workload_graph(source, preset, batch, exact=exact, count_faults=count_faults)
+    return workload_graph(source, preset, batch, exact=exact, count_faults=count_faults, device=device)
 
 
 def _per_device(batch_size: int, ways: int, what: str) -> int:
@@ -233,6 +245,7 @@ def predict(
     batch_size = int(batch_size)
     devices = 1 if strategy == "single" else machine.devices
     faults = machine.page_fault_s > 0 and options.faults  # count them only where they are charged
+    described_on = machine.replay_device or "cpu"  # this host's GPU runs its own operators
     name = source.name if isinstance(source, StepGraph) else source
     common = dict(
         workload=name,
@@ -244,10 +257,18 @@ def predict(
     )
     if strategy in ("single", "dp"):
         graph = _graph_for(
-            source, preset, _per_device(batch_size, devices, "data-parallel ranks"), exact, faults
+            source,
+            preset,
+            _per_device(batch_size, devices, "data-parallel ranks"),
+            exact,
+            faults,
+            described_on,
         )
         times = op_times(graph, machine, options)
         compute = float(times["seconds"].sum())
+        if machine.asynchronous:  # host and device overlap (compute.step_time); the copy is "other"
+            step = step_time(graph, machine, options)
+            compute = step.forward_s + step.backward_s + step.update_s
         exposed, detail = 0.0, {}
         if devices > 1:
             link = _link(machine, devices)
@@ -287,7 +308,8 @@ def predict(
             compute_s=compute,
             communication_s=exposed,
             bubble_s=0.0,
-            other_s=data_seconds(graph, machine) + fault_seconds(graph, machine, options),
+            other_s=(step.data_s if machine.asynchronous else data_seconds(graph, machine))
+            + fault_seconds(graph, machine, options),
             memory_bytes=memory.peak,
             detail=detail,
             memory=memory.to_dict(),
@@ -296,7 +318,9 @@ def predict(
         stages = devices
         # Default: the most micro-batches up to 4 per stage that split the batch evenly.
         m = micro_batches or max(d for d in range(1, min(batch_size, 4 * stages) + 1) if batch_size % d == 0)
-        graph = _graph_for(source, preset, _per_device(batch_size, m, "micro-batches"), exact, faults)
+        graph = _graph_for(
+            source, preset, _per_device(batch_size, m, "micro-batches"), exact, faults, described_on
+        )
         times = op_times(graph, machine, options)
         names = [layer.name for layer in graph.layers]
         if stages < 2:
@@ -366,7 +390,7 @@ def predict(
         )
     # tensor parallel
     ways = devices
-    graph = _graph_for(source, preset, batch_size, exact, faults)
+    graph = _graph_for(source, preset, batch_size, exact, faults, described_on)
     times = op_times(graph, machine, options)
     gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
     if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)

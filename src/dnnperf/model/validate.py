@@ -9,6 +9,7 @@ device beside the memory profiler's measurement of a tracked step of the same co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -58,18 +59,24 @@ ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 
 
 def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], dict[str, float]]:
-    """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures."""
+    """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures.
+    On a GPU's profile the host's own costs (page faults, zero operands, DDP and split regions, which
+    the CPU's kernels pay) are left out, and a "synchronous" variant adds host and device instead of
+    overlapping them."""
     if profile.threads != torch.get_num_threads():
         raise UsageError(
             f"the hardware profile was calibrated with {profile.threads} threads and this process has "
             f"{torch.get_num_threads()}: run `dnnperf hw` with the same OMP_NUM_THREADS"
         )
-    overhead = measure_op_overhead()
-    fault = measure_page_fault_cost()
-    zero_operand = measure_zero_operand_cost()
-    split_region = measure_split_region_cost()
-    ddp = measure_ddp_cost()
-    efficiency, curves, call_s = zoo_calibration(from_profile(profile))
+    gpu = profile.device_type == "cuda"
+    device = from_profile(profile).replay_device or "cpu"
+    overhead = measure_op_overhead(device=device)
+    fault = 0.0 if gpu else measure_page_fault_cost()
+    zero_operand = {} if gpu else measure_zero_operand_cost()
+    split_region = 0.0 if gpu else measure_split_region_cost()
+    ddp = (0.0, 0.0) if gpu else measure_ddp_cost()
+    zoo = zoo_calibration(from_profile(profile))
+    efficiency, curves, call_s = zoo.efficiency, zoo.curves, zoo.call_s
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
         v: from_profile(
@@ -82,9 +89,12 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             zero_operand_s=zero_operand,
             split_region_s=split_region,
             ddp_s=ddp,
+            kernel_s=zoo.kernel_s,
         )
         for v in VARIANTS
     }
+    if gpu:
+        machines["synchronous"] = dataclasses.replace(machines["model"], asynchronous=False)
     return machines, {
         "op_overhead_s": overhead,
         "dispatch_s": profile.dispatch_overhead_us * 1e-6,
@@ -92,6 +102,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "split_region_s": split_region,
         "ddp_step_s": ddp[0],
         "ddp_param_s": ddp[1],
+        "kernel_s": zoo.kernel_s,
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
 
@@ -121,20 +132,22 @@ def validate_single(
     import tempfile
 
     configurations = [(name, batch) for name in workloads for batch in batches]
-    graphs = {(n, b): describe_workload(n, preset, b, count_faults=True) for n, b in configurations}
+    device = machines["model"].replay_device or "cpu"
+    graphs = {(n, b): describe_workload(n, preset, b, device, count_faults=True) for n, b in configurations}
     predictions: dict[tuple[str, int], dict[str, list[float]]] = {
-        c: {v: [] for v in VARIANTS} for c in configurations
+        c: {v: [] for v in machines} for c in configurations
     }
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     medians: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
     for round_ in range(processes):
         with remeasured():  # each round's own replays (model/kernels.py), like its own runs
             for c in configurations:
-                for v, o in VARIANTS.items():
-                    predictions[c][v].append(step_time(graphs[c], machines[v], o).total_s)
+                for v, machine in machines.items():
+                    options = VARIANTS.get(v, ComputeOptions())
+                    predictions[c][v].append(step_time(graphs[c], machine, options).total_s)
         for name, batch in configurations:
             argv = [sys.executable, "-m", "dnnperf", "bench", name, "--preset", preset, "-b", str(batch)]
-            argv += ["--steps", str(steps), "--warmup", "3", "--device", "cpu", "--json"]
+            argv += ["--steps", str(steps), "--warmup", "3", "--device", device, "--json"]
             with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as runs:
                 done = run_child([*argv, "--runs-dir", runs], env)
             if done.returncode != 0:
@@ -251,7 +264,7 @@ def ablation(frame: pd.DataFrame) -> pd.DataFrame:
                 "median_abs_error": frame[f"err[{v}]"].abs().median(),
                 "max_abs_error": frame[f"err[{v}]"].abs().max(),
             }
-            for v in VARIANTS
+            for v in [c.removeprefix("err[").removesuffix("]") for c in frame if c.startswith("err[")]
         ]
     )
 
