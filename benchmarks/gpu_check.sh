@@ -71,4 +71,5 @@ step memsave-resnet50 200 dnnperf memsave resnet50 --preset full --budget 60% --
 # eight workloads at three batch sizes, host-bound to device-bound, predicted and measured.
 step hw-full 180 dnnperf hw --device "$DEVICE"
 step model 360 dnnperf validate ${MODEL_WORKLOADS:-resnet18 resnet50 vgg16 alexnet inception_v3 transformer gpt2 \
-    seq2seq} --device "$DEVICE" --preset small --batch-sizes "${MODEL_BATCHES:-16,64,256}" --processes 1 --steps 10
+    seq2seq} --device "$DEVICE" --preset small --batch-sizes "${MODEL_BATCHES:-16,64,256}" --processes 1 --steps 10 \
+    --json

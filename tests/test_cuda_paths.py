@@ -343,9 +343,16 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
     profile = hardware.calibrate(CUDA, quick=True)
     overhead = measure_op_overhead(device=CUDA)
     zoo = zoo_calibration(from_profile(profile), repeats=2)
-    machine = from_profile(profile, op_overhead_s=overhead, efficiency=zoo.efficiency, kernel_s=zoo.kernel_s)
+    machine = from_profile(
+        profile,
+        op_overhead_s=overhead,
+        efficiency=zoo.efficiency,
+        kernel_s=zoo.kernel_s,
+        host_call_s=zoo.host_call_s,
+    )
     assert machine.asynchronous and machine.replay_device.startswith("cuda") and machine.host_bandwidth > 0
     assert 0 < zoo.kernel_s < 50e-6 and all(0 < v <= 1 for v in zoo.efficiency.values())
+    assert "convolution/forward" in zoo.host_call_s and "free/forward" in zoo.host_call_s
     graph = describe_workload("resnet18", "tiny", 4, machine.replay_device)
     times = op_times(graph, machine)
     assert times["replayed"].any()

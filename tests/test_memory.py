@@ -486,3 +486,18 @@ def test_only_tensors_on_the_tracked_device_count_from_before_the_step():
     with elsewhere:
         pass
     assert elsewhere._before["input"] == 0 and elsewhere._before["parameters"] == (4 * 4 + 4) * FLOAT
+
+
+def test_releases_of_blocks_from_before_the_trace_that_no_category_holds_are_found():
+    """The CUDA peak's correction (a loop's last device batch, alive at the start and released in the
+    step): only releases of blocks the trace never saw allocated, and not the categories' own."""
+    from dnnperf.probes.memory import AllocatorEvent, outside_releases
+
+    events = [
+        AllocatorEvent(0.1, 100, -512, 0),  # an earlier step's batch: outside
+        AllocatorEvent(0.2, 200, -1024, 0),  # last step's gradient: a category's, known
+        AllocatorEvent(0.3, 100, 2048, 0),  # the address reused by the step
+        AllocatorEvent(0.4, 100, -2048, 0),  # and released: the step's own
+        AllocatorEvent(0.5, 300, -4096, 0),  # outside
+    ]
+    assert outside_releases(events, known={200}) == [(0.1, 512), (0.5, 4096)]

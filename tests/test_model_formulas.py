@@ -213,6 +213,9 @@ def test_an_asynchronous_step_overlaps_host_and_device() -> None:
     # (the copy and three kernels before it); the device idles between kernels.
     slow = dataclasses.replace(machine, dispatch_s=5e-3)
     assert step_time(graph, slow).total_s == pytest.approx(20e-3 + 12e-6)
+    # A family's own host cost joins each of its calls; views cost theirs alone (3 x 1 ms here).
+    costly = dataclasses.replace(slow, host_call_s={"free/forward": 1e-3, "matmul/backward": 2e-3})
+    assert step_time(graph, costly).total_s == pytest.approx(20e-3 + 3e-3 + 2e-3 + 12e-6)
     # The synchronous machine (a CPU) adds the host's per-call cost to every kernel instead.
     sync = dataclasses.replace(machine, asynchronous=False, host_bandwidth=0.0)
     times = op_times(graph, sync)
@@ -337,3 +340,27 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
     assert seconds[4:] == pytest.approx([1e6 / 1e12, 1e8 / 1e11])  # the cache curve
     cached = op_times(graph, machine, ComputeOptions(overhead=False, per_element=False))["seconds"].to_numpy()
     assert cached[0] == pytest.approx(1e6 / 1e12 / 0.25)  # the ablation: every kernel on the curve
+
+
+def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds() -> None:
+    from dnnperf.model.calibrate import _host_call_costs
+
+    rows = pd.DataFrame(
+        {
+            "module": ["(root)"] * 5 + ["(none)"],
+            "phase": ["forward", "forward", "forward", "backward", "forward", "forward"],
+            "family": ["elementwise", "matmul", "convolution", "convolution", "free", "convolution"],
+            "calls": [2.0, 1.0, 1.0, 2.0, 4.0, 1.0],
+            "host": [10e-6, 6e-6, 30e-6, 80e-6, 8e-6, 1.0],  # per call: 5, 6, 30, 40 and 2 us
+        }
+    )
+    costs = _host_call_costs(rows)  # the reference: the median of 5 and 6 us; the harness's row left out
+    assert costs == pytest.approx(
+        {
+            "elementwise/forward": 0.0,
+            "matmul/forward": 0.5e-6,
+            "convolution/forward": 24.5e-6,
+            "convolution/backward": 34.5e-6,
+            "free/forward": 2e-6,
+        }
+    )

@@ -158,6 +158,8 @@ class OpRecord:
     calls: int
     #: Seconds the calls took (summed), when the counter timed them; None otherwise.
     seconds: float | None = None
+    #: Of which the host's: dispatch and launch (on a CPU all of ``seconds``); None when not timed.
+    host_seconds: float | None = None
     #: The library that ran the calls (see :func:`library_of`); None when not counted.
     library: str | None = None
     #: dtype of the first floating-point tensor argument ("float32"...); None when there was none.
@@ -988,11 +990,15 @@ class _HostTimer:
 
 class _EventTimer:
     """Operator times from CUDA events on the current stream, resolved after the step has synchronised:
-    no synchronisation is added between operators. Events come from a pool reused across steps."""
+    no synchronisation is added between operators. Events come from a pool reused across steps. Each
+    call's host time (its dispatch and launch) is kept too. ``lead``, if given, runs before each timed
+    call: work that keeps the device busy while the host launches the call, so that the events time
+    its kernels alone, not the launch's latency on an idle device (the model's calibration)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lead: Callable[[], None] | None = None) -> None:
         self._pool: list[Any] = []
         self._used = 0
+        self._lead = lead
 
     def _event(self) -> Any:
         if self._used == len(self._pool):
@@ -1001,15 +1007,18 @@ class _EventTimer:
         self._used += 1
         return event
 
-    def start(self) -> Any:
+    def start(self) -> tuple[Any, int]:
+        if self._lead is not None:
+            self._lead()
         event = self._event()
         event.record()
-        return event
+        return event, time.perf_counter_ns()
 
-    def stop(self, token: Any) -> tuple[Any, Any]:
+    def stop(self, token: tuple[Any, int]) -> tuple[Any, Any, float]:
+        host_s = (time.perf_counter_ns() - token[1]) * 1e-9
         end = self._event()
         end.record()
-        return token, end
+        return token[0], end, host_s
 
     def reset(self) -> None:
         self._used = 0
@@ -1024,6 +1033,7 @@ class _Totals:
     bytes_written: int = 0
     calls: int = 0
     seconds: float = 0.0
+    host_seconds: float = 0.0
     events: list[tuple[Any, Any]] = field(default_factory=list)
     library: str | None = None
     dtype: str | None = None
@@ -1081,7 +1091,8 @@ class OpCounter:
 
     ``count=False`` skips the FLOP formulas, bytes and libraries (a timing-only counter, a few
     microseconds per call); ``timed=True`` times every operator call (host clock on the CPU, CUDA
-    events on a GPU: pass ``device``). :meth:`take_step` hands back one step's table and starts the next,
+    events on a GPU: pass ``device``; ``lead`` runs before each timed call there, see _EventTimer).
+    :meth:`take_step` hands back one step's table and starts the next,
     so one counter can stay installed over many steps.
     """
 
@@ -1093,6 +1104,7 @@ class OpCounter:
         timed: bool = False,
         device: Any = None,
         observer: Callable[[str, str, _Call, _OpInfo], None] | None = None,
+        lead: Callable[[], None] | None = None,
     ) -> None:
         _check_available()
         self.model = model
@@ -1102,7 +1114,7 @@ class OpCounter:
         self._device_type = torch.device(device).type if device is not None else "cpu"
         self._timer: _HostTimer | _EventTimer | None = None
         if timed:
-            self._timer = _EventTimer() if self._device_type == "cuda" else _HostTimer()
+            self._timer = _EventTimer(lead) if self._device_type == "cuda" else _HostTimer()
         #: Forward calls per module name (a module called twice counts 2).
         self.module_calls: Counter[str] = Counter()
         #: Operator name -> the error of a formula that failed (the calls count as uncovered).
@@ -1261,8 +1273,10 @@ class OpCounter:
         totals.calls += 1
         if isinstance(elapsed, float):
             totals.seconds += elapsed
+            totals.host_seconds += elapsed
         elif elapsed is not None:
-            totals.events.append(elapsed)
+            totals.events.append(elapsed[:2])
+            totals.host_seconds += elapsed[2]
         if self.count:
             self._count(info, call, totals)
         if self.observer is not None:
@@ -1314,6 +1328,7 @@ class OpCounter:
                 seconds=totals.seconds + sum(a.elapsed_time(b) for a, b in totals.events) * 1e-3
                 if timed
                 else None,
+                host_seconds=totals.host_seconds if timed else None,
                 library=totals.library,
                 dtype=totals.dtype,
             )

@@ -30,6 +30,7 @@ output's allocation), the collectives themselves left out: the model charges it 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import mmap
 import platform
@@ -51,6 +52,7 @@ from dnnperf.devices import synchronize
 from dnnperf.hardware import device_key
 from dnnperf.model.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph
+from dnnperf.model.kernels import device_lead
 from dnnperf.model.machine import Curve, Machine, dedupe
 from dnnperf.model.zeros import CANDIDATES
 
@@ -110,12 +112,11 @@ def measure_kernel_floor(device: torch.device | str, kernels: int = 400, repeats
     kernel's duration). The median of ``repeats`` samples."""
     device = torch.device(device)
     tiny = torch.zeros(1, device=device)
-    a = torch.randn(4096, 4096, device=device)
+    lead = device_lead(device, 0.02)  # queued work: the host issues the stream meanwhile
     samples = []
     for i in range(repeats + 1):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(8):  # tens of milliseconds of queued work: the host issues the stream meanwhile
-            a = torch.tanh(a @ a)
+        lead()
         start.record()
         for _ in range(kernels):
             tiny.add_(1.0)
@@ -434,7 +435,8 @@ def _timed_rows(
     # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
-    counter = OpCounter(layer, timed=True, device=device)
+    lead = device_lead(device) if device.type == "cuda" else None  # time kernels, not launches
+    counter = OpCounter(layer, timed=True, device=device, lead=lead)
     tables = []
     with counter:
         for i in range(repeats + 2):
@@ -454,6 +456,7 @@ def _timed_rows(
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
             "measured": r.seconds,
+            "host": r.host_seconds,
         }
         for table in tables
         for r in table
@@ -501,7 +504,7 @@ def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
-    per call, the timed rows and the timing's floor per call."""
+    per call, the timed rows, a GPU's kernel floor and host costs per call (both 0/empty on a CPU)."""
     torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
@@ -515,6 +518,7 @@ def _zoo_rows(
         calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
         frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
     rows = pd.concat(frames, ignore_index=True)
+    host_call = _host_call_costs(rows) if gpu else {}
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
     # which the model counts separately). The harness's own operators (outside the layer) are left out too.
@@ -560,7 +564,26 @@ def _zoo_rows(
         if several[(family, phase)] or op in PER_ELEMENT_OPS:
             efficiency[f"{family}/{phase}/{op}"] = (p, m)
     ratios = {key: float(min(1.0, max(p / m, 1e-3))) for key, (p, m) in efficiency.items() if m > 0}
-    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor
+    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor, host_call
+
+
+#: The family whose calls the per-call overhead microbenchmark (a linear layer and a ReLU) is made of.
+HOST_REFERENCE_FAMILIES = ("elementwise", "matmul")
+
+
+def _host_call_costs(rows: pd.DataFrame) -> dict[str, float]:
+    """On a GPU, per "family/phase": the host seconds one call takes beyond a call of the per-call
+    overhead microbenchmark's kinds (a cuDNN convolution sets up descriptors and picks an algorithm on
+    the host each call), the medians of the zoo's calls; for views and other calls that launch
+    nothing, their whole host time (the overhead microbenchmark charges kernel calls only)."""
+    own = rows[rows["module"] != NO_MODULE]
+    per_call = own["host"] / own["calls"]
+    reference = float(per_call[own["family"].isin(HOST_REFERENCE_FAMILIES)].median())
+    costs = {}
+    for (family, phase), group in per_call.groupby([own["family"], own["phase"]]):
+        value = float(group.median())
+        costs[f"{family}/{phase}"] = value if family in NO_KERNEL else max(0.0, value - reference)
+    return costs
 
 
 def family_efficiency(
@@ -584,6 +607,9 @@ class ZooCalibration:
     #: On a GPU, the device seconds of a kernel that moves next to nothing (:func:`measure_kernel_floor`;
     #: the zoo's times are taken net of it); 0 on a CPU, whose host runs each operator itself.
     kernel_s: float
+    #: On a GPU, the host seconds per call beyond the per-call overhead, per "family/phase"
+    #: (:func:`_host_call_costs`); empty on a CPU, where ``call_s`` holds what the host adds.
+    host_call_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
@@ -594,7 +620,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
     alone, they rank shapes of equal FLOPs (a 3-channel stem, a 512-channel late layer) as one. Third:
     the fixed seconds per call of the families that have one (``FIXED_COST_FAMILIES``), per phase;
     fourth, on a GPU, a kernel's device floor. Runs on ``machine``'s replay device (default the CPU)."""
-    efficiency, fixed, rows, kernel_floor = _zoo_rows(machine, repeats)
+    efficiency, fixed, rows, kernel_floor, host_call = _zoo_rows(machine, repeats)
     curves: dict[str, Curve] = {}
     for (family, phase), group in rows[rows["family"].isin(("convolution", "matmul"))].groupby(
         ["family", "phase"]
@@ -604,13 +630,13 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
         points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
         if points:
             curves[f"{family}/{phase}"] = Curve(*dedupe(points))  # shapes of equal FLOPs: their median
-    return ZooCalibration(efficiency, curves, fixed, kernel_floor)
+    return ZooCalibration(efficiency, curves, fixed, kernel_floor, host_call)
 
 
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-5/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-6/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
@@ -619,6 +645,7 @@ def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
                 curves={k: Curve(tuple(v[0]), tuple(v[1])) for k, v in cached["curves"].items()},
                 call_s={str(k): float(v) for k, v in cached["call_s"].items()},
                 kernel_s=float(cached["kernel_s"]),
+                host_call_s={str(k): float(v) for k, v in cached["host_call_s"].items()},
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             pass
@@ -630,6 +657,7 @@ def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
             "curves": {k: [c.sizes, c.rates] for k, c in found.curves.items()},
             "call_s": found.call_s,
             "kernel_s": found.kernel_s,
+            "host_call_s": found.host_call_s,
         },
     )
     return found

@@ -140,6 +140,7 @@ def calibrated_machine(device: str) -> Machine:
             efficiency=zoo.efficiency,
             call_s=zoo.call_s,
             kernel_s=zoo.kernel_s,
+            host_call_s=zoo.host_call_s,
         )
     from dnnperf.model.collective_calibration import link_calibration
 

@@ -223,14 +223,18 @@ def _queued_step(
 ) -> StepTime:
     """The step of an asynchronous device (:func:`queued_end`): the batch's copy, then every row in
     the description's order. A kernel call costs the host the machine's per-call overhead
-    (``dispatch_s``) and the device the row's roofline (or replayed) seconds per call, its family's
-    fixed cost and the machine's ``kernel_s``. The step ends when both have finished (the runner
+    (``dispatch_s``) and its family's extra (``host_call_s``; a view costs that alone), and the device
+    the row's roofline (or replayed) seconds per call, its family's fixed cost and the machine's
+    ``kernel_s``. The step ends when both have finished (the runner
     synchronises); a phase's seconds are how far it moved that end, the host's tail counted in the
     update."""
     calls = np.maximum(times["calls"].to_numpy(float), 1.0)
     kernel = ~times["family"].isin(NO_KERNEL).to_numpy()
-    host = np.where(kernel, machine.dispatch_s if options.overhead else 0.0, 0.0)
-    fixed = np.maximum(times["overhead_s"].to_numpy(float) / calls - host, 0.0)  # op_times' call_s
+    dispatch = np.where(kernel, machine.dispatch_s if options.overhead else 0.0, 0.0)
+    fixed = np.maximum(times["overhead_s"].to_numpy(float) / calls - dispatch, 0.0)  # op_times' call_s
+    keys = times["family"].astype(str) + "/" + times["phase"].astype(str)
+    extra = keys.map(machine.host_call_s).fillna(0.0).to_numpy(float) if options.overhead else 0.0
+    host = dispatch + extra
     device = np.where(kernel, times["compute_s"].to_numpy(float) / calls + fixed + machine.kernel_s, 0.0)
     copy_issued = machine.dispatch_s if options.overhead else 0.0
     data = data_seconds(graph, machine)

@@ -31,7 +31,7 @@ import platform
 import resource
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -45,7 +45,7 @@ REPEATS = 5
 #: Bytes written between timed calls where the caches are not known (see flush_bytes).
 DEFAULT_FLUSH_BYTES = 8 * 2**20
 #: Key prefix of the on-disk cache; change it when what a replay measures changes.
-CACHE_VERSION = "kernel-time-3"
+CACHE_VERSION = "kernel-time-4"
 
 
 def signature(op_name: str, args: Sequence[Any]) -> dict[str, Any] | None:
@@ -204,6 +204,32 @@ def flush_bytes(device: torch.device) -> int:
     return 4 * sizes[-2] if len(sizes) > 1 else DEFAULT_FLUSH_BYTES
 
 
+@functools.cache
+def device_lead(device: torch.device, seconds: float = 3e-4) -> Callable[[], None]:
+    """A call that queues about ``seconds`` of work on a GPU (a matrix product sized on first use):
+    run before a timed call, it keeps the device busy while the host sets the call up and launches it,
+    so that events around the call time its kernels alone. On an idle GPU they would also time the
+    launch's latency (a cuDNN convolution's set-up on the host is tens of microseconds)."""
+    size = 1024
+    a = torch.randn(size, size, device=device)
+    out = torch.empty_like(a)
+    torch.mm(a, a, out=out)
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        torch.mm(a, a, out=out)
+    end.record()
+    end.synchronize()
+    repeats = max(1, round(seconds / (start.elapsed_time(end) * 1e-3 / 10)))
+
+    def lead() -> None:
+        for _ in range(repeats):
+            torch.mm(a, a, out=out)
+
+    return lead
+
+
 class Replay(NamedTuple):
     """One call replayed: median seconds, and the page faults it took (median per call)."""
 
@@ -225,6 +251,7 @@ def time_call(call: Mapping[str, Any], device: torch.device | str = "cpu", repea
         args = operands(call, device)
         cuda = device.type == "cuda"
         flush = torch.empty(flush_bytes(device) // 4, device=device)
+        lead = device_lead(device) if cuda else None
         op(*args)  # untimed: a library's first call may set up caches of its own
         seconds: list[float] = []
         faults: list[int] = []
@@ -233,6 +260,7 @@ def time_call(call: Mapping[str, Any], device: torch.device | str = "cpu", repea
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                lead()  # the device busy while the host launches the call: its kernels alone are timed
                 start.record()
                 op(*args)
                 end.record()

@@ -122,6 +122,10 @@ class Machine:
     #: Device seconds per kernel beyond its roofline on an asynchronous device (launch and the
     #: smallest kernel's time; calibrate.zoo_calibration's timing floor); 0: not modelled.
     kernel_s: float = 0.0
+    #: On an asynchronous device, host seconds per call beyond ``dispatch_s``, per "family/phase" (a
+    #: cuDNN convolution's set-up); for calls that launch no kernel (views), their whole host cost.
+    #: Absent: 0. Calibrated: calibrate.zoo_calibration on the GPU.
+    host_call_s: dict[str, float] = field(default_factory=dict)
     #: Bytes/s of the copy that brings a batch from pinned host memory to the device; 0: the batch is
     #: on the host already (a CPU), and placing it is one copy through memory.
     host_bandwidth: float = 0.0
@@ -217,6 +221,9 @@ def validate(machine: Machine) -> None:
     for family, value in machine.call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: call_s[{family!r}] must be zero or positive, got {value!r}")
+    for family, value in machine.host_call_s.items():
+        if not (_finite_positive(value) or value == 0):
+            raise UsageError(f"{where}: host_call_s[{family!r}] must be zero or positive, got {value!r}")
     for op, value in machine.zero_operand_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: zero_operand_s[{op!r}] must be zero or positive, got {value!r}")
@@ -261,6 +268,7 @@ def from_profile(
     split_region_s: float = 0.0,
     ddp_s: tuple[float, float] = (0.0, 0.0),
     kernel_s: float = 0.0,
+    host_call_s: dict[str, float] | None = None,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -272,7 +280,8 @@ def from_profile(
     ``split_region_s``: a tensor-parallel split region's host work (calibrate.split_region_cost);
     default 0 (not modelled). ``ddp_s``: DistributedDataParallel's host work per step and per
     parameter tensor (calibrate.ddp_cost); default none. ``kernel_s``: a GPU's device seconds per
-    kernel beyond its roofline (calibrate.zoo_calibration); default 0.
+    kernel beyond its roofline, and ``host_call_s`` its host's seconds per call beyond the overhead, per
+    family and phase (calibrate.zoo_calibration); default 0 and none.
 
     A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
     its pinned host-to-device bandwidth for the batch's copy.
@@ -319,6 +328,7 @@ def from_profile(
         replay_device=host_device(profile),
         asynchronous=gpu,
         kernel_s=kernel_s,
+        host_call_s=dict(host_call_s or {}),
         host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
         # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
         comm_on_compute_cores=not gpu,

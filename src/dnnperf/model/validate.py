@@ -90,6 +90,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             split_region_s=split_region,
             ddp_s=ddp,
             kernel_s=zoo.kernel_s,
+            host_call_s=zoo.host_call_s,
         )
         for v in VARIANTS
     }
@@ -103,6 +104,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "ddp_step_s": ddp[0],
         "ddp_param_s": ddp[1],
         "kernel_s": zoo.kernel_s,
+        **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
 

@@ -332,6 +332,22 @@ class AllocatorEvent:
     total: int  # bytes allocated after this event (CPU: since the trace began; CUDA: on the device)
 
 
+def outside_releases(allocations: list[AllocatorEvent], known: set[int]) -> list[tuple[float, int]]:
+    """(when, bytes) of each release of a block that was allocated before the trace began and is not
+    one of ``known`` (the step's categories from before it): a release of an address the trace has not
+    seen allocated since its last release, or at all."""
+    live: set[int] = set()
+    found = []
+    for event in allocations:
+        if event.bytes > 0:
+            live.add(event.addr)
+        elif event.addr in live:
+            live.discard(event.addr)
+        elif event.addr not in known:
+            found.append((event.ts, -event.bytes))
+    return found
+
+
 @dataclass
 class StepTrace:
     """What the profiler saw of one step, on the step's own clock (seconds from its start): the
@@ -798,8 +814,14 @@ class MemoryTracker:
         category_max.pop("unattributed")
         peak_all = {**peak, "allocator_cache": 0, "unattributed": unattributed}
         if self.device.type == "cuda":
-            # The caching allocator's own peak; what the events did not explain is unattributed.
+            # The caching allocator's own peak; what the events did not explain is unattributed. Its
+            # growth is over everything on the device at the start, which holds blocks of no category
+            # (a loop's last device copy of its batch): those released before the peak lowered the
+            # start it grew from.
             grown = torch.cuda.max_memory_allocated(self.device) - self._cuda_start
+            highest = max(trace.allocations, key=lambda e: e.total, default=None)
+            others = outside_releases(trace.allocations, self._before_addresses)
+            grown += sum(nbytes for at, nbytes in others if highest is not None and at <= highest.ts)
             measured = sum(self._before.values()) + grown
             measured_by = "cuda caching allocator"
             peak_all["unattributed"] = measured - sum(peak.values())
