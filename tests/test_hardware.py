@@ -191,7 +191,8 @@ def test_only_a_profile_of_this_host_replays_kernels(profile: hw.HardwareProfile
     assert from_profile(profile).replay_device == "cpu"
     elsewhere = replace(profile, device_key="another-host-cpu")
     assert from_profile(elsewhere).replay_device == ""
-    gpu = {**profile.environment, "gpus": [{"index": 0, "memory_bytes": 80_000_000_000}]}
+    machine = {**profile.environment["machine"], "gpus": [{"index": 0, "memory_bytes": 80_000_000_000}]}
+    gpu = {**profile.environment, "machine": machine}  # as environment.describe() records it
     elsewhere_gpu = from_profile(replace(profile, device_type="cuda", device_index=0, environment=gpu))
     assert elsewhere_gpu.replay_device == ""
     # A GPU's profile is an asynchronous machine with the GPU's memory, not the host's.

@@ -210,18 +210,20 @@ def device_lead(device: torch.device, seconds: float = 3e-4) -> Callable[[], Non
     run before a timed call, it keeps the device busy while the host sets the call up and launches it,
     so that events around the call time its kernels alone. On an idle GPU they would also time the
     launch's latency (a cuDNN convolution's set-up on the host is tens of microseconds)."""
-    size = 1024
-    a = torch.randn(size, size, device=device)
-    out = torch.empty_like(a)
-    torch.mm(a, a, out=out)
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
+    for size in (1024, 2048, 4096, 8192):  # a few launches at most: the lead must not fill the queue
+        a = torch.randn(size, size, device=device)
+        out = torch.empty_like(a)
         torch.mm(a, a, out=out)
-    end.record()
-    end.synchronize()
-    repeats = max(1, round(seconds / (start.elapsed_time(end) * 1e-3 / 10)))
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            torch.mm(a, a, out=out)
+        end.record()
+        end.synchronize()
+        repeats = max(1, round(seconds / (start.elapsed_time(end) * 1e-3 / 3)))
+        if repeats <= 8:
+            break
 
     def lead() -> None:
         for _ in range(repeats):

@@ -339,7 +339,7 @@ def from_profile(
 
 def _device_memory(profile: HardwareProfile) -> float:
     """The profiled GPU's memory, as its environment recorded it (the device itself when absent)."""
-    for gpu in profile.environment.get("gpus", []):
+    for gpu in profile.environment.get("machine", {}).get("gpus", []):
         if gpu.get("index", profile.device_index or 0) == (profile.device_index or 0) and gpu.get(
             "memory_bytes"
         ):
