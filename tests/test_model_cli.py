@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from tests.conftest import run_cli
 
 from dnnperf.cli import main
@@ -48,7 +49,9 @@ def test_predict_json_on_a_preset_machine(tmp_path: Path) -> None:
         (["--sweep", "nodes"], "expects AXIS=V1,V2"),
         (["--machine", "a100-ib", "--strategy", "dp", "-b", "3"], "does not split evenly"),
         (["--preset", "medium"], "no preset 'medium'"),
-    ],
+        (["--machine", "hw", "--device", "gpu"], "unknown device 'gpu'"),
+    ]
+    + ([] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA GPU is available")]),
 )
 def test_bad_input_is_one_line_and_exit_2(
     args: list[str], needle: str, capsys: pytest.CaptureFixture
@@ -155,7 +158,12 @@ def test_ranking_agreement_on_a_hand_made_table() -> None:
     [
         ([], "needs workloads to run, --collectives, or both"),
         (["basic_cnn", "--distributed", "dp,zz"], "--distributed takes strategies among dp, pp, tp"),
-    ],
+        (["basic_cnn", "--device", "tpu"], "unknown device 'tpu'"),
+        (["basic_cnn", "--device", "cpu:1"], "the CPU has no device index"),
+    ]
+    + (
+        [] if torch.cuda.is_available() else [(["basic_cnn", "--device", "cuda"], "no CUDA GPU is available")]
+    ),
 )
 def test_validate_bad_input_is_one_line(args: list[str], needle: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["validate", *args]) == 2
@@ -348,3 +356,20 @@ def test_link_mbit_bad_input_is_one_line(capsys: pytest.CaptureFixture) -> None:
         assert main(["validate", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_calibrated_gpu_without_a_measured_link_predicts_one_device_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import dataclasses
+
+    from dnnperf.model import command
+    from dnnperf.model.machine import preset
+
+    gpu = dataclasses.replace(
+        preset("h100-ib"), devices_per_node=1, asynchronous=True, sources={"link": "default"}
+    )
+    monkeypatch.setattr(command, "load_machine", lambda spec, device: gpu)
+    assert main(["predict", "basic_cnn", "--preset", "tiny", "--nodes", "2"]) == 2
+    assert "measured no link between devices" in capsys.readouterr().err
+    assert main(["predict", "basic_cnn", "--preset", "tiny", "-b", "4", "--json"]) == 0  # one device: fine

@@ -172,6 +172,12 @@ def run(args: argparse.Namespace, out: Any) -> int:
     machine = load_machine(args.machine, args.device)
     changes = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     machine = dataclasses.replace(machine, **changes)
+    several = machine.devices > 1 or {"nodes", "devices_per_node"} & set(axes)
+    if machine.asynchronous and machine.sources.get("link") == "default" and several:
+        raise UsageError(
+            "--machine hw on a GPU has measured no link between devices: predict several devices on a "
+            "preset or a described machine (a JSON file)"
+        )
     batch = args.batch_size or workload.default_batch_size[args.preset]
     options = {
         "preset": args.preset,
