@@ -6,6 +6,7 @@ machine with ``pytest tests/test_cuda_paths.py`` (benchmarks/gpu_check.sh does).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from contextlib import nullcontext
 
 import pytest
@@ -336,7 +337,7 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
     and whose operators were described on the GPU (its convolutions replayed there)."""
     from dnnperf import hardware
     from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
-    from dnnperf.model.compute import NO_KERNEL, op_times, step_time
+    from dnnperf.model.compute import op_times, step_time
     from dnnperf.model.graph import describe_workload
     from dnnperf.model.machine import from_profile
 
@@ -356,5 +357,27 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
     graph = describe_workload("resnet18", "tiny", 4, machine.replay_device)
     times = op_times(graph, machine)
     assert times["replayed"].any()
-    kernels = graph.ops.loc[~graph.ops["family"].isin(NO_KERNEL), "calls"].sum()
-    assert step_time(graph, machine).total_s >= kernels * overhead
+    queued = step_time(graph, machine).total_s
+    assert queued < step_time(graph, dataclasses.replace(machine, asynchronous=False)).total_s
+    assert queued > 0
+
+
+def test_a_replay_behind_a_lead_times_the_kernel_not_its_launch():
+    """A small convolution's replay (the device kept busy while the host launches it) against events
+    around the same call on an idle GPU, which also time the host's set-up and launch."""
+    from dnnperf.model.kernels import signature, time_call
+
+    x, w = torch.randn(4, 16, 8, 8, device=CUDA), torch.randn(16, 16, 3, 3, device=CUDA)
+    args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    call = signature("aten.convolution", args)
+    replayed = time_call(call, CUDA, repeats=9).seconds
+    idle = []
+    for _ in range(9):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.ops.aten.convolution(*args)
+        end.record()
+        end.synchronize()
+        idle.append(start.elapsed_time(end) * 1e-3)
+    assert 0 < replayed < sorted(idle)[len(idle) // 2]

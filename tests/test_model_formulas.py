@@ -284,7 +284,7 @@ def test_described_machine_needs_every_field() -> None:
     described = {
         k: v
         for k, v in dataclasses.asdict(_machine()).items()
-        if k not in ("compute_curves", "bandwidth_curve", "replay_device")
+        if k not in ("compute_curves", "bandwidth_curve", "replay_device", "stream_device")
     }
     with pytest.raises(UsageError, match="lacks link_bandwidth"):
         from_dict({k: v for k, v in described.items() if k != "link_bandwidth"})
@@ -293,6 +293,8 @@ def test_described_machine_needs_every_field() -> None:
     assert from_dict(described).memory_bandwidth == 1e11
     with pytest.raises(UsageError, match="unknown fields replay_device"):  # a description is not this host
         from_dict({**described, "replay_device": "cpu"})
+    with pytest.raises(UsageError, match="unknown fields stream_device"):
+        from_dict({**described, "stream_device": "cuda:0"})
 
 
 def test_presets_are_valid_and_axes_change_one_thing() -> None:
@@ -364,3 +366,41 @@ def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds(
             "free/forward": 2e-6,
         }
     )
+
+
+def test_a_replayed_kernel_is_not_charged_a_kernels_floor_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dnnperf.model import compute
+
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward", "forward"],
+            "module": ["a", "b"],
+            "op": ["aten.convolution", "aten.relu"],
+            "family": ["convolution", "elementwise"],
+            "dtype": ["float32"] * 2,
+            "flops": [0.0, 0.0],
+            "bytes": [0.0, 0.0],
+            "calls": [1.0, 1.0],
+        }
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = _machine(dispatch_s=0.0, asynchronous=True, kernel_s=5e-6)
+    times = ops.assign(compute_s=[100e-6, 10e-6], overhead_s=[0.0, 0.0], replayed=[True, False])
+    step = compute._queued_step(graph, machine, times, ComputeOptions())
+    assert step.total_s == pytest.approx(100e-6 + 10e-6 + 5e-6)  # the floor on the roofline row only
+
+
+def test_a_gpus_dispatch_gives_back_the_microbenchmarks_own_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dnnperf.model import calibrate
+
+    monkeypatch.setattr(calibrate, "step_calls", lambda device: (100, 50))  # half a view per kernel call
+    views = {"free/forward": 2e-6, "free/backward": 4e-6, "convolution/forward": 30e-6}
+    assert calibrate.dispatch_net_of_views(18e-6, views, "cpu") == pytest.approx(18e-6 - 0.5 * 3e-6)
+    assert calibrate.dispatch_net_of_views(18e-6, {}, "cpu") == 18e-6
+
+
+def test_a_what_if_keeps_the_devices_operator_stream_but_replays_nothing() -> None:
+    gpu = _machine(replay_device="cuda:0", stream_device="cuda:0", asynchronous=True)
+    for axis, value in (("tflops", 10.0), ("memory_gbs", 500.0)):
+        changed = gpu.with_axis(axis, value)
+        assert changed.replay_device == "" and changed.stream_device == "cuda:0" and changed.asynchronous

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 
@@ -40,6 +42,13 @@ def on_device(tensor: torch.Tensor, device: torch.device) -> bool:
     if device.type != "cuda":
         return True
     return tensor.device.index == (device.index if device.index is not None else torch.cuda.current_device())
+
+
+def current(device: torch.device | str) -> AbstractContextManager[Any]:
+    """Make ``device`` the current CUDA device inside (events, streams, pinning and argument-less
+    synchronisation follow it); nothing on a CPU."""
+    device = torch.device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def synchronize(device: torch.device) -> None:

@@ -14,7 +14,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +23,7 @@ import torch
 from dnnperf import environment
 from dnnperf.analysis.opcount import OpCounter, OpRecord
 from dnnperf.data.sources import BatchSource, open_source, pop_data_times
-from dnnperf.devices import is_out_of_memory, resolve_device, synchronize, to_device
+from dnnperf.devices import current, is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
 from dnnperf.interrupts import stop_if_requested
 from dnnperf.probes.clock import StageClock, StepTiming, WallClock
@@ -202,7 +201,7 @@ def _measure_point(
 ) -> None:
     task = source = None
     try:
-        with _on_device(device):
+        with current(device):
             torch.manual_seed(settings.seed)
             task = workload.build(settings.preset, device)
             if hooks is not None:
@@ -402,11 +401,6 @@ def timed_step(
     loss = task.step(batch, clock)
     synchronize(device)
     return clock.end_step(), data_times, loss
-
-
-def _on_device(device: torch.device) -> AbstractContextManager[Any]:
-    """Make ``device`` the current CUDA device (pinning and streams follow it); nothing on CPU."""
-    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def _as_float(loss: torch.Tensor | None) -> float | None:

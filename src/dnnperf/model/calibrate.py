@@ -48,7 +48,7 @@ from torch import nn
 
 from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
-from dnnperf.devices import synchronize
+from dnnperf.devices import current, synchronize
 from dnnperf.hardware import device_key
 from dnnperf.model.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
 from dnnperf.model.graph import StepGraph
@@ -76,14 +76,35 @@ def _tiny_step(device: torch.device | str = "cpu") -> tuple[nn.Module, object]:
     return model, step
 
 
-def kernel_calls(device: torch.device | str = "cpu") -> int:
-    """Operator calls (views and metadata excluded) of one step of the tiny network on ``device``."""
+def step_calls(device: torch.device | str = "cpu") -> tuple[int, int]:
+    """(kernel calls, calls that launch none: views and metadata) of one step of the tiny network on
+    ``device``."""
     model, step = _tiny_step(device)
     step()  # the optimizer's first step creates its state: count a later one
     counter = OpCounter(model, count=False)
     with counter:
         step()
-    return sum(r.calls for r in counter.table() if r.family not in NO_KERNEL)
+    table = counter.table()
+    views = sum(r.calls for r in table if r.family in NO_KERNEL)
+    return sum(r.calls for r in table) - views, views
+
+
+def kernel_calls(device: torch.device | str = "cpu") -> int:
+    """Operator calls (views and metadata excluded) of one step of the tiny network on ``device``."""
+    return step_calls(device)[0]
+
+
+def dispatch_net_of_views(
+    overhead_s: float, host_call_s: dict[str, float], device: torch.device | str
+) -> float:
+    """A GPU's host seconds per kernel call: the per-call overhead less the share of it that the
+    microbenchmark's own views took (the asynchronous step charges each view its own host cost,
+    ``host_call_s`` of the family that launches nothing)."""
+    kernels, views = step_calls(device)
+    view_s = [v for k, v in host_call_s.items() if k.split("/")[0] in NO_KERNEL]
+    return (
+        max(overhead_s - views / kernels * float(np.mean(view_s)), 0.0) if view_s and kernels else overhead_s
+    )
 
 
 def measure_op_overhead(repeats: int = 30, device: torch.device | str = "cpu") -> float:
@@ -91,17 +112,18 @@ def measure_op_overhead(repeats: int = 30, device: torch.device | str = "cpu") -
     GPU the step waits for its kernels, whose few microseconds each hide behind the host's issue of
     the next: the step's time is the host's, as the model's asynchronous device needs it."""
     device = torch.device(device)
-    calls = kernel_calls(device)
-    _, step = _tiny_step(device)
-    for _ in range(5):
-        step()
-    samples = []
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        step()
-        synchronize(device)
-        samples.append(time.perf_counter() - started)
+    with current(device):
+        calls = kernel_calls(device)
+        _, step = _tiny_step(device)
+        for _ in range(5):
+            step()
+        samples = []
+        for _ in range(repeats):
+            synchronize(device)
+            started = time.perf_counter()
+            step()
+            synchronize(device)
+            samples.append(time.perf_counter() - started)
     return statistics.median(samples) / calls
 
 
@@ -111,19 +133,20 @@ def measure_kernel_floor(device: torch.device | str, kernels: int = 400, repeats
     GPU spends on each kernel beyond its arithmetic and traffic (launch, scheduling, the smallest
     kernel's duration). The median of ``repeats`` samples."""
     device = torch.device(device)
-    tiny = torch.zeros(1, device=device)
-    lead = device_lead(device, 0.02)  # queued work: the host issues the stream meanwhile
     samples = []
-    for i in range(repeats + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        lead()
-        start.record()
-        for _ in range(kernels):
-            tiny.add_(1.0)
-        end.record()
-        end.synchronize()
-        if i > 0:
-            samples.append(start.elapsed_time(end) * 1e-3 / kernels)
+    with current(device):
+        tiny = torch.zeros(1, device=device)
+        lead = device_lead(device, 0.02)  # queued work: the host issues the stream meanwhile
+        for i in range(repeats + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            lead()
+            start.record()
+            for _ in range(kernels):
+                tiny.add_(1.0)
+            end.record()
+            end.synchronize()
+            if i > 0:
+                samples.append(start.elapsed_time(end) * 1e-3 / kernels)
     return statistics.median(samples)
 
 
@@ -502,21 +525,22 @@ GPU_MIN_CALL_S = 5e-6
 
 def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
-) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float]:
+) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
     per call, the timed rows, a GPU's kernel floor and host costs per call (both 0/empty on a CPU)."""
     torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
     frames = []
-    for layer, shape in _zoo():
-        if gpu:
-            shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
-        if progress is not None:
-            progress(f"{type(layer).__name__} {shape}")
-        frame = _timed_rows(layer, shape, repeats, device)
-        calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
-        frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
+    with current(device):
+        for layer, shape in _zoo():
+            if gpu:
+                shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
+            if progress is not None:
+                progress(f"{type(layer).__name__} {shape}")
+            frame = _timed_rows(layer, shape, repeats, device)
+            calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
+            frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
     rows = pd.concat(frames, ignore_index=True)
     host_call = _host_call_costs(rows) if gpu else {}
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is

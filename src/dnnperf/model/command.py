@@ -118,6 +118,7 @@ def calibrated_machine(device: str) -> Machine:
     from dnnperf.model.calibrate import (
         calibrated,
         ddp_cost,
+        dispatch_net_of_views,
         op_overhead,
         page_fault_cost,
         split_region_cost,
@@ -132,11 +133,14 @@ def calibrated_machine(device: str) -> Machine:
             f"{resolved.type}` first"
         )
     base = machines.from_profile(profile)
-    zoo = calibrated(base)
     if profile.device_type == "cuda":
+        from dnnperf.model.validate import gpu_of_this_host
+
+        device = gpu_of_this_host(profile)
+        zoo = calibrated(base)
         return machines.from_profile(
             profile,
-            op_overhead_s=op_overhead(device=base.replay_device or str(resolved)),
+            op_overhead_s=dispatch_net_of_views(op_overhead(device=device), zoo.host_call_s, device),
             efficiency=zoo.efficiency,
             call_s=zoo.call_s,
             kernel_s=zoo.kernel_s,
@@ -144,6 +148,7 @@ def calibrated_machine(device: str) -> Machine:
         )
     from dnnperf.model.collective_calibration import link_calibration
 
+    zoo = calibrated(base)
     return machines.from_profile(
         profile,
         link=link_calibration(),

@@ -224,8 +224,8 @@ def _queued_step(
     """The step of an asynchronous device (:func:`queued_end`): the batch's copy, then every row in
     the description's order. A kernel call costs the host the machine's per-call overhead
     (``dispatch_s``) and its family's extra (``host_call_s``; a view costs that alone), and the device
-    the row's roofline (or replayed) seconds per call, its family's fixed cost and the machine's
-    ``kernel_s``. The step ends when both have finished (the runner
+    the row's roofline seconds per call, its family's fixed cost and the machine's ``kernel_s`` (or a
+    replay's seconds, which hold all three). The step ends when both have finished (the runner
     synchronises); a phase's seconds are how far it moved that end, the host's tail counted in the
     update."""
     calls = np.maximum(times["calls"].to_numpy(float), 1.0)
@@ -235,7 +235,9 @@ def _queued_step(
     keys = times["family"].astype(str) + "/" + times["phase"].astype(str)
     extra = keys.map(machine.host_call_s).fillna(0.0).to_numpy(float) if options.overhead else 0.0
     host = dispatch + extra
-    device = np.where(kernel, times["compute_s"].to_numpy(float) / calls + fixed + machine.kernel_s, 0.0)
+    # A replay timed the whole kernel; the roofline's rows are net of a kernel's floor (the zoo's times).
+    floor = np.where(times["replayed"].to_numpy(bool), 0.0, machine.kernel_s)
+    device = np.where(kernel, times["compute_s"].to_numpy(float) / calls + fixed + floor, 0.0)
     copy_issued = machine.dispatch_s if options.overhead else 0.0
     data = data_seconds(graph, machine)
     ends = queued_end(host, device, calls, issued=copy_issued, free=copy_issued + data)

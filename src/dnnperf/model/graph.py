@@ -656,12 +656,22 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
 
     config = get_workload(workload).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, device, described, dnnperf.__version__, torch.__version__, "graph-21"],
+        [workload, preset, batch_size, which, described, dnnperf.__version__, torch.__version__, "graph-21"],
         sort_keys=True,
         default=str,
     )
     return f"{workload}/{preset}/{batch_size}/{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def _device_identity(device: str) -> str:
+    """``device``, and for a GPU which one (its host and model): GPUs run different kernels."""
+    if not device.startswith("cuda"):
+        return device
+    from dnnperf.hardware import device_key
+
+    return f"{device}/{device_key(device)}"
 
 
 def describe_workload(

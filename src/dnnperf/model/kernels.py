@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from dnnperf.devices import current
+
 #: Operators replayed: convolutions forward and backward (and the forward convolutions a double
 #: backward runs), the kernels whose cost depends on more than their FLOPs and bytes.
 REPLAYED_OPS = ("aten.convolution", "aten.convolution_backward")
@@ -211,16 +213,17 @@ def device_lead(device: torch.device, seconds: float = 3e-4) -> Callable[[], Non
     so that events around the call time its kernels alone. On an idle GPU they would also time the
     launch's latency (a cuDNN convolution's set-up on the host is tens of microseconds)."""
     for size in (1024, 2048, 4096, 8192):  # a few launches at most: the lead must not fill the queue
-        a = torch.randn(size, size, device=device)
-        out = torch.empty_like(a)
-        torch.mm(a, a, out=out)
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(3):
+        with current(device):
+            a = torch.randn(size, size, device=device)
+            out = torch.empty_like(a)
             torch.mm(a, a, out=out)
-        end.record()
-        end.synchronize()
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(3):
+                torch.mm(a, a, out=out)
+            end.record()
+            end.synchronize()
         repeats = max(1, round(seconds / (start.elapsed_time(end) * 1e-3 / 3)))
         if repeats <= 8:
             break
@@ -248,6 +251,11 @@ def time_call(call: Mapping[str, Any], device: torch.device | str = "cpu", repea
     here) would charge them twice, and whether it does depends on the process's allocator history
     (WGAN-GP ``small`` batch 4's replays summed to 83 ms in one process and 99 ms in another)."""
     device = torch.device(device)
+    with current(device):
+        return _time_call(call, device, repeats)
+
+
+def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> Replay:
     try:
         op = resolve(call["op"])
         args = operands(call, device)
@@ -301,12 +309,19 @@ def remeasured() -> Iterator[None]:
         _TIMED.clear()
 
 
+def _gpu_key(device: str) -> str:
+    from dnnperf.hardware import device_key
+
+    return device_key(device)
+
+
 def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     """Each call replayed on ``device`` (cached; NaN seconds where it cannot be replayed)."""
     from dnnperf.cache import JsonCache
 
     store = JsonCache("kernel-times")
-    host = f"{CACHE_VERSION}/{platform.node()}/{device}/{torch.get_num_threads()}/{torch.__version__}"
+    which = device if not device.startswith("cuda") else f"{device}/{_gpu_key(device)}"
+    host = f"{CACHE_VERSION}/{platform.node()}/{which}/{torch.get_num_threads()}/{torch.__version__}"
     keys = [(f"{host}/{call!r}", call) for call in calls]
     stored = {} if _REMEASURE or all(k in _TIMED for k, _ in keys) else store.entries()
     measured: dict[str, list[float]] = {}

@@ -115,6 +115,10 @@ class Machine:
     #: convolutions can be replayed for their time (model/kernels.py); "" for a described machine and
     #: for a what-if that changes its speed. Set by from_profile for a profile of this host.
     replay_device: str = ""
+    #: The torch device whose operator stream describes a step on this machine ("cuda:0" for a GPU of
+    #: this host, whose kernels differ from the CPU's: foreach updates, fused attention, cuDNN's RNNs);
+    #: kept by what-ifs, which clear ``replay_device``. "": the CPU's.
+    stream_device: str = ""
     #: The device runs behind its host (a GPU: the host queues kernels and goes on): a step takes the
     #: later of the host's dispatch and the device's kernels, simulated in order (compute.step_time).
     #: False: the host runs every operator itself (a CPU), and dispatch adds to the kernels.
@@ -248,7 +252,7 @@ def from_dict(document: Any) -> Machine:
     if missing:
         raise UsageError(f"machine description lacks {', '.join(missing)}")
     # A description is not this host: its kernels are never replayed.
-    not_described = {"compute_curves", "bandwidth_curve", "replay_device"}
+    not_described = {"compute_curves", "bandwidth_curve", "replay_device", "stream_device"}
     allowed = {f.name for f in dataclasses.fields(Machine)} - not_described
     unknown = sorted(set(document) - allowed)
     if unknown:
@@ -326,6 +330,7 @@ def from_profile(
         call_s=dict(call_s or {}),
         zero_operand_s=dict(zero_operand_s or {}),
         replay_device=host_device(profile),
+        stream_device=host_device(profile),
         asynchronous=gpu,
         kernel_s=kernel_s,
         host_call_s=dict(host_call_s or {}),

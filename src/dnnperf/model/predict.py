@@ -245,7 +245,7 @@ def predict(
     batch_size = int(batch_size)
     devices = 1 if strategy == "single" else machine.devices
     faults = machine.page_fault_s > 0 and options.faults  # count them only where they are charged
-    described_on = machine.replay_device or "cpu"  # this host's GPU runs its own operators
+    described_on = machine.stream_device or "cpu"  # this host's GPU runs its own operators
     name = source.name if isinstance(source, StepGraph) else source
     common = dict(
         workload=name,

@@ -24,6 +24,7 @@ from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile
 from dnnperf.interrupts import run_child
 from dnnperf.model.calibrate import (
+    dispatch_net_of_views,
     measure_ddp_cost,
     measure_op_overhead,
     measure_page_fault_cost,
@@ -58,6 +59,18 @@ VARIANTS = {
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 
 
+def gpu_of_this_host(profile: HardwareProfile) -> str:
+    """The torch device a GPU's ``profile`` measured, when it is a GPU of this host; else UsageError
+    (a GPU's model calibrates on the GPU itself)."""
+    device = from_profile(profile).replay_device
+    if not device:
+        raise UsageError(
+            f"the profile of {profile.device_name} ({profile.device_key}) is not of a GPU of this host: "
+            "calibrate this one with `dnnperf hw --device cuda`"
+        )
+    return device
+
+
 def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], dict[str, float]]:
     """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures.
     On a GPU's profile the host's own costs (page faults, zero operands, DDP and split regions, which
@@ -69,7 +82,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             f"{torch.get_num_threads()}: run `dnnperf hw` with the same OMP_NUM_THREADS"
         )
     gpu = profile.device_type == "cuda"
-    device = from_profile(profile).replay_device or "cpu"
+    device = gpu_of_this_host(profile) if gpu else "cpu"
     overhead = measure_op_overhead(device=device)
     fault = 0.0 if gpu else measure_page_fault_cost()
     zero_operand = {} if gpu else measure_zero_operand_cost()
@@ -95,6 +108,12 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         for v in VARIANTS
     }
     if gpu:
+        # Views are charged their own host cost on a GPU: the overhead's share of them comes off.
+        dispatch = dispatch_net_of_views(overhead, zoo.host_call_s, device)
+        machines = {
+            v: m if v == "hw dispatch" else dataclasses.replace(m, dispatch_s=dispatch)
+            for v, m in machines.items()
+        }
         machines["synchronous"] = dataclasses.replace(machines["model"], asynchronous=False)
     return machines, {
         "op_overhead_s": overhead,
@@ -134,8 +153,10 @@ def validate_single(
     import tempfile
 
     configurations = [(name, batch) for name in workloads for batch in batches]
-    device = machines["model"].replay_device or "cpu"
+    device = machines["model"].stream_device or "cpu"
     graphs = {(n, b): describe_workload(n, preset, b, device, count_faults=True) for n, b in configurations}
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the descriptions' blocks: the runs are processes of their own
     predictions: dict[tuple[str, int], dict[str, list[float]]] = {
         c: {v: [] for v in machines} for c in configurations
     }

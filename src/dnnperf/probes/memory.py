@@ -819,9 +819,15 @@ class MemoryTracker:
             # (a loop's last device copy of its batch): those released before the peak lowered the
             # start it grew from.
             grown = torch.cuda.max_memory_allocated(self.device) - self._cuda_start
-            highest = max(trace.allocations, key=lambda e: e.total, default=None)
             others = outside_releases(trace.allocations, self._before_addresses)
-            grown += sum(nbytes for at, nbytes in others if highest is not None and at <= highest.ts)
+            if others:  # the trace's running total with those releases added back, at its highest
+                released, index, highest = 0, 0, 0
+                for event in trace.allocations:
+                    while index < len(others) and others[index][0] <= event.ts:
+                        released += others[index][1]
+                        index += 1
+                    highest = max(highest, event.total + released)
+                grown = max(grown, highest - self._cuda_start)
             measured = sum(self._before.values()) + grown
             measured_by = "cuda caching allocator"
             peak_all["unattributed"] = measured - sum(peak.values())
