@@ -18,7 +18,7 @@ from tests.test_cli import assert_one_line_error
 from dnnperf import cli
 from dnnperf.data.sources import MemorySource
 from dnnperf.distributed.gather import decode, encode
-from dnnperf.distributed.ranks import RankBreakdown, bucket_table, rank_balance, rank_medians
+from dnnperf.distributed.ranks import RankBreakdown, bucket_table, rank_balance, rank_medians, rank_memory
 from dnnperf.distributed.worker import model_parallel_available
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.workloads import get_workload
@@ -46,7 +46,7 @@ def dp_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     scratch.mkdir()
     result = run_cli(
         "profile", "basic_cnn", "--nproc", "2", "--strategy", "dp", "-b", str(BATCH),
-        "--steps", str(STEPS), "--warmup", str(WARMUP), "--save-params", str(params), "--json",
+        "--steps", str(STEPS), "--warmup", str(WARMUP), "--save-params", str(params), "--memory", "--json",
         env={"DNNPERF_RUNS_DIR": str(root / "runs"), "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -96,6 +96,24 @@ def test_dp_record_has_every_rank_and_every_gradient_byte(dp_run):
         assert "exchange" in rank.stages
     # rank 0's own numbers are the point's
     assert ranks.ranks[0].wall_s == record.points[0].step_s
+
+
+def test_every_ranks_tracked_step_holds_a_whole_replica(dp_run):
+    """--memory on 2 dp ranks: each rank's tracked step, gathered on rank 0, holds the whole model's
+    parameters and gradients (a replica each) and its own shard of the batch."""
+    record = RunRecord.from_dict(dp_run["document"]["record"])
+    ranks = record.points[0].ranks
+    model = get_workload("basic_cnn").build("tiny", "meta").model
+    parameter_bytes = 4 * count_parameters(model)
+    memory = rank_memory(ranks)
+    assert list(memory.index) == [0, 1]
+    for rank in ranks.ranks:
+        assert rank.memory is not None and rank.memory.measured_peak > 0
+        assert rank.memory.category_max["parameters"] == parameter_bytes
+        assert rank.memory.category_max["gradients"] == parameter_bytes
+        assert rank.memory.peak["input"] > 0
+    assert ranks.ranks[0].memory.to_dict() == record.points[0].memory.to_dict()  # rank 0's is the point's
+    assert memory["peak_bytes"].tolist() == [r.memory.measured_peak for r in ranks.ranks]
 
 
 def test_rank_analyses_against_hand_made_breakdown():
@@ -411,3 +429,20 @@ def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
         assert measured[2] == predicted and len(predicted) >= 2 and predicted[0] >= 1 << 20
     else:
         assert measured[2] == [sum(predicted)]  # one bucket: the first is no longer small
+
+
+def test_pipeline_ranks_each_hold_their_own_stages_parameters(tmp_path):
+    """--memory on 2 pp ranks: the ranks' parameters add up to the whole model's, each rank's
+    gradients equal its parameters, and the terminal shows every rank's peak."""
+    result = run_cli(
+        "profile", "vgg16", "--preset", "tiny", "--nproc", "2", "--strategy", "pp", "-b", "8",
+        "--steps", "1", "--warmup", "1", "--memory", "--json", env={"DNNPERF_RUNS_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ranks = RunRecord.from_dict(json.loads(result.stdout)["record"]).points[0].ranks
+    total = 4 * count_parameters(get_workload("vgg16").build("tiny", "meta").model)
+    held = [rank.memory.category_max["parameters"] for rank in ranks.ranks]
+    assert sum(held) == total and min(held) > 0
+    assert [rank.memory.category_max["gradients"] for rank in ranks.ranks] == held
+    shown = run_cli("show", str(next(tmp_path.glob("*.json"))))
+    assert "each rank's tracked step" in shown.stdout and "measured peak" in shown.stdout

@@ -158,11 +158,35 @@ def test_validation_records_without_memory_still_load_and_bad_rows_are_refused()
         ValidationResult.from_dict({"memory": [{**row, "measured_bytes": 0}]})
 
 
-def test_memory_with_distributed_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
-    assert main(["validate", "basic_cnn", "--memory", "--distributed", "dp"]) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert captured.out == "" and len(err) == 1 and "does not combine with --distributed" in err[0]
+def test_distributed_memory_validation_compares_the_heaviest_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate --memory --distributed: each launch's heaviest rank against the predicted device peak
+    (the launch faked: its record as ``dnnperf profile --nproc 2 --memory --json`` prints it); a strategy
+    that cannot apply and a failed launch are rows with their reasons."""
+    import json
+    import subprocess
+
+    from dnnperf.model import validate
+
+    launches = []
+
+    def fake_launch(argv, env=None):
+        launches.append(argv)
+        if "pp" in argv:
+            return subprocess.CompletedProcess(argv, 1, "", "Traceback...\nRuntimeError: rank 1 died")
+        ranks = [{"memory": {"measured_peak": peak}} for peak in (3_000_000, 5_000_000)]
+        record = {"record": {"points": [{"ranks": {"per_rank": ranks}}]}}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(record), "")
+
+    monkeypatch.setattr(validate, "run_child", fake_launch)
+    frame = validate.validate_memory_distributed(["basic_cnn"], [8], ["dp", "pp"], "tiny").set_index(
+        "strategy"
+    )
+    dp = frame.loc["dp"]
+    assert dp["measured_bytes"] == 5_000_000 and dp["measured_ranks"] == [3_000_000, 5_000_000]
+    assert dp["error"] == pytest.approx(dp["predicted_bytes"] / 5_000_000 - 1)
+    assert "--memory" in launches[0] and launches[0][launches[0].index("--nproc") + 1] == "2"
+    assert frame.loc["pp"]["reason"] == "RuntimeError: rank 1 died"
+    assert frame.loc["pp"]["measured_bytes"] != frame.loc["pp"]["measured_bytes"]  # NaN: not measured
 
 
 @torch.library.custom_op("dnnperf_test::scratch", mutates_args=())

@@ -48,6 +48,7 @@ class RunHooks(Protocol):
     def on_task(self, task: Task, workload: Workload) -> Task: ...
     def on_source(self, source: BatchSource, batch_size: int) -> BatchSource: ...
     def after_step(self, point: Point, loss: torch.Tensor | None, measured: bool) -> None: ...
+    def after_memory(self, point: Point) -> None: ...
 
 
 MAX_WORKERS = 64
@@ -282,7 +283,7 @@ def _train_steps(
     if settings.layers:
         _layer_steps(task, source, device, settings, point, saver, on_step)
     if settings.memory:
-        _memory_steps(task, source, device, settings, point, saver, on_step)
+        _memory_steps(task, source, device, settings, point, saver, on_step, hooks)
 
 
 def _memory_steps(
@@ -293,11 +294,13 @@ def _memory_steps(
     point: Point,
     saver: _Saver,
     on_step: StepCallback | None,
+    hooks: RunHooks | None = None,
 ) -> None:
     """One more step with its memory tracked (hooks and profiler gone after), then one plain step for
     the resident-memory cross-check: its heap trim makes the step it measures fault every page in
     again (+15% to +30% on the small presets), so it is not paid by the tracked step
-    (docs/memory.md). Its resident figures and page faults replace the tracked step's."""
+    (docs/memory.md). Its resident figures and page faults replace the tracked step's. A distributed
+    rank then hands its memory to the hooks (every rank's is gathered on rank 0)."""
     batch = _next_batch(source, device)
     tracker = MemoryTracker(task.model, task.optimizers(), batch, device=device, resident=False)
     with tracker:
@@ -309,6 +312,8 @@ def _memory_steps(
         task.step(batch)
         synchronize(device)
     point.memory.subsystem.update(resident.result())
+    if hooks is not None:
+        hooks.after_memory(point)
     if on_step is not None:
         on_step(point.batch_size, settings.steps_per_point, settings.steps_per_point)
     saver.maybe_save()

@@ -68,8 +68,8 @@ def wanted(args: argparse.Namespace) -> bool:
 
 def settings_from(args: argparse.Namespace) -> DistributedSettings:
     """The distributed settings, checked; a UsageError names what is wrong."""
-    if getattr(args, "layers", False) or getattr(args, "memory", False) or args.memory_limit is not None:
-        raise UsageError("--layers and --memory are not available with distributed runs yet")
+    if getattr(args, "layers", False) or args.memory_limit is not None:
+        raise UsageError("--layers and --memory-limit are not available with distributed runs yet")
     if not args.netns and (args.link_mbit is not None or args.link_delay_ms):
         raise UsageError("--link-mbit and --link-delay-ms shape the link between namespaces: add --netns")
     strategy = args.strategy or "dp"

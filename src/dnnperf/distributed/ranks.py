@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import STAGE_ORDER
 from dnnperf.stats import Samples
 
@@ -43,6 +44,8 @@ class RankSteps:
     #: Data parallelism: per step, each gradient bucket's allreduce {index, bytes, seconds} (launch to
     #: completion on this rank) and its parts ``BUCKET_PARTS`` where recorded.
     buckets: list[list[dict[str, float]]] = field(default_factory=list)
+    #: The rank's tracked step's memory by data structure (``--memory``), gathered after its steps.
+    memory: StepMemory | None = None
 
     def add(self, step: dict[str, Any]) -> None:
         """Append one step as a rank reported it (see ``worker.step_payload``)."""
@@ -71,6 +74,7 @@ class RankSteps:
             "stages": self.stages,
             "detail": self.detail,
             "buckets": self.buckets,
+            **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
         }
 
 
@@ -83,6 +87,13 @@ class RankBreakdown:
     backend: str
     timing: str = "host-clock"
     ranks: list[RankSteps] = field(default_factory=list)
+
+    def add_memory(self, memories: list[dict[str, Any]]) -> None:
+        """Every rank's tracked step (``StepMemory.to_dict()``, rank r's at r), after the timed steps."""
+        if len(memories) != self.world_size or len(self.ranks) != self.world_size:
+            raise ValueError(f"expected memory from {self.world_size} ranks, got {len(memories)}")
+        for rank, memory in zip(self.ranks, memories, strict=True):
+            rank.memory = StepMemory.from_dict(memory)
 
     def add_step(self, steps: list[dict[str, Any]]) -> None:
         """Append one measured step: ``steps[r]`` is rank r's report."""
@@ -172,7 +183,17 @@ def _rank_from_dict(item: Any, index: int, steps: int) -> RankSteps:
         stages={k: _seconds(v, f"{where}.stages.{k}", steps) for k, v in item.get("stages", {}).items()},
         detail={k: _seconds(v, f"{where}.detail.{k}", steps) for k, v in item.get("detail", {}).items()},
         buckets=buckets,
+        memory=_memory_from_dict(item.get("memory"), where),
     )
+
+
+def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
+    if data is None:
+        return None
+    try:
+        return StepMemory.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"{where}.memory is not a step's memory ({error})") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,6 +229,17 @@ def rank_balance(breakdown: RankBreakdown) -> pd.DataFrame:
     frame["slowest"] = frame.index == busy.idxmax() if len(busy) else []
     frame.index.name = "rank"
     return frame
+
+
+def rank_memory(breakdown: RankBreakdown) -> pd.DataFrame:
+    """Per rank with a tracked step: its measured peak and each category's bytes at that peak (the
+    allocator's view, as ``dnnperf profile --memory`` gives one device's); empty without ``--memory``."""
+    rows = [
+        {"rank": rank.rank, "peak_bytes": rank.memory.measured_peak, **rank.memory.peak}
+        for rank in breakdown.ranks
+        if rank.memory is not None
+    ]
+    return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
 
 
 def bucket_table(breakdown: RankBreakdown) -> pd.DataFrame:

@@ -35,7 +35,7 @@ from dnnperf.distributed.gather import gather_json
 from dnnperf.distributed.heartbeat import Heartbeat
 from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.errors import UsageError
-from dnnperf.results.record import Point, RunRecord
+from dnnperf.results.record import Point, RunRecord, json_safe
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, RunFailed, StepCallback, bench
 from dnnperf.workloads.base import Batch, Stages, Task, Workload, no_stages
@@ -209,6 +209,13 @@ class RankHooks:
         done = len(point.step_s) == self.settings.steps
         if measured and done and self.config.save_params is not None and self.rank == 0 and self.task:
             save_parameters(self.task.inner, self.config.save_params)
+
+    def after_memory(self, point: Point) -> None:
+        """Gather every rank's tracked step on rank 0 (a collective, after the timed steps)."""
+        memory = json_safe(point.memory.to_dict()) if point.memory is not None else None
+        reports = gather_json(memory, self.device)
+        if reports is not None and point.ranks is not None and None not in reports:
+            point.ranks.add_memory(reports)
 
 
 def save_parameters(task: Task, path: Path) -> None:

@@ -339,7 +339,7 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         action="store_true",
         help="instead of timed runs, the predicted peak memory of one device against the memory "
         "profiler's peak of one tracked step of each configuration on this CPU (as `dnnperf profile "
-        "--memory` measures it); needs no hardware profile",
+        "--memory` measures it; with --distributed, the heaviest of 2 ranks); needs no hardware profile",
     )
     parser.add_argument(
         "--no-report",
@@ -364,18 +364,14 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         memory_summary,
         single_rows,
         validate_memory,
+        validate_memory_distributed,
         validate_single,
     )
-    from dnnperf.report.terminal import memory_validation_table, validation_tables
+    from dnnperf.report.terminal import distributed_memory_table, memory_validation_table, validation_tables
     from dnnperf.workloads import get_workload
 
     if not args.workloads and not args.collectives:
         raise UsageError("validate needs workloads to run, --collectives, or both")
-    if args.memory and args.distributed:
-        raise UsageError(
-            "--memory compares single-process peaks with the memory profiler; it does not combine "
-            "with --distributed (run them as two validations)"
-        )
     names = [get_workload(name).name for name in args.workloads]  # unknown names: UsageError first
     for name in names:
         if args.preset not in get_workload(name).presets:
@@ -407,7 +403,20 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         raise UsageError("--link-mbit shapes the link between 2 ranks: add --distributed dp,pp,tp")
     if links is not None and os.geteuid() != 0:
         raise UsageError("--link-mbit needs root (it creates network namespaces and shapes links with tc)")
-    if names and args.memory:
+    if names and args.memory and strategies:
+        frame = validate_memory_distributed(
+            names, batches, strategies, args.preset, out.error if not args.json else None
+        )
+        summary = memory_summary(frame)
+        result.memory = [
+            {**r, "workload": f"{r['workload']} {r['strategy']}"}
+            for r in frame.to_dict("records")
+            if r["measured_bytes"] == r["measured_bytes"] and r["predicted_bytes"] == r["predicted_bytes"]
+        ]
+        document["memory"] = {"rows": frame.to_dict(orient="records"), "summary": summary}
+        if not args.json:
+            out.print(distributed_memory_table(frame, summary))
+    elif names and args.memory:
         frame = validate_memory(names, batches, args.preset, out.error if not args.json else None)
         summary = memory_summary(frame)
         result.memory = memory_rows(frame)

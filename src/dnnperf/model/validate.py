@@ -267,6 +267,73 @@ def validate_memory(
     return pd.DataFrame(rows)
 
 
+def validate_memory_distributed(
+    workloads: Sequence[str],
+    batches: Sequence[int],
+    strategies: Sequence[str],
+    preset: str,
+    progress: Callable[[str], None] | None = None,
+    micro_batches: int = 4,
+) -> pd.DataFrame:
+    """One row per workload x global batch x strategy on 2 local ranks: the model's predicted peak
+    memory of one device (``predict(...).memory_bytes``, the heaviest device's) against the memory
+    profiler's measured peak of the heaviest rank's tracked step in a fresh 2-rank launch (``dnnperf
+    profile --nproc 2 --memory``), with every rank's measured peak (``measured_ranks``). A strategy
+    that cannot apply, or a launch that failed, is a row with its ``reason``."""
+    import json
+    import sys
+    import tempfile
+
+    from dnnperf.model.machine import preset as machine_preset
+    from dnnperf.model.predict import predict
+
+    # Memory does not depend on the machine's speed: any machine of 2 devices in one node.
+    two = dataclasses.replace(machine_preset("a100-ib"), devices_per_node=2, nodes=1)
+    rows = []
+    for name in workloads:
+        for batch in batches:
+            for strategy in strategies:
+                row: dict[str, Any] = {"workload": name, "batch": batch, "strategy": strategy}
+                row.update(measured_bytes=float("nan"), predicted_bytes=float("nan"), error=float("nan"))
+                rows.append(row)
+                try:
+                    made = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
+                except UsageError as error:
+                    row["reason"] = str(error)
+                    continue
+                row["predicted_bytes"] = float(made.memory_bytes)
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "dnnperf",
+                    "profile",
+                    name,
+                    "--preset",
+                    preset,
+                    "-b",
+                    str(batch),
+                ]
+                argv += ["--nproc", "2", "--strategy", strategy, "--microbatches", str(micro_batches)]
+                argv += ["--steps", "1", "--warmup", "1", "--memory", "--json"]
+                with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as scratch:
+                    done = run_child([*argv, "--runs-dir", scratch])
+                if done.returncode != 0:
+                    row["reason"] = (done.stderr.strip().splitlines() or ["the 2-rank run failed"])[-1]
+                    continue
+                point = json.loads(done.stdout)["record"]["points"][0]
+                peaks = [rank["memory"]["measured_peak"] for rank in point["ranks"]["per_rank"]]
+                row["measured_ranks"] = peaks
+                row["measured_bytes"] = float(max(peaks))
+                row["error"] = row["predicted_bytes"] / row["measured_bytes"] - 1
+                if progress is not None:
+                    progress(
+                        f"{name} {strategy} b{batch}: measured peak {row['measured_bytes'] / 2**20:.2f} MiB "
+                        f"(ranks {', '.join(f'{p / 2**20:.2f}' for p in peaks)}), predicted "
+                        f"{row['predicted_bytes'] / 2**20:.2f} MiB"
+                    )
+    return pd.DataFrame(rows)
+
+
 def memory_summary(frame: pd.DataFrame) -> dict[str, float]:
     """Median and max absolute error of the predicted peak, and how many runs are within 10%."""
     errors = frame["error"].dropna().abs()

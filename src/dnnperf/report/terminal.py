@@ -428,8 +428,8 @@ def memory_scaling_table(fit: Any, limit: int | None, predicted: int | None, che
 
 def ranks_tables(batch_size: int, ranks: Any) -> list[Table]:
     """A distributed point: every rank's stages side by side with the slowest rank and the imbalance,
-    then (dp) each gradient bucket's allreduce."""
-    from dnnperf.distributed.ranks import bucket_table, rank_balance, rank_medians
+    then (dp) each gradient bucket's allreduce, then (``--memory``) each rank's peak by category."""
+    from dnnperf.distributed.ranks import bucket_table, rank_balance, rank_medians, rank_memory
 
     medians, balance = rank_medians(ranks), rank_balance(ranks)
     slowest = int(balance.index[balance["slowest"]][0])
@@ -470,6 +470,19 @@ def ranks_tables(batch_size: int, ranks: Any) -> list[Table]:
                 )
             )
         tables.append(bucket)
+    memory = rank_memory(ranks)
+    if len(memory):
+        by_rank = Table(
+            title=f"batch {batch_size}: each rank's tracked step, bytes at its peak", title_justify="left"
+        )
+        by_rank.add_column("")
+        for rank in memory.index:
+            by_rank.add_column(f"rank {rank}", justify="right")
+        for name in memory.columns:
+            if name == "peak_bytes" or memory[name].abs().sum() > 0:
+                label = "measured peak" if name == "peak_bytes" else str(name)
+                by_rank.add_row(label, *(human_count(v, "B") for v in memory[name]))
+        tables.append(by_rank)
     return tables
 
 
@@ -751,6 +764,35 @@ def collectives_table(table: Any, summary: dict[str, float]) -> Table:
             "held out" if r.held_out else "fit",
         )
     return out
+
+
+def distributed_memory_table(frame: Any, summary: dict[str, float]) -> Table:
+    """dnnperf validate --memory --distributed: the heaviest rank's measured peak against the predicted
+    peak of one device, per workload, global batch and strategy, every rank's peak beside it."""
+    table = Table(
+        title=(
+            f"peak memory per device on 2 ranks, measured (memory profiler, heaviest rank) vs predicted: "
+            f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
+            f"{summary['within_10_percent']} of {summary['runs']} within 10%"
+        ),
+    )
+    for column in ("workload", "batch", "strategy", "measured", "predicted", "error", "ranks"):
+        table.add_column(column, justify="left" if column in ("workload", "strategy", "ranks") else "right")
+    for row in frame.to_dict(orient="records"):
+        reason = row.get("reason")
+        ranks = row.get("measured_ranks")
+        table.add_row(
+            row["workload"],
+            str(row["batch"]),
+            row["strategy"],
+            "" if isinstance(reason, str) else human_count(row["measured_bytes"], "B"),
+            ""
+            if row["predicted_bytes"] != row["predicted_bytes"]
+            else human_count(row["predicted_bytes"], "B"),
+            escape(reason[:60]) if isinstance(reason, str) else f"{100 * row['error']:+.1f}%",
+            ", ".join(human_count(v, "B") for v in ranks) if isinstance(ranks, list) else "",
+        )
+    return table
 
 
 def memory_validation_table(frame: Any, summary: dict[str, float]) -> Table:
