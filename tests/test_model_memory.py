@@ -257,3 +257,30 @@ def test_a_gradient_penaltys_double_backward_is_in_the_estimate() -> None:
     assert estimate.peak == pytest.approx(measured.measured_peak, rel=0.05)
     old_rule = 2 * first_out
     assert estimate.peak - (outside.flow - old_rule) < 0.9 * measured.measured_peak
+
+
+def test_a_tensor_parallel_rank_holds_its_share_of_a_split_blocks_activations() -> None:
+    """Hand-made walk: inside a split attention block, the first saving layer (its input, whole on
+    every rank) then the heads' share; a layer split by output channel keeps all (its output is
+    gathered); the peak's activations follow."""
+    import pandas as pd
+
+    from dnnperf.model.graph import Segment, StepGraph
+    from dnnperf.model.predict import memory_estimate, tp_activation_shares
+
+    walk = [
+        Segment(0, "embed", 100, 0, 0),
+        Segment(0, "block.attn.q", 0, 0, 0),  # saves nothing (its input is saved by the next, shared)
+        Segment(0, "block.attn.k", 40, 0, 0),  # the block's input: whole
+        Segment(0, "block.attn", 400, 0, 0),  # per-head internals: halved
+        Segment(0, "block.attn.out", 40, 0, 0),  # the heads' output: halved
+        Segment(0, "conv", 80, 0, 0),  # split by output channel: whole
+        Segment(0, "head", 20, 0, 0),
+    ]
+    regions = [{"module": "block.attn", "kind": "attention"}, {"module": "conv", "kind": "column"}]
+    shares = tp_activation_shares(
+        StepGraph("toy", 1, pd.DataFrame(), 0, {}, 0, 0, 0, memory_walk=walk), regions, 2
+    )
+    assert shares == [1.0, 1.0, 1.0, 0.5, 0.5, 1.0, 1.0]
+    graph = StepGraph("toy", 1, pd.DataFrame(), 0, {}, 0, 0, 0, memory_walk=walk)
+    assert memory_estimate(graph, segment_shares=shares).activations == 100 + 40 + 200 + 20 + 80 + 20

@@ -137,7 +137,10 @@ class MemoryEstimate:
 
 
 def memory_estimate(
-    graph: StepGraph, param_share: float = 1.0, activation_share: float = 1.0
+    graph: StepGraph,
+    param_share: float = 1.0,
+    activation_share: float = 1.0,
+    segment_shares: Sequence[float] | None = None,
 ) -> MemoryEstimate:
     """The peak of one step's memory on one device, from the description alone (docs/performance-model.md).
 
@@ -153,8 +156,10 @@ def memory_estimate(
 
     ``param_share`` scales what belongs to parameters (parameters, gradients, optimizer state: a
     pipeline stage's or a tensor-parallel rank's share), ``activation_share`` the activations (the
-    micro-batches a stage holds in flight). The transient terms are not scaled (one micro-batch's
-    gradient flow; the largest parameter's update buffers): an upper side.
+    micro-batches a stage holds in flight), and ``segment_shares`` (one per segment of the memory walk)
+    each segment's own activations (a tensor-parallel rank's share inside a split region). The
+    transient terms are not scaled (one micro-batch's gradient flow; the largest parameter's update
+    buffers): an upper side.
     """
     fixed = {
         "parameters": (graph.param_bytes + graph.frozen_param_bytes) * param_share,
@@ -162,8 +167,11 @@ def memory_estimate(
         "input": float(graph.batch_bytes),
     }
     cycles: dict[int, list[Any]] = {}
-    for segment in graph.memory_walk:
+    shares: dict[int, list[float]] = {}
+    own = segment_shares if segment_shares is not None else [1.0] * len(graph.memory_walk)
+    for segment, part in zip(graph.memory_walk, own, strict=True):
         cycles.setdefault(segment.cycle, []).append(segment)
+        shares.setdefault(segment.cycle, []).append(part)
     updated = max((sum(s.grads for s in c) for c in cycles.values()), default=graph.param_bytes)
     best = MemoryEstimate(
         **fixed,
@@ -181,8 +189,9 @@ def memory_estimate(
             phase="backward",
         )
         return walked if walked.peak > best.peak else best
-    for segments in cycles.values():
-        saved = np.cumsum([s.saved for s in segments]) * activation_share
+    for cycle, segments in cycles.items():
+        saved = np.cumsum([s.saved * part for s, part in zip(segments, shares[cycle], strict=True)])
+        saved = saved * activation_share
         grads = np.cumsum([s.grads for s in segments][::-1])[::-1] * param_share
         flow = np.array([s.flow + s.workspace for s in segments], dtype=float)
         k = int(np.argmax(saved + grads + flow))
@@ -434,7 +443,7 @@ def predict(
     )
     split_params = sum(graph.module_param_bytes.get(m, 0) for m in split)
     share = (graph.param_bytes - split_params + split_params / ways) / max(graph.param_bytes, 1)
-    memory = memory_estimate(graph, share)
+    memory = memory_estimate(graph, share, segment_shares=tp_activation_shares(graph, regions, ways))
     return Prediction(
         **common,
         compute_s=compute,
@@ -469,6 +478,27 @@ def _tp_regions(
         split |= {m for m in modules if m == region["module"] or m.startswith(prefix)}
         regions.append(region)
     return split, regions
+
+
+def tp_activation_shares(graph: StepGraph, regions: Sequence[Mapping[str, Any]], ways: int) -> list[float]:
+    """Per segment of the memory walk, the share of its saved activations one tensor-parallel rank
+    holds: inside a split attention or MLP block, after the block's first saving segment (its first
+    layer saves the block's input, whole on every rank), the heads' or hidden units' share,
+    ``1 / ways``; elsewhere, and in a layer split by output channel (its output is gathered), all."""
+    shares = [1.0] * len(graph.memory_walk)
+    for region in regions:
+        if region["kind"] == "column":
+            continue
+        prefix = region["module"] + "."
+        entered: set[int] = set()  # the cycles whose first saving segment of the block has passed
+        for index, segment in enumerate(graph.memory_walk):
+            if segment.module != region["module"] and not segment.module.startswith(prefix):
+                continue
+            if segment.cycle in entered:
+                shares[index] = 1 / ways
+            elif segment.saved > 0:
+                entered.add(segment.cycle)
+    return shares
 
 
 def _streamed_s(nbytes: float, machine: Machine) -> float:
