@@ -178,7 +178,13 @@ def test_show_prints_ranks_side_by_side(dp_run):
     result = run_cli("show", str(path))
     assert result.returncode == 0, result.stderr
     assert "dp over 2 ranks" in result.stdout and "slowest rank" in result.stdout
+    assert "each rank's tracked step" in result.stdout  # --memory: the ranks' peaks side by side
     assert "gradient buckets" in result.stdout
+    from dnnperf.report.html import write_report
+
+    record = RunRecord.from_dict(json.loads(path.read_text()))
+    html = write_report(record, Path(dp_run["runs"]) / "report-test.html").read_text()
+    assert "each rank&#x27;s tracked step at its peak" in html and html.count("<svg") >= 2  # escaped
 
 
 @pytest.mark.parametrize(

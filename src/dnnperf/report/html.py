@@ -410,8 +410,9 @@ def memory_scaling_section(report: Report) -> Section | None:
 
 
 def ranks_section(report: Report) -> Section | None:
-    """A distributed point: every rank's stages side by side (stacked bars), busy time and imbalance."""
-    from dnnperf.distributed.ranks import rank_balance, rank_medians
+    """A distributed point: every rank's stages side by side (stacked bars), busy time and imbalance,
+    and (``--memory``) every rank's peak by category."""
+    from dnnperf.distributed.ranks import rank_balance, rank_medians, rank_memory
     from dnnperf.probes.stages import STAGE_ORDER
 
     points = [p for p in report.record.points if p.ranks is not None and p.ranks.steps]
@@ -438,6 +439,20 @@ def ranks_section(report: Report) -> Section | None:
             *(Column(f"rank {r}", f"rank {r}", ms, numeric=True) for r in medians.columns),
         ]
         parts.append(chart(svg, caption) + table(rows, columns))
+        memory = rank_memory(point.ranks)
+        if len(memory):
+            categories = [c for c in memory.columns if c != "peak_bytes" and memory[c].abs().sum() > 0]
+            svg = charts.stacked_bars(
+                [f"rank {r}" for r in memory.index],
+                {c: memory[c].clip(lower=0).to_list() for c in categories},
+                "bytes at the rank's peak",
+                bytes_=True,
+            )
+            caption = (
+                f"batch {point.batch_size}: each rank's tracked step at its peak, by category; measured "
+                f"peaks {', '.join(count(v, 'B') for v in memory['peak_bytes'])}"
+            )
+            parts.append(chart(svg, caption))
     return Section("ranks", "Ranks", "".join(parts))
 
 
