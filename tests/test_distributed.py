@@ -236,7 +236,7 @@ def test_model_parallel_run_records_its_communication(strategy, extra, details):
         pytest.skip(f"{strategy} is not there yet")
     result = run_cli(
         "profile", "gpt2", "--nproc", "2", "--strategy", strategy, *extra, "-b", "4", "--steps", "2",
-        "--warmup", "1", "--json",
+        "--warmup", "1", "--memory", "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     record = RunRecord.from_dict(json.loads(result.stdout)["record"])
@@ -247,6 +247,15 @@ def test_model_parallel_run_records_its_communication(strategy, extra, details):
         assert set(details) <= set(rank.detail)
         for i, wall in enumerate(rank.wall_s):
             assert 0 < rank.detail["compute"][i] < wall  # a share of the step, not more
+    # --memory: each rank's tracked step holds its own parameters, and gradients of the same size
+    held = [rank.memory.category_max["parameters"] for rank in ranks.ranks]
+    assert [rank.memory.category_max["gradients"] for rank in ranks.ranks] == held
+    total = 4 * count_parameters(get_workload("gpt2").build("tiny", "meta").model)
+    tied = 4 * get_workload("gpt2").build("tiny", "meta").model.wte.weight.numel()
+    if strategy == "pp":  # the stages' parameters add up to the model's, the tied embedding on both ends
+        assert sum(held) == total + tied and min(held) > 0
+    else:  # every rank its share of the split layers and the whole of the rest
+        assert total / 2 < held[0] == held[1] < total
     if strategy == "pp":  # stage 0 sends activations forward, stage 1 receives them; both idle some
         assert all(v > 0 for v in ranks.ranks[0].detail["send"])
         assert all(v > 0 for v in ranks.ranks[1].detail["recv"])
@@ -435,20 +444,3 @@ def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
         assert measured[2] == predicted and len(predicted) >= 2 and predicted[0] >= 1 << 20
     else:
         assert measured[2] == [sum(predicted)]  # one bucket: the first is no longer small
-
-
-def test_pipeline_ranks_each_hold_their_own_stages_parameters(tmp_path):
-    """--memory on 2 pp ranks: the ranks' parameters add up to the whole model's, each rank's
-    gradients equal its parameters, and the terminal shows every rank's peak."""
-    result = run_cli(
-        "profile", "vgg16", "--preset", "tiny", "--nproc", "2", "--strategy", "pp", "-b", "8",
-        "--steps", "1", "--warmup", "1", "--memory", "--json", env={"DNNPERF_RUNS_DIR": str(tmp_path)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    ranks = RunRecord.from_dict(json.loads(result.stdout)["record"]).points[0].ranks
-    total = 4 * count_parameters(get_workload("vgg16").build("tiny", "meta").model)
-    held = [rank.memory.category_max["parameters"] for rank in ranks.ranks]
-    assert sum(held) == total and min(held) > 0
-    assert [rank.memory.category_max["gradients"] for rank in ranks.ranks] == held
-    shown = run_cli("show", str(next(tmp_path.glob("*.json"))))
-    assert "each rank's tracked step" in shown.stdout and "measured peak" in shown.stdout

@@ -64,6 +64,15 @@ class Communicator:
         self.stages: Stages = no_stages
         self.calls: dict[str, int] = {"all_reduce": 0, "all_gather": 0}
         self.bytes: dict[str, int] = {"all_reduce": 0, "all_gather": 0}
+        # The last collective's tensors, kept until the next one (or the step's end): gloo's worker
+        # thread holds them until just after the collective returns, and a tensor whose last reference
+        # went on that thread is a release torch's profiler never sees (the memory profiler then counts
+        # the block alive to the step's end: 0.6-13.6 MB of resnet18 `small` tp's peak, by launch).
+        self._held: list[torch.Tensor] = []
+
+    def release(self) -> None:
+        """Let go of the last collective's tensors (at the step's end, on the training thread)."""
+        self._held = []
 
     def begin(self, stages: Stages) -> None:
         """A new step, timed into ``stages``: the counts start again."""
@@ -83,6 +92,7 @@ class Communicator:
         total = tensor.contiguous().clone()
         with self._timed("all_reduce", total):
             self._all_reduce(total)
+        self._held = [total]
         return total
 
     def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
@@ -91,6 +101,7 @@ class Communicator:
         chunks = [torch.empty_like(tensor) for _ in range(self.world)]
         with self._timed("all_gather", tensor):
             self._all_gather([flat_alias(c) for c in chunks], flat_alias(tensor))
+        self._held = [*chunks, tensor]
         return torch.cat(chunks, dim).contiguous(memory_format=memory_format(tensor))
 
     # The collectives themselves: torch.distributed's (a subclass without ranks replaces them to time
@@ -329,6 +340,7 @@ class TensorParallelTask(Task):
             return loss.detach()
         finally:
             self.comm.stages = no_stages  # gathers outside a step are not the step's
+            self.comm.release()
             self.meter.end()
 
     def last_step_detail(self) -> dict[str, float]:
