@@ -165,7 +165,7 @@ def test_disk_full_is_one_line_error(tmp_path, monkeypatch):
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_module.DiskStore, "_open", full, raising=True)
+    monkeypatch.setattr(disk_module.DiskStore, "_pwrite", full, raising=True)
     model = small_cnn()
     plan = Plan(policies={u.name: OFFLOAD for u in find_units(model)}, min_bytes=0)
     with (
@@ -183,23 +183,13 @@ def test_a_slow_disk_holds_at_most_one_write_in_flight(tmp_path, monkeypatch):
     import time
     import weakref
 
-    real_open = disk_module.DiskStore._open
+    real_pwrite = disk_module.DiskStore._pwrite
 
-    class SlowFile:
-        def __init__(self, file):
-            self.file = file
+    def slow_pwrite(self, data, offset):
+        time.sleep(0.05)
+        return real_pwrite(self, data, offset)
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.file.close()
-
-        def write(self, data):
-            time.sleep(0.05)
-            return self.file.write(data)
-
-    monkeypatch.setattr(disk_module.DiskStore, "_open", lambda self, path: SlowFile(real_open(self, path)))
+    monkeypatch.setattr(disk_module.DiskStore, "_pwrite", slow_pwrite)
     store = disk_module.DiskStore(tmp_path)
     try:
         alive = []
@@ -288,3 +278,33 @@ def test_the_pinned_pool_grows_to_a_steps_demand_and_then_allocates_nothing():
 
     pool._allocate = refuse
     assert pool.take(20000) is None
+
+
+def test_offloaded_storages_share_one_file_whose_extents_are_reused(tmp_path):
+    """Every storage has its own extent of the store's one file while alive (none overlaps another),
+    a storage still alive keeps its extent across steps, and once none is alive the next step writes
+    from the start again: the file does not grow step after step."""
+    store = disk_module.DiskStore(tmp_path)
+    try:
+        held = store.put(torch.full((3000,), -1.0))
+        held_bytes = held.nbytes
+        sizes, firsts = [], []
+        for step in range(3):
+            values = [float(10 * step + i) for i in range(4)]
+            handles = [store.put(torch.full((1000 + 7 * i,), v)) for i, v in enumerate(values)]
+            extents = sorted((h.offset, h.offset + h.nbytes) for h in [held, *handles] if h is not None)
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(extents))
+            got = [float(store.get(h).view(torch.float32)[-1]) for h in reversed(handles)]
+            assert got == values[::-1]
+            firsts.append(handles[0].offset)
+            store.end_step()
+            del handles
+            if step == 0:
+                assert float(store.get(held).view(torch.float32)[0]) == -1.0
+                held = None  # released: the next step starts the file again
+            sizes.append(store.path.stat().st_size)
+        assert firsts[0] >= held_bytes and firsts[1:] == [0, 0]
+        assert sizes[0] == sizes[1] == sizes[2]
+    finally:
+        store.close()
+    assert list(tmp_path.iterdir()) == []

@@ -8,15 +8,18 @@ when a read is scheduled, and a written tensor is released when the training thr
 finished writes. So torch's allocator (and the memory profiler watching it) sees the real lifetimes,
 and a write that has not finished by the start of backward still counts at the peak.
 
-Files hold raw bytes (numpy's view of the storage): no pickle. Each file is removed when its saved
-tensor is released, and the whole directory when the store closes, also on error. A full disk is a
-``DnnperfError`` naming the directory.
+One file holds every offloaded storage as raw bytes (numpy's view of the storage): no pickle. Each
+storage has its own extent of it; extents are handed out end to end and from the start again once none
+is alive (each step, after backward has read everything back), so steady training rewrites the same
+pages of the page cache. A file per tensor, created and unlinked every step, cost this machine about
+twice as much per byte (docs/benchmarks-memsave.md, session 17). The file and its directory are
+removed when the store closes, also on error. A full disk is a ``DnnperfError`` naming the directory.
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
+import os
 import shutil
 import tempfile
 import threading
@@ -26,29 +29,59 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from dnnperf.errors import DnnperfError
 
+#: Extents start on page boundaries: a write of whole pages needs no read of the page it partly covers.
+_ALIGN = 4096
+
+
+class Extents:
+    """Places in the store's file: handed out end to end, and from offset 0 again once none is alive.
+    Released by the handles' finalisers, which may run on any thread (a reader's work item can hold
+    the last reference) or inside ``take`` (a collection): hence a reentrant lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._live = 0
+        self._end = 0
+        self.high_water = 0  # the file's size: the most bytes ever placed at once
+
+    def take(self, nbytes: int) -> int:
+        with self._lock:
+            if self._live == 0:
+                self._end = 0
+            offset = self._end
+            self._end += -(-nbytes // _ALIGN) * _ALIGN
+            self._live += 1
+            self.high_water = max(self.high_water, self._end)
+            return offset
+
+    def release(self) -> None:
+        with self._lock:
+            self._live -= 1
+
 
 @dataclass(eq=False)
 class DiskHandle:
-    """One offloaded storage (the saved-tensor hook keeps each view's shape beside it)."""
+    """One offloaded storage: its extent of the store's file (the saved-tensor hook keeps each view's
+    shape beside it)."""
 
-    path: Path
+    offset: int
     nbytes: int
     version: int
     #: Bytes saved (every tensor) before this one in forward: where it sits in backward's reverse walk.
     position: int
+    extents: Extents
     written: Future | None = None
     reading: tuple[Future, torch.Tensor] | None = None
     loaded: torch.Tensor | None = None
 
-    def __del__(self) -> None:  # the saved tensor is released: its file goes too
-        with suppress(OSError):
-            self.path.unlink(missing_ok=True)
+    def __del__(self) -> None:  # the saved tensor is released: its extent may be reused
+        self.extents.release()
 
 
 def read_ahead(
@@ -79,7 +112,7 @@ def _raw(tensor: torch.Tensor) -> torch.Tensor:
 
 class DiskStore:
     """Writes and reads saved tensors in ``directory`` (default: a new temporary directory). Our own
-    files live in a fresh sub-directory, removed on ``close``."""
+    file lives in a fresh sub-directory, removed on ``close``."""
 
     def __init__(self, directory: Path | str | None = None, prefetch_bytes: int = 64 * 2**20) -> None:
         if directory is not None:
@@ -89,6 +122,9 @@ class DiskStore:
             except OSError as error:
                 raise DnnperfError(f"cannot use offload directory {directory}: {error.strerror}") from None
         self.directory = Path(tempfile.mkdtemp(prefix="dnnperf-memsave-", dir=directory))
+        self.path = self.directory / "offloaded.bin"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._extents = Extents()
         self.prefetch_bytes = prefetch_bytes
         self.bytes_written = 0
         self.bytes_read = 0
@@ -98,7 +134,6 @@ class DiskStore:
         # Pack order, for prefetching backwards; weak: a handle (and what it read back) lives only as
         # long as the graph holds it.
         self._order: list[weakref.ref[DiskHandle]] = []
-        self._counter = itertools.count()
         self._cursor: int | None = None  # the next handle (backwards) not yet read back
         self._lock = threading.Lock()
         self._closed = False
@@ -114,38 +149,44 @@ class DiskStore:
         self.release_written()
         storage = tensor.untyped_storage()
         handle = DiskHandle(
-            path=self.directory / f"{next(self._counter)}.bin",
+            offset=self._extents.take(storage.nbytes()),
             nbytes=storage.nbytes(),
             version=tensor._version,
             position=position,
+            extents=self._extents,
         )
         # The writer gets the tensor in a box it empties: the last reference stays the training
         # thread's (``_pending``), so the storage is released there, where the memory profiler sees it;
         # a release on the writer thread would leave the block alive in the profiler's trace.
-        handle.written = self._writer.submit(self._write, handle.path, [tensor.detach()])
+        handle.written = self._writer.submit(self._write, handle.offset, [tensor.detach()])
         self._pending.append((handle, tensor))
         self._order.append(weakref.ref(handle))
         return handle
 
-    def _write(self, path: Path, box: list[torch.Tensor]) -> int:
+    def _write(self, offset: int, box: list[torch.Tensor]) -> int:
         data = _raw(box.pop()).numpy()
         try:
-            with self._open(path) as file:
-                file.write(memoryview(data))
+            self._pwrite(memoryview(data), offset)
         except OSError as error:
-            path.unlink(missing_ok=True)
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DnnperfError(
                     f"disk full: cannot offload {len(data)} bytes of activations to {self.directory} "
                     "(choose another --offload-dir or a smaller budget cut)"
                 ) from None
-            raise DnnperfError(f"cannot write offloaded activations to {path}: {error.strerror}") from None
+            raise DnnperfError(
+                f"cannot write offloaded activations to {self.path}: {error.strerror}"
+            ) from None
         with self._lock:
             self.bytes_written += len(data)
         return len(data)
 
-    def _open(self, path: Path) -> BinaryIO:  # a seam for the disk-full test
-        return open(path, "wb")
+    def _pwrite(self, data: memoryview, offset: int) -> None:
+        """All of ``data`` at ``offset`` of the file (a seam for the disk tests)."""
+        while data:
+            done = os.pwrite(self._fd, data, offset)
+            if done <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            data, offset = data[done:], offset + done
 
     def release_written(self) -> None:
         """Drop our reference to tensors already on disk (on the training thread: see the module doc);
@@ -187,10 +228,12 @@ class DiskStore:
     def _read(self, handle: DiskHandle, buffer: torch.Tensor) -> None:
         assert handle.written is not None
         handle.written.result()  # the write finished (or its error is raised at get)
-        with open(handle.path, "rb") as file:
-            got = file.readinto(memoryview(buffer.numpy()))
-        if got != handle.nbytes:
-            raise DnnperfError(f"offloaded file {handle.path} is short: {got} of {handle.nbytes} bytes")
+        view, offset, got = memoryview(buffer.numpy()), handle.offset, 0
+        while got < handle.nbytes:
+            done = os.preadv(self._fd, [view[got:]], offset + got)
+            if done <= 0:
+                raise DnnperfError(f"offloaded file {self.path} is short: {got} of {handle.nbytes} bytes")
+            got += done
 
     def reached(self, position: int) -> None:
         """Backward has reached ``position`` (in forward's saved bytes): read back every offloaded
@@ -226,6 +269,8 @@ class DiskStore:
                 handle.reading = None
                 handle.loaded = None
         self._order = []
+        with suppress(OSError):
+            os.close(self._fd)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
