@@ -308,3 +308,20 @@ def test_offloaded_storages_share_one_file_whose_extents_are_reused(tmp_path):
     finally:
         store.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_byte_comes_back_whatever_the_size(tmp_path):
+    """Storages smaller than a page, of whole pages, of odd sizes, and views into them, side by side in
+    the one file: the bytes read back are the bytes written."""
+    tensors = [torch.randn(n) for n in (1, 17, 1000, 1024, 4096, 100_003, 3 * 2**20)]
+    tensors += [torch.randn(64, 3, 7, 7)[5:], torch.arange(10_000, dtype=torch.int64)[3:]]
+    store = disk_module.DiskStore(tmp_path)
+    try:
+        handles = [store.put(t) for t in tensors]
+        for tensor, handle in zip(reversed(tensors), reversed(handles), strict=True):
+            original = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+            assert torch.equal(store.get(handle), original)
+        assert store.bytes_written == store.bytes_read == sum(t.untyped_storage().nbytes() for t in tensors)
+    finally:
+        store.close()
+    assert list(tmp_path.iterdir()) == []
