@@ -58,6 +58,48 @@ def run_cli(
     )
 
 
+_BATCH_DRIVER = """
+import contextlib, io, json, sys, traceback
+from dnnperf.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # argparse's own exits (help, usage errors)
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:  # what python -m dnnperf would print, so a test sees the traceback
+            traceback.print_exc()
+            code = 1
+    results.append([code, out.getvalue(), err.getvalue()])
+sys.stdout.write(json.dumps(results))
+"""
+
+
+def run_cli_batch(
+    argvs: list[list[str]], env: dict[str, str] | None = None, timeout: float = 240
+) -> list[subprocess.CompletedProcess]:
+    """Several ``dnnperf`` command lines in one fresh process, ``main`` called for each with its own
+    streams captured: for what a command prints before it does any work (help, bad input), where a
+    process each would spend two seconds importing torch."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", _BATCH_DRIVER, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=True,
+    )
+    return [
+        subprocess.CompletedProcess(["dnnperf", *argv], code, out, err)
+        for argv, (code, out, err) in zip(argvs, json.loads(done.stdout), strict=True)
+    ]
+
+
 class KnownDelay:
     """A busy wait of a nominal length that logs how long each call really took.
 

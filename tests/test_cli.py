@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_batch
 
 import dnnperf
 
@@ -32,9 +32,30 @@ def test_version():
     assert result.stdout.strip() == f"dnnperf {dnnperf.__version__}"
 
 
+@pytest.fixture(scope="module")
+def batched(tmp_path_factory):
+    """Every help and bad-input command line of this module, run in one fresh process."""
+    home = tmp_path_factory.mktemp("batched")
+    argvs = [[c, "--help"] for c in SUBCOMMANDS] + [list(args) for args, _ in BAD_INPUT]
+    env = {"DNNPERF_RUNS_DIR": str(home / "runs"), "DNNPERF_DATA_DIR": str(home / "data")}
+    env["DNNPERF_CACHE_DIR"] = str(home / "cache")
+    return {tuple(r.args[1:]): r for r in run_cli_batch(argvs, env=env)}
+
+
+def test_a_batch_sees_what_a_process_of_its_own_sees(batched):
+    """The batch is a faithful stand-in: one bad input gives the same exit code and streams either way."""
+    args = BAD_INPUT[0][0]
+    alone = run_cli(*args)
+    assert (batched[args].returncode, batched[args].stdout, batched[args].stderr) == (
+        alone.returncode,
+        alone.stdout,
+        alone.stderr,
+    )
+
+
 @pytest.mark.parametrize("command", SUBCOMMANDS)
-def test_every_subcommand_has_help(command):
-    result = run_cli(command, "--help")
+def test_every_subcommand_has_help(command, batched):
+    result = batched[(command, "--help")]
     assert result.returncode == 0
     assert "usage: dnnperf " + command in result.stdout
     assert "--json" in result.stdout
@@ -65,29 +86,29 @@ def test_list_json_covers_the_suite():
         assert row["presets"]["tiny"]["train_flops_per_sample"] > 0, row["name"]
 
 
-@pytest.mark.parametrize(
-    ("args", "needles"),
-    [
-        (("bench", "resnet5"), ("unknown workload 'resnet5'", "resnet50")),
-        (("bench", "basic_cnn", "--batch-size", "0"), ("--batch-size", "positive integer")),
-        (("bench", "basic_cnn", "--batch-size", "-3"), ("--batch-size", "positive integer")),
-        (("bench", "basic_cnn", "--batch-size", "2.5"), ("--batch-size", "positive integer")),
-        (("bench", "basic_cnn", "--sweep", "1,x,4"), ("--sweep",)),
-        (("bench", "basic_cnn", "--preset", "huge"), ("unknown preset 'huge'", "tiny, small, full")),
-        (("bench", "basic_cnn", "--device", "tpu"), ("device",)),
-        (("bench", "a3c", "--data", "disk"), ("--data disk does not apply",)),
-        (("show", "no-such-run"), ("no run 'no-such-run'",)),
-        (("list", "--preset", "medium"), ("unknown preset 'medium'",)),
-        (("show", "*"), ("no run",)),
-        (("show", "/nonexistent/run.json"), ("no record file",)),
-        (("show", ""), ("give a run id",)),
-        (("bench", "basic_cnn", "--seed", str(2**64)), ("--seed",)),
-        (("bench", "basic_cnn", "--device", "cpu:5"), ("no device index",)),
-        (("bench", "basic_cnn", "--steps", "0"), ("--steps", "positive integer")),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_code_2(args, needles):
-    assert_one_line_error(run_cli(*args), *needles)
+BAD_INPUT = [
+    (("bench", "resnet5"), ("unknown workload 'resnet5'", "resnet50")),
+    (("bench", "basic_cnn", "--batch-size", "0"), ("--batch-size", "positive integer")),
+    (("bench", "basic_cnn", "--batch-size", "-3"), ("--batch-size", "positive integer")),
+    (("bench", "basic_cnn", "--batch-size", "2.5"), ("--batch-size", "positive integer")),
+    (("bench", "basic_cnn", "--sweep", "1,x,4"), ("--sweep",)),
+    (("bench", "basic_cnn", "--preset", "huge"), ("unknown preset 'huge'", "tiny, small, full")),
+    (("bench", "basic_cnn", "--device", "tpu"), ("device",)),
+    (("bench", "a3c", "--data", "disk"), ("--data disk does not apply",)),
+    (("show", "no-such-run"), ("no run 'no-such-run'",)),
+    (("list", "--preset", "medium"), ("unknown preset 'medium'",)),
+    (("show", "*"), ("no run",)),
+    (("show", "/nonexistent/run.json"), ("no record file",)),
+    (("show", ""), ("give a run id",)),
+    (("bench", "basic_cnn", "--seed", str(2**64)), ("--seed",)),
+    (("bench", "basic_cnn", "--device", "cpu:5"), ("no device index",)),
+    (("bench", "basic_cnn", "--steps", "0"), ("--steps", "positive integer")),
+]
+
+
+@pytest.mark.parametrize(("args", "needles"), BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_code_2(args, needles, batched):
+    assert_one_line_error(batched[args], *needles)
 
 
 def test_cuda_without_a_gpu_is_refused():

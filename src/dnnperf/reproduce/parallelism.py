@@ -41,10 +41,11 @@ AXES = {
     "nodes": "2,4,8,16,32,64",
 }
 #: size -> (CNN, preset, global batch, axes swept, validation workloads, their batches, strategies,
-#: steps). The smoke size sweeps only the two axes its claims about data parallelism read.
+#: steps, launches per configuration). The smoke size sweeps only the two axes its claims about data
+#: parallelism read, and launches its 2 ranks once (each launch is most of its time).
 SIZES = {
-    "smoke": ("basic_cnn", "tiny", 256, ("link_gbps", "tflops"), ("basic_cnn",), "8", "dp", 2),
-    "default": ("vgg16", "small", 256, tuple(AXES), ("resnet18", "vgg16", "gpt2"), "8,16", "dp,pp,tp", 10),
+    "smoke": ("basic_cnn", "tiny", 256, ("link_gbps", "tflops"), ("basic_cnn",), "8", "dp", 2, 1),
+    "default": ("vgg16", "small", 256, tuple(AXES), ("resnet18", "vgg16", "gpt2"), "8,16", "dp,pp,tp", 10, 3),
 }
 
 
@@ -55,7 +56,7 @@ def planned(size: str) -> int:
 
 def run(session: Session, size: str, progress: Callable[[str], None] | None = None) -> Reproduction:
     start = started()
-    cnn, preset, batch, axes, validated, batches, strategies, steps = SIZES[size]
+    cnn, preset, batch, axes, validated, batches, strategies, steps, launches = SIZES[size]
     sweeps, sweep_commands, rows = {}, [], []
     for axis, values in ((a, AXES[a]) for a in axes):
         command, document = session.run(
@@ -73,7 +74,7 @@ def run(session: Session, size: str, progress: Callable[[str], None] | None = No
         progress(hw_command)
     val_command, validation = session.run(
         "validate", *validated, "--preset", preset, "--batch-sizes", batches,
-        "--steps", str(steps), "--distributed", strategies, "--hw", hw_path,
+        "--steps", str(steps), "--processes", str(launches), "--distributed", strategies, "--hw", hw_path,
     )  # fmt: skip
     if progress is not None:
         progress(val_command)
