@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_batch
 from tests.test_cli import assert_one_line_error
 
 from dnnperf import cli
@@ -187,23 +187,33 @@ def test_show_prints_ranks_side_by_side(dp_run):
     assert "each rank&#x27;s tracked step at its peak" in html and html.count("<svg") >= 2  # escaped
 
 
-@pytest.mark.parametrize(
-    ("args", "needles"),
-    [
-        (("--nproc", "0"), ("--nproc", "positive integer")),
-        (("--nproc", "2", "--strategy", "zz"), ("--strategy", "invalid choice")),
-        (("--nproc", "2", "-b", "7"), ("global batch 7", "divisible by 2")),
-        (("--nproc", "2", "--link-mbit", "100"), ("--netns",)),
-        (("--nproc", "2", "--layers"), ("--layers",)),
-        (("--strategy", "dp"), ("--nproc",)),
-    ],
-)
-def test_bad_distributed_input_is_one_line(args, needles):
-    assert_one_line_error(run_cli("profile", "basic_cnn", *args), *needles)
+BAD_INPUT = [
+    (("--nproc", "0"), ("--nproc", "positive integer")),
+    (("--nproc", "2", "--strategy", "zz"), ("--strategy", "invalid choice")),
+    (("--nproc", "2", "-b", "7"), ("global batch 7", "divisible by 2")),
+    (("--nproc", "2", "--link-mbit", "100"), ("--netns",)),
+    (("--nproc", "2", "--layers"), ("--layers",)),
+    (("--strategy", "dp"), ("--nproc",)),
+]
+OWN_STEP = ("profile", "wgan_gp", "--nproc", "2")
 
 
-def test_dp_refuses_a_workload_with_its_own_step():
-    assert_one_line_error(run_cli("profile", "wgan_gp", "--nproc", "2"), "wgan_gp", "own step")
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """The bad command lines below, in one fresh process (tests/conftest.py: ``run_cli_batch``)."""
+    home = tmp_path_factory.mktemp("refused")
+    argvs = [["profile", "basic_cnn", *args] for args, _ in BAD_INPUT] + [list(OWN_STEP)]
+    env = {"DNNPERF_RUNS_DIR": str(home / "runs"), "DNNPERF_CACHE_DIR": str(home / "cache")}
+    return {tuple(r.args[1:]): r for r in run_cli_batch(argvs, env=env)}
+
+
+@pytest.mark.parametrize(("args", "needles"), BAD_INPUT)
+def test_bad_distributed_input_is_one_line(args, needles, refused):
+    assert_one_line_error(refused[("profile", "basic_cnn", *args)], *needles)
+
+
+def test_dp_refuses_a_workload_with_its_own_step(refused):
+    assert_one_line_error(refused[OWN_STEP], "wgan_gp", "own step")
 
 
 def test_netns_without_root_is_one_line(monkeypatch, capsys):
