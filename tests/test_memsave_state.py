@@ -251,12 +251,10 @@ def test_a_full_disk_is_one_clear_error_and_leaves_nothing(monkeypatch, tmp_path
     task, batch = _mlp()
     task.step(batch)
 
-    def full(path, mode="r", *args, **kwargs):
-        if "w" in mode or "+" in mode:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return open(path, mode, *args, **kwargs)
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(state_module, "open", full, raising=False)
+    monkeypatch.setattr(state_module.os, "pwrite", full)
     saver = StateSaver([task.optimizer], offload_dir=tmp_path)
     full_disk = r"disk full: cannot write optimizer state to .*dnnperf-state-"
     with pytest.raises(DnnperfError, match=full_disk), saver:

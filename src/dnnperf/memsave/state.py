@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import copy
 import errno
+import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,9 +118,9 @@ class _Read:
 
 
 class _Backing:
-    """Where the state lies between updates: one file (CPU) or one pinned host tensor (CUDA) per
-    parameter and state key, written and read by element range. CPU reads run on a reader thread;
-    CUDA copies on a side stream."""
+    """Where the state lies between updates: one file (CPU; opened once, ``pwrite`` and ``preadv``)
+    or one pinned host tensor (CUDA) per parameter and state key, written and read by element range.
+    CPU reads run on a reader thread; CUDA copies on a side stream."""
 
     def __init__(self, device: torch.device, directory: Path | str | None) -> None:
         self.device = device
@@ -126,6 +128,7 @@ class _Backing:
         self._pinned: dict[tuple[int, str], torch.Tensor] = {}
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._reader: ThreadPoolExecutor | None = None
+        self._fds: dict[tuple[int, str], int] = {}
         self.directory: Path | None = None
         if self._stream is None:
             if directory is not None:
@@ -142,6 +145,14 @@ class _Backing:
         assert self.directory is not None
         return self.directory / f"{key[0]}-{key[1]}.bin"
 
+    def _fd(self, key: tuple[int, str]) -> int:
+        """The key's file, opened once and kept open to ``close`` (on the training thread: its reads
+        are scheduled there too)."""
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = self._fds[key] = os.open(self._path(key), os.O_RDWR | os.O_CREAT, 0o600)
+        return fd
+
     def write(self, key: tuple[int, str], start: int, values: torch.Tensor, total: int) -> None:
         """``values`` at elements [start, start + numel) of the key's ``total`` elements."""
         values = values.detach().reshape(-1)
@@ -154,11 +165,14 @@ class _Backing:
                 host[start : start + values.numel()].copy_(values, non_blocking=True)
             values.record_stream(self._stream)  # its memory not reused before the copy is done
         else:
-            path = self._path(key)
             try:
-                with open(path, "r+b" if path.exists() else "wb") as file:
-                    file.seek(start * values.element_size())
-                    file.write(memoryview(values.view(torch.uint8).numpy()))
+                data = memoryview(values.view(torch.uint8).numpy())
+                offset = start * values.element_size()
+                while data:
+                    done = os.pwrite(self._fd(key), data, offset)
+                    if done <= 0:
+                        raise OSError(errno.EIO, "write made no progress")
+                    data, offset = data[done:], offset + done
             except OSError as error:
                 full = error.errno in (errno.ENOSPC, errno.EDQUOT)
                 raise DnnperfError(
@@ -181,18 +195,18 @@ class _Backing:
         out = torch.empty(count, dtype=dtype)  # allocated here, on the training thread
         # The reader gets the buffer in a box it empties and returns nothing: only the training thread
         # holds it after the read, so it is released there, where the memory profiler sees it.
-        return _Read(self._reader.submit(self._read_file, key, start, [out]), out)
+        return _Read(self._reader.submit(self._read_file, key, self._fd(key), start, [out]), out)
 
-    def _read_file(self, key: tuple[int, str], start: int, box: list[torch.Tensor]) -> None:
+    def _read_file(self, key: tuple[int, str], fd: int, start: int, box: list[torch.Tensor]) -> None:
         out = box.pop()
-        raw = out.view(torch.uint8).numpy()
-        with open(self._path(key), "rb") as file:
-            file.seek(start * out.element_size())
-            got = file.readinto(memoryview(raw))
-        if got != raw.nbytes:
-            raise DnnperfError(
-                f"optimizer state file {self._path(key)} is short: {got} of {raw.nbytes} bytes"
-            )
+        view, offset, got = memoryview(out.view(torch.uint8).numpy()), start * out.element_size(), 0
+        while got < len(view):
+            done = os.preadv(fd, [view[got:]], offset + got)
+            if done <= 0:
+                raise DnnperfError(
+                    f"optimizer state file {self._path(key)} is short: {got} of {len(view)} bytes"
+                )
+            got += done
 
     def close(self) -> None:
         if self._reader is not None:
@@ -200,6 +214,10 @@ class _Backing:
         if self._stream is not None:
             self._stream.synchronize()
         self._pinned.clear()
+        for fd in self._fds.values():
+            with suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 
