@@ -48,7 +48,6 @@ class Extents:
         self._lock = threading.RLock()
         self._live = 0
         self._end = 0
-        self.high_water = 0  # the file's size: the most bytes ever placed at once
 
     def take(self, nbytes: int) -> int:
         with self._lock:
@@ -57,7 +56,6 @@ class Extents:
             offset = self._end
             self._end += -(-nbytes // _ALIGN) * _ALIGN
             self._live += 1
-            self.high_water = max(self.high_water, self._end)
             return offset
 
     def release(self) -> None:
