@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -84,8 +85,6 @@ def run_cli_batch(
     streams captured: for what a command prints before it does any work (help, bad input), where a
     process each would spend two seconds importing torch."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    import json
-
     done = subprocess.run(
         [sys.executable, "-c", _BATCH_DRIVER, json.dumps(argvs)],
         capture_output=True,

@@ -161,6 +161,12 @@ def test_ranks_section_round_trip_and_validation(dp_run):
     broken["points"][0]["ranks"]["per_rank"][1]["buckets"][0][0]["skew_s"] = -0.5
     with pytest.raises(RecordError, match=r"per_rank\[1\].buckets holds -0.5"):
         RunRecord.from_dict(broken)
+    broken = json.loads(json.dumps(document))
+    peak = broken["points"][0]["ranks"]["per_rank"][1]["memory"]["peak"]  # checked as a point's memory
+    category = next(name for name in peak if name != "unattributed")
+    peak[category] = -5
+    with pytest.raises(RecordError, match=rf"per_rank\[1\]\.memory\.peak\.{category} must be a byte count"):
+        RunRecord.from_dict(broken)
 
 
 def test_json_bytes_round_trip():

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from dnnperf.probes.memory import StepMemory
+from dnnperf.probes.memory import StepMemory, step_memory_from_document
 from dnnperf.probes.stages import STAGE_ORDER
 from dnnperf.stats import Samples
 
@@ -183,17 +183,8 @@ def _rank_from_dict(item: Any, index: int, steps: int) -> RankSteps:
         stages={k: _seconds(v, f"{where}.stages.{k}", steps) for k, v in item.get("stages", {}).items()},
         detail={k: _seconds(v, f"{where}.detail.{k}", steps) for k, v in item.get("detail", {}).items()},
         buckets=buckets,
-        memory=_memory_from_dict(item.get("memory"), where),
+        memory=step_memory_from_document(item.get("memory"), where),
     )
-
-
-def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
-    if data is None:
-        return None
-    try:
-        return StepMemory.from_dict(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise ValueError(f"{where}.memory is not a step's memory ({error})") from None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -177,6 +177,25 @@ class StepMemory:
         )
 
 
+def step_memory_from_document(data: Any, where: str) -> StepMemory | None:
+    """A stored step's memory, checked (``where`` names it in the ``ValueError``); None for null. Run
+    records and each rank of a distributed one read theirs through this."""
+    if data is None:
+        return None
+    where = f"{where}.memory"
+    if not isinstance(data, dict) or not isinstance(data.get("peak"), dict):
+        raise ValueError(f"{where} is not an object with a 'peak' by category")
+    for name, value in data["peak"].items():
+        if not isinstance(value, int) or isinstance(value, bool) or (value < 0 and name != "unattributed"):
+            raise ValueError(f"{where}.peak.{name} must be a byte count, got {value!r}")
+    if not isinstance(data.get("timeline"), list) or not isinstance(data.get("layers"), dict):
+        raise ValueError(f"{where} needs a 'timeline' list and a 'layers' object")
+    try:
+        return StepMemory.from_dict(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
 def _read_status(field_name: str) -> int | None:
     """A field of /proc/self/status in bytes (Linux), e.g. VmHWM (peak resident) or VmRSS."""
     try:

@@ -17,7 +17,7 @@ import psutil
 
 from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.probes.layers import LayerProfile
-from dnnperf.probes.memory import StepMemory
+from dnnperf.probes.memory import StepMemory, step_memory_from_document
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.stats import Samples
 
@@ -326,20 +326,10 @@ def _layers_from_dict(data: Any, where: str) -> LayerProfile | None:
 
 
 def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
-    if data is None:
-        return None
-    where = f"{where}.memory"
-    if not isinstance(data, dict) or not isinstance(data.get("peak"), dict):
-        raise RecordError(f"{where} is not an object with a 'peak' by category")
-    for name, value in data["peak"].items():
-        if not isinstance(value, int) or isinstance(value, bool) or (value < 0 and name != "unattributed"):
-            raise RecordError(f"{where}.peak.{name} must be a byte count, got {value!r}")
-    if not isinstance(data.get("timeline"), list) or not isinstance(data.get("layers"), dict):
-        raise RecordError(f"{where} needs a 'timeline' list and a 'layers' object")
     try:
-        return StepMemory.from_dict(data)
-    except (KeyError, TypeError, ValueError) as error:
-        raise RecordError(f"{where}: {error}") from None
+        return step_memory_from_document(data, where)
+    except ValueError as error:
+        raise RecordError(str(error)) from None
 
 
 def _memsave_from_dict(data: Any) -> MemsaveResult | None:
