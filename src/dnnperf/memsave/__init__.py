@@ -4,6 +4,7 @@ device (docs/memsave.md)."""
 from dnnperf.memsave.policy import KEEP, OFFLOAD, POLICIES, RECOMPUTE, Plan, Unit, find_units, plan_of
 from dnnperf.memsave.saver import MemorySaver
 from dnnperf.memsave.state import StateSaver
+from dnnperf.memsave.user import plan_for
 
 __all__ = [
     "KEEP",
@@ -15,5 +16,6 @@ __all__ = [
     "StateSaver",
     "Unit",
     "find_units",
+    "plan_for",
     "plan_of",
 ]

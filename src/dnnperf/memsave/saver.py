@@ -1,6 +1,6 @@
 """``MemorySaver``: a plan applied to a user's model for the steps run inside it.
 
-    saver = MemorySaver(model, plan)            # plan: dnnperf.memsave.plan_for(...) or by hand
+    saver = MemorySaver(model, plan)   # plan: dnnperf.memsave.plan_for(...).plan, or plan_of(...) by hand
     with saver:
         loss = loss_fn(model(x), y)
         loss.backward()

@@ -1,0 +1,135 @@
+"""The memory saver on a user's own model from Python: ``dnnperf.memsave.plan_for`` plans and measures,
+leaves the model as it was, and its plan trains like the plain loop."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+
+import pytest
+import torch
+from torch import nn
+
+from dnnperf.errors import UsageError
+from dnnperf.memsave import OFFLOAD, MemorySaver, StateSaver, plan_for
+
+
+class Net(nn.Module):
+    """Not a suite workload: a user's model with BatchNorm (running statistics) and dropout (random), whose
+    activations outweigh its parameters."""
+
+    def __init__(self, width: int = 256, depth: int = 6) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.1)]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+
+def make() -> tuple[Net, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batch = {"x": torch.randn(1024, 256), "y": torch.randint(0, 10, (1024,))}
+    return model, optimizer, batch
+
+
+@pytest.fixture(scope="module")
+def planned():
+    model, optimizer, batch = make()
+    optimizer.zero_grad()
+    loss_fn(model, batch).backward()  # a step already taken: momentum and gradients exist
+    optimizer.step()
+    loss_fn(model, batch).backward()  # gradients left over, as a loop between steps may have them
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    grads = [p.grad.clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    result = plan_for(model, optimizer, loss_fn, batch, "50%", pairs=2)
+    return model, optimizer, batch, before, grads, rng, result
+
+
+def test_plan_for_meets_the_budget_measured_on_the_users_model(planned):
+    *_, result = planned
+    assert result.feasible, result.reason
+    assert result.budget == int(0.5 * result.baseline_peak)
+    planner = result.variant("planner")
+    assert planner.peak <= result.budget < result.baseline_peak  # measured by the allocator
+    assert (
+        any(p == OFFLOAD for p in result.plan.policies.values())
+        or result.plan.segments
+        or (result.plan.training_state == OFFLOAD)
+    )
+    assert {"none", "offload-all", "sqrt(n)", "planner"} <= {v.name for v in result.variants}
+
+
+def test_plan_for_puts_the_model_optimizer_and_random_state_back(planned):
+    model, optimizer, _, (weights, optimizer_state), grads, rng, _ = planned
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name  # BatchNorm's running statistics included
+    assert optimizer.state_dict()["param_groups"] == optimizer_state["param_groups"]
+    for key, state in optimizer.state_dict()["state"].items():
+        assert torch.equal(state["momentum_buffer"], optimizer_state["state"][key]["momentum_buffer"])
+    for p, grad in zip(model.parameters(), grads, strict=True):
+        assert torch.equal(p.grad, grad)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_the_plan_trains_like_the_plain_loop(planned):
+    model, optimizer, batch, *_, result = planned
+    plain = copy.deepcopy(model)
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    plain_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # its own momentum tensors
+    optimizer.zero_grad()
+    plain_optimizer.zero_grad()
+    saving = result.plan.training_state == OFFLOAD
+    with StateSaver([optimizer]) if saving else nullcontext():
+        for step in range(3):
+            torch.manual_seed(step)  # the same dropout masks in both loops
+            with MemorySaver(model, result.plan):
+                loss_fn(model, batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for step in range(3):
+        torch.manual_seed(step)
+        loss_fn(plain, batch).backward()
+        plain_optimizer.step()
+        plain_optimizer.zero_grad()
+    for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values(), strict=True):
+        # recompute and the fused, chunked update round differently from the plain step
+        assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.parametrize(
+    ("budget", "pairs", "needle"),
+    [
+        ("half", 2, "not a size"),
+        ("-5%", 2, "(0, 100]"),
+        ("0", 2, "must be positive"),
+        ("50%", 0, "pairs must be at least 1"),
+    ],
+)
+def test_bad_input_is_refused_before_any_step(budget, pairs, needle):
+    model, optimizer, batch = make()
+    calls = []
+
+    def counting(m, b):
+        calls.append(1)
+        return loss_fn(m, b)
+
+    with pytest.raises(UsageError) as raised:
+        plan_for(model, optimizer, counting, batch, budget, pairs=pairs)
+    assert needle in str(raised.value)
+    assert not calls
+
+
+def test_a_model_without_parameters_is_refused():
+    with pytest.raises(UsageError, match="no parameters"):
+        plan_for(nn.ReLU(), torch.optim.SGD([torch.zeros(1, requires_grad=True)]), loss_fn, {}, "50%")
