@@ -15,7 +15,7 @@ from conftest import run_cli
 from dnnperf.analysis.memory import parse_bytes, predict_max_batch, scaling_fit
 from dnnperf.devices import on_device
 from dnnperf.errors import UsageError
-from dnnperf.probes.memory import MemoryTracker, StepMemory
+from dnnperf.probes.memory import ROOT_MODULE, MemoryTracker, StepMemory
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench
@@ -281,6 +281,30 @@ def test_a_known_backward_allocation_is_the_peak_and_is_placed_in_its_layer():
     assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
     assert memory.peak["temporaries"] >= 2**23  # the workspace, released within the step
     assert memory.measured_peak - 2**23 < 2**16  # and little else: the model is a few KiB
+
+
+def test_each_layers_backward_peak_holds_its_own_workspace(monkeypatch):
+    """The same step with a 4 or 8 MiB workspace in layer 1's backward: layer 1's ``backward_peak`` is
+    the step's measured peak, and moves by exactly the workspace's bytes; the layers around it, which
+    allocate before and after the workspace is freed, stay far below it."""
+    real_ones = torch.ones
+    peaks = {}
+    for floats in (2**20, 2**21):
+
+        def ones(size, *args, floats=floats, **kwargs):  # the workspace's size, as asked
+            return real_ones(floats if size == 2**21 else size, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "ones", ones)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), _WithWorkspace(), nn.Linear(32, 4))
+        batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+        memory = tracked_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch)
+        peaks[floats] = {name: layer["backward_peak"] for name, layer in memory.layers.items()}
+        assert peaks[floats]["1"] == memory.measured_peak
+        assert 4 * floats <= peaks[floats]["1"] < 4 * floats + 2**16  # the model is a few KiB
+        assert peaks[floats]["0"] < 2**16 and peaks[floats]["2"] < 2**16  # before and after it
+        assert peaks[floats][ROOT_MODULE] == 0  # no backward of its own
+    assert peaks[2**21]["1"] - peaks[2**20]["1"] == 4 * 2**20
 
 
 def test_the_tracker_keeps_nothing_alive_that_the_step_releases():

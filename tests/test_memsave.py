@@ -4,8 +4,10 @@ dropout, hooks and files removed, disk full."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
+import os
 import threading
 from pathlib import Path
 
@@ -126,6 +128,36 @@ def small_cnn() -> nn.Module:
     )
 
 
+def open_offload_files(directory) -> list[str]:
+    """This process's open files in ``directory`` (Linux: their links under /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                found.append(target)
+    return found
+
+
+def test_the_file_lasts_from_block_to_block_and_closes_with_the_saver(tmp_path):
+    """A saver's disk tier is opened by its first block and reused by the next (one file, rewritten:
+    it does not grow), never visible in the directory, and gone on ``close``."""
+    model = small_cnn()
+    plan = Plan(policies={u.name: OFFLOAD for u in find_units(model)}, min_bytes=0)
+    saver = MemorySaver(model, plan, offload_dir=tmp_path)
+    files, written = [], []
+    for _ in range(3):
+        with saver:
+            model(torch.randn(4, 3, 16, 16)).sum().backward()
+        files.append(open_offload_files(tmp_path))
+        written.append(saver.bytes_written)
+    assert len(files[0]) == 1 and files[0] == files[1] == files[2] and "(deleted)" in files[0][0]
+    assert written[0] == written[1] == written[2] > 0  # each block's own bytes
+    assert list(tmp_path.iterdir()) == []
+    saver.close()
+    assert not open_offload_files(tmp_path)
+
+
 def test_hooks_forwards_and_files_removed_on_error(tmp_path):
     model = small_cnn()
     units = find_units(model)
@@ -136,10 +168,11 @@ def test_hooks_forwards_and_files_removed_on_error(tmp_path):
     threads = threading.active_count()
     with pytest.raises(RuntimeError, match="injected"), saver:
         loss = model(torch.randn(4, 3, 16, 16)).sum()
-        assert any(tmp_path.iterdir())  # the offload directory is in use mid-step
+        assert open_offload_files(tmp_path)  # in use mid-step, and already unlinked
+        assert list(tmp_path.iterdir()) == []
         raise RuntimeError("injected")
     del loss
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [] and not open_offload_files(tmp_path)
     assert threading.active_count() == threads
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
@@ -302,7 +335,7 @@ def test_offloaded_storages_share_one_file_whose_extents_are_reused(tmp_path):
             if step == 0:
                 assert float(store.get(held).view(torch.float32)[0]) == -1.0
                 held = None  # released: the next step starts the file again
-            sizes.append(store.path.stat().st_size)
+            sizes.append(store.file_bytes)
         assert firsts[0] >= held_bytes and firsts[1:] == [0, 0]
         assert sizes[0] == sizes[1] == sizes[2]
     finally:

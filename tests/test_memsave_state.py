@@ -200,7 +200,7 @@ def test_fused_updates_hold_one_units_gradients_in_the_model():
     costs = [UnitCost("u0", 0, 0, 0.001, 100), UnitCost("u1", 0, 0, 0.001, 30)]
     unfused = MemoryModel(_units(2), costs, 1000, 0.0, 0)
     fused = MemoryModel(_units(2), costs, 1000, 0.0, 0, fused_update=True)
-    assert unfused._simulate({}, [])[0] - fused._simulate({}, [])[0] == 30
+    assert unfused._alive({}, []) - fused._alive({}, []) == 30
     assert unfused.rest == fused.rest - 30  # both fitted on the same measured peak
 
 

@@ -12,8 +12,11 @@ One file holds every offloaded storage as raw bytes (numpy's view of the storage
 storage has its own extent of it; extents are handed out end to end and from the start again once none
 is alive (each step, after backward has read everything back), so steady training rewrites the same
 pages of the page cache. A file per tensor, created and unlinked every step, cost this machine about
-twice as much per byte (docs/benchmarks-memsave.md, session 17). The file and its directory are
-removed when the store closes, also on error. A full disk is a ``DnnperfError`` naming the directory.
+twice as much per byte (docs/benchmarks-memsave.md, session 17); a new file each step, half again
+(session 18: a ``MemorySaver`` keeps its store from block to block). The file, and the fresh
+directory it is made in, are unlinked as soon as it is opened: the open descriptor keeps it, and its
+space returns when the store closes (also on error) or the process ends, however it ends. A full disk
+is a ``DnnperfError`` naming the directory.
 """
 
 from __future__ import annotations
@@ -109,19 +112,23 @@ def _raw(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class DiskStore:
-    """Writes and reads saved tensors in ``directory`` (default: a new temporary directory). Our own
-    file lives in a fresh sub-directory, removed on ``close``."""
+    """Writes and reads saved tensors in a file in ``directory`` (default: the system's temporary
+    directory), unlinked as soon as it is opened; its space returns on ``close``."""
 
     def __init__(self, directory: Path | str | None = None, prefetch_bytes: int = 64 * 2**20) -> None:
-        if directory is not None:
-            directory = Path(directory)
+        where = Path(directory if directory is not None else tempfile.gettempdir())
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            made = tempfile.mkdtemp(prefix="dnnperf-memsave-", dir=where)
             try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise DnnperfError(f"cannot use offload directory {directory}: {error.strerror}") from None
-        self.directory = Path(tempfile.mkdtemp(prefix="dnnperf-memsave-", dir=directory))
-        self.path = self.directory / "offloaded.bin"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                self._fd = os.open(Path(made) / "offloaded.bin", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            finally:
+                # Unlinked at once, with the fresh directory it was made in: the open descriptor keeps
+                # the file, and nothing is left on disk once it closes, however the process ends.
+                shutil.rmtree(made, ignore_errors=True)
+        except OSError as error:
+            raise DnnperfError(f"cannot use offload directory {where}: {error.strerror}") from None
+        self.directory = where
         self._extents = Extents()
         self.prefetch_bytes = prefetch_bytes
         self.bytes_written = 0
@@ -135,6 +142,11 @@ class DiskStore:
         self._cursor: int | None = None  # the next handle (backwards) not yet read back
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def file_bytes(self) -> int:
+        """How large the (unlinked) file is."""
+        return os.fstat(self._fd).st_size
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -172,7 +184,7 @@ class DiskStore:
                     "(choose another --offload-dir or a smaller budget cut)"
                 ) from None
             raise DnnperfError(
-                f"cannot write offloaded activations to {self.path}: {error.strerror}"
+                f"cannot write offloaded activations to a file in {self.directory}: {error.strerror}"
             ) from None
         with self._lock:
             self.bytes_written += len(data)
@@ -230,7 +242,9 @@ class DiskStore:
         while got < handle.nbytes:
             done = os.preadv(self._fd, [view[got:]], offset + got)
             if done <= 0:
-                raise DnnperfError(f"offloaded file {self.path} is short: {got} of {handle.nbytes} bytes")
+                raise DnnperfError(
+                    f"the offloaded file in {self.directory} is short: {got} of {handle.nbytes} bytes"
+                )
             got += done
 
     def reached(self, position: int) -> None:
@@ -269,7 +283,6 @@ class DiskStore:
         self._order = []
         with suppress(OSError):
             os.close(self._fd)
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def measure_bandwidth(directory: Path | str | None = None, nbytes: int = 64 * 2**20) -> dict[str, float]:

@@ -13,10 +13,11 @@ of forward and at every unit's backward, walking backward from the last unit: ke
 their earliest keeper's backward), read-back buffers (from when backward comes within
 ``prefetch_bytes`` of them on the hook's clock, or their first use, until their earliest user's
 backward), a recomputed segment's storages (recreated at once at its last unit) and its largest
-unsaved output, the gradients of the unit's output and input, and the parameters' gradients so far.
-``rest`` (parameters, optimizer state, input, workspace, what the model does not see) is fitted so
-that neither the all-keep plan nor any measured ``calibration`` plan is predicted below its measured
-peak.
+unsaved output, the gradients of the unit's output and input, the parameters' gradients so far, and
+what the model does not see there (a convolution's backward workspace): how far the unoptimised step's
+measured bytes during that unit's backward (``UnitCost.backward_peak``) exceed the model's.
+``rest`` (parameters, optimizer state, input, what the model does not see anywhere) is fitted so that
+neither the all-keep plan nor any measured ``calibration`` plan is predicted below its measured peak.
 
 Cost: a recomputed unit costs its forward time; an offloaded byte costs ``offload_s_per_byte``, the
 exposed (not overlapped) time per byte measured by an offload-everything step.
@@ -50,6 +51,9 @@ class UnitCost:
     inputs: int
     forward_s: float
     gradients: int
+    #: The unoptimised step's most bytes alive while the unit's backward allocated (memory profiler's
+    #: ``backward_peak``; 0: not measured).
+    backward_peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class MemoryModel:
         min_bytes: int = 0,
         calibration: Sequence[tuple[Plan, int]] = (),
         fused_update: bool = False,
+        baseline_peak: int | None = None,
     ) -> None:
         self.units, self.costs = list(units), list(costs)
         self.offload_s_per_byte, self.prefetch_bytes = offload_s_per_byte, prefetch_bytes
@@ -131,22 +136,45 @@ class MemoryModel:
         self._input_gradient = [live(set(profile.inputs[j]) - set(profile.outputs[j])) for j in range(n)]
         # The parameters' gradients alive at unit j's backward: every one so far, or (the update fused
         # into backward) the unit's own until they are applied.
-        self._parameter_gradients = [0] * (n + 1)
+        every_so_far = [0] * (n + 1)
         for j in range(n - 1, -1, -1):
-            before = 0 if fused_update else self._parameter_gradients[j + 1]
-            self._parameter_gradients[j] = before + self.costs[j].gradients
+            every_so_far[j] = every_so_far[j + 1] + self.costs[j].gradients
+        own = [c.gradients for c in self.costs]
+        # What the model does not see at each unit's backward (a convolution's workspace): how far the
+        # unoptimised step's measured bytes there exceed the model's, with ``rest`` fitted on that
+        # step's peak (``baseline_peak``, measured without the update fused); never below zero, so the
+        # unoptimised step is still predicted at its measured peak.
+        self._workspace = [0] * n
+        self._parameter_gradients = every_so_far
+        if any(c.backward_peak for c in self.costs):
+            forward, _, at = self._simulate({}, [])
+            base_rest = (measured_peak if baseline_peak is None else baseline_peak) - max([forward, *at])
+            self._workspace = [
+                max(0, c.backward_peak - base_rest - a) if c.backward_peak else 0
+                for c, a in zip(self.costs, at, strict=True)
+            ]
+        if fused_update:
+            self._parameter_gradients = own
         # ``rest`` (parameters, optimizer state, input, workspace, what the model leaves out) is fitted
         # so that no measured plan is predicted below its measured peak: the unoptimised step, and the
         # baselines measured before planning (their peaks fall where this one's do not: at an early
         # layer's backward, whose temporaries the model does not see).
-        self.rest = measured_peak - self._simulate({}, [])[0]
+        self.rest = measured_peak - self._alive({}, [])
         for plan, peak in calibration:
-            self.rest = max(self.rest, peak - self._simulate(plan.policies, plan.segments)[0])
+            self.rest = max(self.rest, peak - self._alive(plan.policies, plan.segments))
 
     # -- the model -----------------------------------------------------------------------------------
 
-    def _simulate(self, policies: dict[str, str], segments: list[list[str]]) -> tuple[int, list[int]]:
-        """The predicted alive bytes at the peak (less ``rest``) and the bytes each unit writes."""
+    def _alive(self, policies: dict[str, str], segments: list[list[str]]) -> int:
+        """The predicted alive bytes at the peak, less ``rest``."""
+        forward, _, at = self._simulate(policies, segments)
+        return max([forward, *at])
+
+    def _simulate(
+        self, policies: dict[str, str], segments: list[list[str]]
+    ) -> tuple[int, list[int], list[int]]:
+        """Less ``rest``: the predicted alive bytes at the end of forward, the bytes each unit writes,
+        and the alive bytes at each unit's backward."""
         profile, size, external = self.profile, self._size, self._external
         n = len(self.costs)
         recompute = [policies.get(c.name, KEEP) == RECOMPUTE for c in self.costs]
@@ -239,18 +267,17 @@ class MemoryModel:
                 ),
                 default=0,
             )
-        peak, running = forward, 0
+        at, running = [0] * n, 0
         for j in range(n):
             running += diff[j]
             gradients = self._parameter_gradients[j] + self._output_gradient[j]
-            at = running + gradients + max(temporary[j], self._input_gradient[j])
-            peak = max(peak, at)
-        return peak, written
+            at[j] = running + gradients + max(temporary[j], self._input_gradient[j]) + self._workspace[j]
+        return forward, written, at
 
     def evaluate(self, policies: dict[str, str], segments: list[list[str]]) -> tuple[int, float]:
         """Predicted peak (bytes) and added seconds of a plan."""
-        alive, written = self._simulate(policies, segments)
-        return self.rest + alive, sum(self._unit_costs(policies, written))
+        forward, written, at = self._simulate(policies, segments)
+        return self.rest + max([forward, *at]), sum(self._unit_costs(policies, written))
 
     def _unit_costs(self, policies: dict[str, str], written: list[int]) -> list[float]:
         out = []
@@ -331,6 +358,7 @@ def plan_budget(
                 min_bytes=min_bytes,
                 calibration=[(p, m) for p, m in calibration if p.training_state == mode],
                 fused_update=mode == OFFLOAD,
+                baseline_peak=measured_peak,
             ),
             extra,
         )

@@ -270,11 +270,14 @@ def tracked_step(
 
 def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float]) -> list[UnitCost]:
     """Per unit: saved and gradient bytes (its modules summed), checkpoint input (the previous unit's
-    output), forward time."""
+    output), forward time, the most bytes alive during its backward (its modules' highest)."""
+
+    def of_unit(unit: str, key: str) -> list[int]:
+        prefix = unit + "."
+        return [d.get(key, 0) for m, d in memory.layers.items() if m == unit or m.startswith(prefix)]
 
     def total(unit: str, key: str) -> int:
-        prefix = unit + "."
-        return sum(d.get(key, 0) for m, d in memory.layers.items() if m == unit or m.startswith(prefix))
+        return sum(of_unit(unit, key))
 
     costs = []
     previous_output = 0
@@ -286,6 +289,7 @@ def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float
                 previous_output,
                 forward_s.get(unit.name, 0.0),
                 total(unit.name, "gradients"),
+                max(of_unit(unit.name, "backward_peak"), default=0),
             )
         )
         previous_output = memory.layers.get(unit.name, {}).get("outputs", 0)
@@ -356,11 +360,21 @@ def paired_times(
 @contextmanager
 def _saver(
     task: Task, plan: Plan, offload_dir: Path | None, stats: dict[str, int], pool_bytes: int | None = None
-) -> Iterator[None]:
+) -> Iterator[Callable[[], AbstractContextManager[None]]]:
+    """One ``MemorySaver`` for a whole variant, as a training loop keeps one (its disk tier's file
+    lasts from step to step), entered by each step's block; closed at the end."""
     saver = MemorySaver(task.model, plan, offload_dir=offload_dir, pool_bytes=pool_bytes)
-    with saver:
-        yield
-    stats["bytes_written"] = saver.bytes_written
+
+    @contextmanager
+    def block() -> Iterator[None]:
+        with saver:
+            yield
+        stats["bytes_written"] = saver.bytes_written
+
+    try:
+        yield block
+    finally:
+        saver.close()
 
 
 @contextmanager
@@ -452,22 +466,12 @@ def memsave(
     prefetch = read_ahead_window(profile, min_bytes)
     everything = Plan(policies={u.name: OFFLOAD for u in units}, min_bytes=min_bytes, prefetch_bytes=prefetch)
     stats: dict[str, int] = {}
-    offload_all = measure_variant(
-        "offload-all",
-        task,
-        batch,
-        device,
-        lambda: _saver(task, everything, offload_dir, stats, pool),
-        pairs,
-        stats,
-    )
+    with _saver(task, everything, offload_dir, stats, pool) as blocks:
+        offload_all = measure_variant("offload-all", task, batch, device, blocks, pairs, stats)
     variants.append(offload_all)
     sqrt_plan = sqrt_checkpointing(units)
-    variants.append(
-        measure_variant(
-            "sqrt(n)", task, batch, device, lambda: _saver(task, sqrt_plan, offload_dir, {}, pool), pairs
-        )
-    )
+    with _saver(task, sqrt_plan, offload_dir, {}, pool) as blocks:
+        variants.append(measure_variant("sqrt(n)", task, batch, device, blocks, pairs))
     # The training state off the device: alone, and with every activation offloaded (the least memory
     # a plan can reach), where the task's update can be fused into backward.
     state_baseline: MeasuredPlan | None = None
@@ -486,27 +490,28 @@ def memsave(
             alone = Plan(min_bytes=min_bytes, prefetch_bytes=prefetch, training_state=OFFLOAD)
             both = dataclasses.replace(everything, training_state=OFFLOAD)
             both_stats: dict[str, int] = {}
-            state_plans = [
-                (
-                    measure_variant(
-                        "offload-state", task, batch, device, nullcontext, pairs, state_stats, outer
+            with _saver(task, everything, offload_dir, both_stats, pool) as both_blocks:
+                state_plans = [
+                    (
+                        measure_variant(
+                            "offload-state", task, batch, device, nullcontext, pairs, state_stats, outer
+                        ),
+                        alone,
                     ),
-                    alone,
-                ),
-                (
-                    measure_variant(
-                        "offload-all+state",
-                        task,
-                        batch,
-                        device,
-                        lambda: _saver(task, everything, offload_dir, both_stats, pool),
-                        pairs,
-                        both_stats,
-                        functools.partial(_state_saver, task, offload_dir, both_stats),
+                    (
+                        measure_variant(
+                            "offload-all+state",
+                            task,
+                            batch,
+                            device,
+                            both_blocks,
+                            pairs,
+                            both_stats,
+                            functools.partial(_state_saver, task, offload_dir, both_stats),
+                        ),
+                        both,
                     ),
-                    both,
-                ),
-            ]
+                ]
             variants.extend(v for v, _ in state_plans)
     # The exposed cost of an offloaded byte, from the offload-everything run (never below zero).
     plain_median = Samples.of(offload_all.plain_s).median
@@ -561,18 +566,19 @@ def memsave(
                 result.reason += "; earlier plans measured above the budget: " + ", ".join(missed)
             break
         plan_stats: dict[str, int] = {}
-        planned = measure_variant(
-            "planner",
-            task,
-            batch,
-            device,
-            lambda plan=result.plan, stats=plan_stats: _saver(task, plan, offload_dir, stats, pool),
-            pairs,
-            plan_stats,
-            functools.partial(_state_saver, task, offload_dir, plan_stats)
-            if result.plan.training_state == OFFLOAD
-            else nullcontext,
-        )
+        with _saver(task, result.plan, offload_dir, plan_stats, pool) as blocks:
+            planned = measure_variant(
+                "planner",
+                task,
+                batch,
+                device,
+                blocks,
+                pairs,
+                plan_stats,
+                functools.partial(_state_saver, task, offload_dir, plan_stats)
+                if result.plan.training_state == OFFLOAD
+                else nullcontext,
+            )
         planned.predicted_peak = result.predicted_peak
         planned.predicted_overhead = result.predicted_overhead_s / plain_median
         if planned.peak <= budget:

@@ -1,18 +1,26 @@
 """``MemorySaver``: a plan applied to a user's model for the steps run inside it.
 
     saver = MemorySaver(model, plan)   # plan: dnnperf.memsave.plan_for(...).plan, or plan_of(...) by hand
-    with saver:
-        loss = loss_fn(model(x), y)
-        loss.backward()
-    optimizer.step()
+    for x, y in loader:
+        with saver:                    # one block a step
+            loss = loss_fn(model(x), y)
+            loss.backward()
+        optimizer.step()
+    saver.close()                      # or let it be collected
 
-Inside: the saved-tensor hook (offload), recompute segments, and forward hooks naming the unit that
-runs. All of it is removed on exit, also on error, and the offload files with it; backward must
-run inside the block (the offloaded tensors live there).
+Inside a block: the saved-tensor hook (offload), recompute segments, and forward hooks naming the unit
+that runs. All of it is removed on exit, also on error; backward must run inside the block (the
+offloaded tensors live there). The disk tier's file and threads last from the first block to
+``close`` (or the saver's collection, or the interpreter's exit), so each step rewrites the same
+pages of the page cache (a new file each step cost resnet50 `small` about twice as much per
+offloaded byte: docs/benchmarks-memsave.md, session 18); the file is unlinked as soon as it is
+opened, so nothing remains on disk even if the process is killed. A block that raises closes the tier
+(the next block opens a new one).
 """
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +45,7 @@ def refuse_compiled(model: nn.Module) -> None:
 
 
 class MemorySaver:
-    """Runs a model under a memory-saving plan (see the module doc). Stats after each block:
+    """Runs a model under a memory-saving plan (see the module doc). Stats of the last block:
     ``bytes_written`` / ``bytes_read`` (offload tier), ``offloaded_bytes`` (distinct storages)."""
 
     def __init__(
@@ -58,6 +66,8 @@ class MemorySaver:
         self._handles: list[Any] = []
         self._stack: list[str] = []
         self._store: Store | None = None
+        self._disk: DiskStore | None = None  # the disk tier, kept from block to block
+        self._counted = (0, 0)  # the store's bytes written and read when the block started
         self._hook: SavedTensorHook | None = None
         self._context: Any = None
         self._checkpointing: Checkpointing | None = None
@@ -72,7 +82,10 @@ class MemorySaver:
                 # a step needs beyond it (pinned.py); kept for the saver's later blocks.
                 self._pool = PinnedPool(self.pool_bytes or DEFAULT_POOL_BYTES)
             return PinnedStore(self.device, self._pool, self.plan.prefetch_bytes)
-        return DiskStore(self.offload_dir, self.plan.prefetch_bytes)
+        if self._disk is None:
+            self._disk = DiskStore(self.offload_dir, self.plan.prefetch_bytes)
+            weakref.finalize(self, self._disk.close)  # the store's own method: no reference to us
+        return self._disk
 
     def _policy_now(self) -> str:
         return self.plan.policy(self._stack[-1]) if self._stack else KEEP
@@ -80,6 +93,8 @@ class MemorySaver:
     def __enter__(self) -> MemorySaver:
         try:
             self._store = self._make_store()
+            if self._store is not None:
+                self._counted = (self._store.bytes_written, self._store.bytes_read)
             modules = dict(self.model.named_modules())
             self._hook = SavedTensorHook(
                 self._policy_now, self._store, protected_storages([self.model]), self.plan.min_bytes
@@ -93,7 +108,7 @@ class MemorySaver:
             self._context = torch.autograd.graph.saved_tensors_hooks(self._hook.pack, self._hook.unpack)
             self._context.__enter__()
         except BaseException:
-            self._remove()
+            self._remove(failed=True)
             raise
         return self
 
@@ -107,10 +122,16 @@ class MemorySaver:
         if self._stack:
             self._stack.pop()
 
-    def __exit__(self, *exc: Any) -> None:
-        self._remove()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self._remove(failed=exc_type is not None)
 
-    def _remove(self) -> None:
+    def close(self) -> None:
+        """Remove the disk tier's file and stop its threads (a later block opens a new one)."""
+        if self._disk is not None:
+            disk, self._disk = self._disk, None
+            disk.close()
+
+    def _remove(self, failed: bool) -> None:
         if self._context is not None:
             self._context.__exit__(None, None, None)
             self._context = None
@@ -127,5 +148,11 @@ class MemorySaver:
             self._hook = None
         if self._store is not None:
             store, self._store = self._store, None
-            self.bytes_written, self.bytes_read = store.bytes_written, store.bytes_read
-            store.close()
+            self.bytes_written = store.bytes_written - self._counted[0]
+            self.bytes_read = store.bytes_read - self._counted[1]
+            if store is self._disk and not failed:
+                store.end_step()
+            else:
+                store.close()
+                if store is self._disk:
+                    self._disk = None

@@ -3,12 +3,14 @@ the user's model, optimizer, loss and example batch.
 
     result = plan_for(model, optimizer, loss_fn, batch, "50%")   # loss_fn(model, batch) -> loss
     print(result.feasible, result.reason, result.variant("planner").peak)
+    saver = MemorySaver(model, result.plan)                      # one for the loop: its file lasts
     with StateSaver([optimizer]) if result.plan.training_state == "offload" else nullcontext():
         for batch in loader:
-            with MemorySaver(model, result.plan):
+            with saver:
                 loss_fn(model, batch).backward()
             optimizer.step()
             optimizer.zero_grad()
+    saver.close()
 
 Measuring trains the model on the example batch for many steps; the model, its gradients, the
 optimizer's state and the random generators are put back as they were afterwards (also on error),

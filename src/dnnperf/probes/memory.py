@@ -818,6 +818,7 @@ class MemoryTracker:
         peak, peak_total, peak_block = dict(current), -1, None
         released = sorted(self._released)
         gone = 0  # bytes from before the step released so far that the trace's running total still holds
+        backward_peak: dict[str, int] = {}  # module -> the most alive while its backward allocated
         for event, block in events:
             while released and released[0][0] <= event.ts:
                 at, category, nbytes, address = released.pop(0)
@@ -827,6 +828,9 @@ class MemoryTracker:
             current[block.category] += event.bytes
             category_max[block.category] = max(category_max[block.category], current[block.category])
             timeline.append((event.ts, {k: v for k, v in current.items() if k in CATEGORIES}))
+            if event.bytes > 0 and block.phase == "backward":
+                alive = sum(current.values())
+                backward_peak[block.module] = max(backward_peak.get(block.module, 0), alive)
             if event.bytes > 0 and event.total - gone > peak_total:
                 peak, peak_total, peak_block = dict(current), event.total - gone, block
         unattributed = peak.pop("unattributed")
@@ -859,6 +863,9 @@ class MemoryTracker:
         else:
             measured, measured_by = 0, "unavailable"
         layers = self._layer_bytes(blocks)
+        for name, value in backward_peak.items():
+            if name in layers:
+                layers[name]["backward_peak"] = value
         self._result = StepMemory(
             device=str(self.device),
             peak=peak_all,
@@ -884,6 +891,7 @@ class MemoryTracker:
                 "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
                 "outputs": self._outputs.get(name or ROOT_MODULE, 0),
                 "saved": 0,
+                "backward_peak": 0,
             }
         for block in blocks:
             if block.saved_by in layers:
