@@ -144,3 +144,15 @@ def known_delay(tmp_path: Path):
     """Make KnownDelay objects logging under this test's temporary directory."""
     counter = iter(range(1_000_000))
     return lambda seconds, spin=True: KnownDelay(seconds, tmp_path / f"delay-{next(counter)}.log", spin)
+
+
+def open_files_in(directory: Path | str) -> dict[str, int]:
+    """This process's open files under ``directory``, unlinked ones included (Linux: the links under
+    /proc/self/fd): link target -> size in bytes."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                found[target] = os.stat(f"/proc/self/fd/{fd}").st_size
+    return found

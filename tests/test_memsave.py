@@ -4,10 +4,8 @@ dropout, hooks and files removed, disk full."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
-import os
 import threading
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import open_files_in
 from dnnperf.errors import DnnperfError, UsageError
 from dnnperf.memsave import KEEP, OFFLOAD, RECOMPUTE, MemorySaver, Plan, find_units, plan_of
 from dnnperf.memsave import disk as disk_module
@@ -128,17 +127,6 @@ def small_cnn() -> nn.Module:
     )
 
 
-def open_offload_files(directory) -> list[str]:
-    """This process's open files in ``directory`` (Linux: their links under /proc/self/fd)."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(str(directory)):
-                found.append(target)
-    return found
-
-
 def test_the_file_lasts_from_block_to_block_and_closes_with_the_saver(tmp_path):
     """A saver's disk tier is opened by its first block and reused by the next (one file, rewritten:
     it does not grow), never visible in the directory, and gone on ``close``."""
@@ -149,13 +137,14 @@ def test_the_file_lasts_from_block_to_block_and_closes_with_the_saver(tmp_path):
     for _ in range(3):
         with saver:
             model(torch.randn(4, 3, 16, 16)).sum().backward()
-        files.append(open_offload_files(tmp_path))
+        files.append(open_files_in(tmp_path))
         written.append(saver.bytes_written)
-    assert len(files[0]) == 1 and files[0] == files[1] == files[2] and "(deleted)" in files[0][0]
+    # One file, unlinked, the same size after every block.
+    assert len(files[0]) == 1 and files[0] == files[1] == files[2] and "(deleted)" in next(iter(files[0]))
     assert written[0] == written[1] == written[2] > 0  # each block's own bytes
     assert list(tmp_path.iterdir()) == []
     saver.close()
-    assert not open_offload_files(tmp_path)
+    assert not open_files_in(tmp_path)
 
 
 def test_hooks_forwards_and_files_removed_on_error(tmp_path):
@@ -168,11 +157,11 @@ def test_hooks_forwards_and_files_removed_on_error(tmp_path):
     threads = threading.active_count()
     with pytest.raises(RuntimeError, match="injected"), saver:
         loss = model(torch.randn(4, 3, 16, 16)).sum()
-        assert open_offload_files(tmp_path)  # in use mid-step, and already unlinked
+        assert open_files_in(tmp_path)  # in use mid-step, and already unlinked
         assert list(tmp_path.iterdir()) == []
         raise RuntimeError("injected")
     del loss
-    assert list(tmp_path.iterdir()) == [] and not open_offload_files(tmp_path)
+    assert list(tmp_path.iterdir()) == [] and not open_files_in(tmp_path)
     assert threading.active_count() == threads
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())

@@ -6,6 +6,7 @@ peak with a hand count, and for what it must refuse and leave behind."""
 from __future__ import annotations
 
 import copy
+import gc
 import threading
 from contextlib import nullcontext
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import open_files_in
 from dnnperf.errors import DnnperfError, UsageError
 from dnnperf.memsave import state as state_module
 from dnnperf.memsave.planner import MeasuredPlan, MemoryModel, UnitCost, plan_budget
@@ -55,7 +57,9 @@ def test_fused_steps_leave_the_parameters_and_state_of_plain_training(name, monk
         for a, b in zip(plain.optimizers(), fused.optimizers(), strict=True):
             assert _state_dicts_equal(a, b)
     assert all(p.grad is None for p in fused.model.parameters())  # applied and freed in backward
-    assert list(tmp_path.iterdir()) == []
+    del saver  # never closed: its files go when it is collected
+    gc.collect()
+    assert list(tmp_path.iterdir()) == [] and not open_files_in(tmp_path)
 
 
 def _mlp(width: int = 512, depth: int = 3) -> tuple[SupervisedTask, dict[str, torch.Tensor]]:
@@ -74,17 +78,22 @@ def test_the_state_lies_in_files_of_its_own_size_between_updates(tmp_path):
     optimizer = task.optimizer
     state_bytes = sum(p.numel() * 4 for p in task.model.parameters())
     saver = StateSaver([optimizer], offload_dir=tmp_path)
-    with saver:
-        assert all("momentum_buffer" not in optimizer.state[p] for p in task.model.parameters())
-        (directory,) = tmp_path.iterdir()
-        assert sum(f.stat().st_size for f in directory.iterdir()) == state_bytes
-        task.step(batch)
-        assert all("momentum_buffer" not in optimizer.state[p] for p in task.model.parameters())
-    assert saver.bytes_written == state_bytes
-    # Read: all of it, and the next step's first chunk read ahead (one chunk at most).
-    assert state_bytes <= saver.bytes_read <= state_bytes + state_module.CHUNK_ELEMENTS * 4
-    assert all(optimizer.state[p]["momentum_buffer"].shape == p.shape for p in task.model.parameters())
-    assert list(tmp_path.iterdir()) == []
+    files = []
+    for _ in range(2):  # the second block rewrites the files the first opened
+        with saver:
+            assert all("momentum_buffer" not in optimizer.state[p] for p in task.model.parameters())
+            files.append(open_files_in(tmp_path))
+            assert sum(files[-1].values()) == state_bytes  # unlinked, so not in the directory
+            assert all("(deleted)" in name for name in files[-1])
+            task.step(batch)
+            assert all("momentum_buffer" not in optimizer.state[p] for p in task.model.parameters())
+        assert saver.bytes_written == state_bytes
+        # Read: all of it, and the next step's first chunk read ahead (one chunk at most).
+        assert state_bytes <= saver.bytes_read <= state_bytes + state_module.CHUNK_ELEMENTS * 4
+        assert all(optimizer.state[p]["momentum_buffer"].shape == p.shape for p in task.model.parameters())
+    assert files[0] == files[1]
+    saver.close()
+    assert list(tmp_path.iterdir()) == [] and not open_files_in(tmp_path)
 
 
 def _tracked_peak(task: SupervisedTask, batch: dict[str, torch.Tensor]) -> int:

@@ -11,10 +11,9 @@ offloaded byte.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,11 +377,23 @@ def _saver(
 
 
 @contextmanager
-def _state_saver(task: Task, offload_dir: Path | None, stats: dict[str, int]) -> Iterator[None]:
+def _state_saver(
+    task: Task, offload_dir: Path | None, stats: dict[str, int]
+) -> Iterator[Callable[[], AbstractContextManager[None]]]:
+    """One ``StateSaver`` for a whole variant (its files last from step to step, as in a loop that
+    enters it once), entered around each step's block outside the clock; closed at the end."""
     saver = StateSaver(task.optimizers(), offload_dir=offload_dir)
-    with saver:
-        yield
-    stats["state_bytes_written"] = saver.bytes_written
+
+    @contextmanager
+    def block() -> Iterator[None]:
+        with saver:
+            yield
+        stats["state_bytes_written"] = saver.bytes_written
+
+    try:
+        yield block
+    finally:
+        saver.close()
 
 
 def measure_variant(
@@ -486,32 +497,28 @@ def memsave(
             unfusable = str(error)
         else:
             state_stats: dict[str, int] = {}
-            outer = functools.partial(_state_saver, task, offload_dir, state_stats)
             alone = Plan(min_bytes=min_bytes, prefetch_bytes=prefetch, training_state=OFFLOAD)
             both = dataclasses.replace(everything, training_state=OFFLOAD)
             both_stats: dict[str, int] = {}
-            with _saver(task, everything, offload_dir, both_stats, pool) as both_blocks:
-                state_plans = [
-                    (
-                        measure_variant(
-                            "offload-state", task, batch, device, nullcontext, pairs, state_stats, outer
-                        ),
-                        alone,
-                    ),
-                    (
-                        measure_variant(
-                            "offload-all+state",
-                            task,
-                            batch,
-                            device,
-                            both_blocks,
-                            pairs,
-                            both_stats,
-                            functools.partial(_state_saver, task, offload_dir, both_stats),
-                        ),
-                        both,
-                    ),
-                ]
+            with _state_saver(task, offload_dir, state_stats) as state_blocks:
+                alone_variant = measure_variant(
+                    "offload-state", task, batch, device, nullcontext, pairs, state_stats, state_blocks
+                )
+            with (
+                _saver(task, everything, offload_dir, both_stats, pool) as both_blocks,
+                _state_saver(task, offload_dir, both_stats) as both_state_blocks,
+            ):
+                both_variant = measure_variant(
+                    "offload-all+state",
+                    task,
+                    batch,
+                    device,
+                    both_blocks,
+                    pairs,
+                    both_stats,
+                    both_state_blocks,
+                )
+            state_plans = [(alone_variant, alone), (both_variant, both)]
             variants.extend(v for v, _ in state_plans)
     # The exposed cost of an offloaded byte, from the offload-everything run (never below zero).
     plain_median = Samples.of(offload_all.plain_s).median
@@ -566,19 +573,14 @@ def memsave(
                 result.reason += "; earlier plans measured above the budget: " + ", ".join(missed)
             break
         plan_stats: dict[str, int] = {}
-        with _saver(task, result.plan, offload_dir, plan_stats, pool) as blocks:
-            planned = measure_variant(
-                "planner",
-                task,
-                batch,
-                device,
-                blocks,
-                pairs,
-                plan_stats,
-                functools.partial(_state_saver, task, offload_dir, plan_stats)
+        with ExitStack() as stack:
+            blocks = stack.enter_context(_saver(task, result.plan, offload_dir, plan_stats, pool))
+            outer = (
+                stack.enter_context(_state_saver(task, offload_dir, plan_stats))
                 if result.plan.training_state == OFFLOAD
-                else nullcontext,
+                else nullcontext
             )
+            planned = measure_variant("planner", task, batch, device, blocks, pairs, plan_stats, outer)
         planned.predicted_peak = result.predicted_peak
         planned.predicted_overhead = result.predicted_overhead_s / plain_median
         if planned.peak <= budget:

@@ -147,10 +147,12 @@ class _Backing:
 
     def _fd(self, key: tuple[int, str]) -> int:
         """The key's file, opened once and kept open to ``close`` (on the training thread: its reads
-        are scheduled there too)."""
+        are scheduled there too); unlinked as soon as it is opened, so nothing of it is left on disk
+        once it closes, however the process ends."""
         fd = self._fds.get(key)
         if fd is None:
             fd = self._fds[key] = os.open(self._path(key), os.O_RDWR | os.O_CREAT, 0o600)
+            os.unlink(self._path(key))
         return fd
 
     def write(self, key: tuple[int, str], start: int, values: torch.Tensor, total: int) -> None:
@@ -204,7 +206,7 @@ class _Backing:
             done = os.preadv(fd, [view[got:]], offset + got)
             if done <= 0:
                 raise DnnperfError(
-                    f"optimizer state file {self._path(key)} is short: {got} of {len(view)} bytes"
+                    f"an optimizer state file in {self.directory} is short: {got} of {len(view)} bytes"
                 )
             got += done
 
@@ -248,7 +250,10 @@ def _chunks(parameter: torch.Tensor, optimizer: torch.optim.Optimizer) -> list[_
 class StateSaver:
     """Fuses each parameter's update into backward and, with ``offload_state``, keeps its optimizer
     state off the device between updates (module doc). Enter it once around the training loop: its
-    start moves the whole state off the device and its end brings it back."""
+    start moves the whole state off the device and its end brings it back. On the CPU its files (and
+    reader thread) last from block to block until ``close`` (or the saver's collection, or the
+    interpreter's exit), so a saver entered again rewrites the same pages; a block that raises closes
+    them."""
 
     def __init__(
         self,
@@ -269,6 +274,7 @@ class StateSaver:
             raise UsageError("the optimizers hold no trainable parameter: nothing to fuse")
         self._handles: list[Any] = []
         self._backing: _Backing | None = None
+        self._kept: _Backing | None = None  # the CPU's files between blocks
         self._first_optimizer = optimizers[0]
         self._order: list[int] = []  # parameters in the order the last backward updated them
         self._updated: list[int] = []
@@ -284,7 +290,10 @@ class StateSaver:
         try:
             device = next(iter(self._parameters.values())).parameter.device
             if self.offload_state:
-                self._backing = _Backing(device, self.offload_dir)
+                kept, self._kept = self._kept, None
+                self._backing = kept if kept is not None else _Backing(device, self.offload_dir)
+                if kept is None and self._backing.directory is not None:
+                    weakref.finalize(self, self._backing.close)  # the backing's method: no reference to us
             for entry in self._parameters.values():
                 self._split_state(entry)
                 self._handles.append(entry.parameter.register_post_accumulate_grad_hook(self._update))
@@ -295,12 +304,18 @@ class StateSaver:
             self._order = list(learnt) if fits else list(reversed(self._parameters))
             self._moved_at_start = self._moved()
         except BaseException:
-            self._restore()
+            self._restore(failed=True)
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._restore()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self._restore(failed=exc_type is not None)
+
+    def close(self) -> None:
+        """Remove the files kept between blocks and stop their reader (a later block opens new ones)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
 
     def _split_state(self, entry: _Parameter) -> None:
         """The optimizer's state of this parameter handed to its chunks: scalars copied into each;
@@ -412,8 +427,9 @@ class StateSaver:
 
     # -- the end -------------------------------------------------------------------------------------
 
-    def _restore(self) -> None:
-        """Hooks removed; the whole state back in the optimizers; reader, files and pinned memory gone."""
+    def _restore(self, failed: bool = False) -> None:
+        """Hooks removed; the whole state back in the optimizers; pinned memory gone, and the files and
+        their reader too after an error (else kept for the next block)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -421,6 +437,7 @@ class StateSaver:
         self.bytes_written = written - self._moved_at_start[0]
         self.bytes_read = read - self._moved_at_start[1]
         backing, self._backing = self._backing, None
+        restored = False
         try:
             for entry in self._parameters.values():
                 p, first = entry.parameter, entry.chunks[0]
@@ -443,8 +460,11 @@ class StateSaver:
                     chunk.optimizer.state.clear()
                 if not state:
                     del entry.optimizer.state[p]
+            restored = True
         finally:
-            if backing is not None:
+            if backing is not None and restored and not failed and backing.directory is not None:
+                self._kept = backing  # the CPU's files, for the next block
+            elif backing is not None:
                 backing.close()
 
 
