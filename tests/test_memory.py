@@ -307,6 +307,33 @@ def test_each_layers_backward_peak_holds_its_own_workspace(monkeypatch):
     assert peaks[2**21]["1"] - peaks[2**20]["1"] == 4 * 2**20
 
 
+class _ForwardWorkspace(nn.Module):
+    """Identity whose forward allocates (and frees) a workspace of ``floats`` float32s."""
+
+    def __init__(self, floats: int) -> None:
+        super().__init__()
+        self.floats = floats
+
+    def forward(self, x):
+        workspace = torch.ones(self.floats)
+        return x * float(workspace[0])  # a number: the workspace is not saved for backward
+
+
+def test_each_layers_forward_peak_holds_its_own_workspace():
+    """The same step with a 4 or 8 MiB workspace in layer 1's forward: layer 1's ``forward_peak`` moves
+    by exactly the workspace's bytes and is the step's measured peak; the layers around it stay below."""
+    peaks = {}
+    for floats in (2**20, 2**21):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), _ForwardWorkspace(floats), nn.Linear(32, 4))
+        batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+        memory = tracked_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch)
+        peaks[floats] = {name: layer["forward_peak"] for name, layer in memory.layers.items()}
+        assert peaks[floats]["1"] == memory.measured_peak
+        assert peaks[floats]["0"] < 2**16 and peaks[floats]["2"] < 2**16
+    assert peaks[2**21]["1"] - peaks[2**20]["1"] == 4 * 2**20
+
+
 def test_the_tracker_keeps_nothing_alive_that_the_step_releases():
     """A gradient penalty (double backward through a fresh leaf) several times in one step: without
     the tracker each update's interpolated batch is released when the update ends, so the peak does

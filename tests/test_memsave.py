@@ -228,6 +228,25 @@ def test_a_slow_disk_holds_at_most_one_write_in_flight(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_last_write_is_released_when_backward_starts(tmp_path):
+    """Forward's last offloaded tensor is held until its write is done and the training thread looks:
+    backward's first unpack (``reached``) looks, not only the first read back (which may come late)."""
+    import weakref
+
+    store = disk_module.DiskStore(tmp_path)
+    try:
+        tensor = torch.ones(4096)
+        alive = weakref.ref(tensor)
+        handle = store.put(tensor, position=0)
+        del tensor
+        handle.written.result()
+        assert alive() is not None  # written, but nothing on the training thread has looked yet
+        store.reached(10**9)  # backward's first unpack, far from this tensor: nothing read back
+        assert alive() is None and handle.reading is None
+    finally:
+        store.close()
+
+
 def test_the_writer_never_holds_the_last_reference(tmp_path):
     """An offloaded tensor is released on the training thread, where the memory profiler records the
     release: once a write is done, nothing the writer thread was given still refers to the tensor.

@@ -255,6 +255,23 @@ def test_each_units_measured_backward_is_never_predicted_below_and_the_peak_is_k
     assert seen.rest + seen._simulate({}, [])[2][0] == 2000
 
 
+def test_a_units_measured_forward_is_never_predicted_below():
+    """Unit 2's forward measured 1900 bytes (a workspace beside the 900 saved so far); the unoptimised
+    peak 2000. Offloading units 0 and 1 leaves their bytes out of forward, not unit 2's workspace: the
+    plan is predicted at what unit 2's forward holds (its own 300 kept, the 300 of unit 1
+    in flight, and the workspace: 1900 - 900 + 600 = 1600)."""
+    units = [Unit(f"u{i}", "seq", i) for i in range(3)]
+    costs = [UnitCost(f"u{i}", 300, 300 * (i > 0), 0.001, 0, 0, 1900 * (i == 2)) for i in range(3)]
+    model = MemoryModel(units, costs, 2000, 1e-9, 0)
+    assert model.peak({}, []) == 2000
+    forward, _, _, ahead = model._simulate({"u0": "offload", "u1": "offload"}, [])
+    assert ahead[2] == 600 and model.rest + forward == 1600
+    blind = MemoryModel(
+        units, [UnitCost(c.name, c.saved, c.inputs, c.forward_s, 0) for c in costs], 2000, 1e-9, 0
+    )
+    assert blind.rest + blind._simulate({"u0": "offload", "u1": "offload"}, [])[0] < 1600
+
+
 def test_the_recompute_factor_scales_what_recomputing_costs():
     """sqrt(n) recomputes every unit: measured 6 ms against the units' 8 ms of forward, a factor of
     0.75; the same 7 ms plan as above is then predicted at 5.25 ms. Bounded both ways."""

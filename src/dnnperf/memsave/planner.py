@@ -8,8 +8,11 @@ unit is the first to save, is only shown and caps segment sizes.)
 
 The saved-tensor hook is replayed for a plan (packs inside recomputed segments bypass it; a segment
 saves its input where it starts; a storage offloaded once is reused by every later saver), so a
-storage is freed in forward only when every unit saving it drops it. Memory is simulated at the end
-of forward and at every unit's backward, walking backward from the last unit: kept storages (until
+storage is freed in forward only when every unit saving it drops it. Memory is simulated at each
+unit's forward (what is kept so far, the write in flight, and what the model does not see there: how
+far the unoptimised step's measured bytes during that unit's forward, ``UnitCost.forward_peak``,
+exceed the model's), at the end of forward, and at every unit's backward, walking backward from the
+last unit: kept storages (until
 their earliest keeper's backward), read-back buffers (from when backward comes within
 ``prefetch_bytes`` of them on the hook's clock, or their first use, until their earliest user's
 backward), a recomputed segment's storages (recreated at once at its last unit) and its largest
@@ -54,6 +57,8 @@ class UnitCost:
     #: The unoptimised step's most bytes alive while the unit's backward allocated (memory profiler's
     #: ``backward_peak``; 0: not measured).
     backward_peak: int = 0
+    #: The same while its forward allocated (``forward_peak``).
+    forward_peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,14 +149,20 @@ class MemoryModel:
         # unoptimised step's measured bytes there exceed the model's, with ``rest`` fitted on that
         # step's peak (``baseline_peak``, measured without the update fused); never below zero, so the
         # unoptimised step is still predicted at its measured peak.
+        # The same in forward, at each unit (its temporaries beside what is kept so far).
         self._workspace = [0] * n
+        self._forward_workspace = [0] * n
         self._parameter_gradients = every_so_far
-        if any(c.backward_peak for c in self.costs):
-            forward, _, at = self._simulate({}, [])
+        if any(c.backward_peak or c.forward_peak for c in self.costs):
+            forward, _, at, ahead = self._simulate({}, [])
             base_rest = (measured_peak if baseline_peak is None else baseline_peak) - max([forward, *at])
             self._workspace = [
                 max(0, c.backward_peak - base_rest - a) if c.backward_peak else 0
                 for c, a in zip(self.costs, at, strict=True)
+            ]
+            self._forward_workspace = [
+                max(0, c.forward_peak - base_rest - a) if c.forward_peak else 0
+                for c, a in zip(self.costs, ahead, strict=True)
             ]
         if fused_update:
             self._parameter_gradients = own
@@ -167,14 +178,15 @@ class MemoryModel:
 
     def _alive(self, policies: dict[str, str], segments: list[list[str]]) -> int:
         """The predicted alive bytes at the peak, less ``rest``."""
-        forward, _, at = self._simulate(policies, segments)
+        forward, _, at, _ = self._simulate(policies, segments)
         return max([forward, *at])
 
     def _simulate(
         self, policies: dict[str, str], segments: list[list[str]]
-    ) -> tuple[int, list[int], list[int]]:
-        """Less ``rest``: the predicted alive bytes at the end of forward, the bytes each unit writes,
-        and the alive bytes at each unit's backward."""
+    ) -> tuple[int, list[int], list[int], list[int]]:
+        """Less ``rest``: the predicted alive bytes at forward's highest (at its end, or at a unit's
+        forward with what the model does not see there), the bytes each unit writes, the alive bytes at
+        each unit's backward, and at each unit's forward what is kept so far and the write in flight."""
         profile, size, external = self.profile, self._size, self._external
         n = len(self.costs)
         recompute = [policies.get(c.name, KEEP) == RECOMPUTE for c in self.costs]
@@ -193,9 +205,15 @@ class MemoryModel:
         written = [0] * n
         first_position = [inf] * (n + 1)  # per unit (n: outside units): its first pack on the clock
         clock = 0
+        kept_now = 0  # forward: bytes kept so far
+        ahead = [0] * n  # forward, at each unit: kept so far and the write in flight
+
+        def in_flight() -> int:
+            last = order[-1] if order else None
+            return size[last] if last is not None and last not in hold and not external[last] else 0
 
         def pack(u: int, k: int | None, nbytes: int, may_write: bool) -> None:
-            nonlocal clock
+            nonlocal clock, kept_now
             offloadable = k is not None and nbytes >= self.min_bytes
             position = clock
             if offloadable:
@@ -212,22 +230,28 @@ class MemoryModel:
                 order.append(k)
                 written[u] += nbytes
             else:
+                if k not in hold and not external[k]:
+                    kept_now += size[k]
                 hold[k] = min(hold.get(k, n), u)
 
         for i, p in enumerate(profile.packs):
             for start, k in inserted.get(i, ()):
                 pack(start, k, size[k], False)
             u = n if p.unit is None else p.unit
-            if u < n and recompute[u]:
-                continue  # inside a checkpoint: its own hooks, not ours
-            pack(u, p.storage, p.nbytes, u < n and offload[u])
+            if u < n and not recompute[u]:  # a recomputed unit's packs go to the checkpoint's hooks
+                pack(u, p.storage, p.nbytes, offload[u])
+            elif u == n:
+                pack(u, p.storage, p.nbytes, False)
+            if u < n:
+                ahead[u] = max(ahead[u], kept_now + in_flight())
         for start, k in inserted.get(len(profile.packs), ()):
             pack(start, k, size[k], False)
+        for u in range(1, n):  # a unit that saves nothing runs beside what the one before left
+            ahead[u] = ahead[u] or ahead[u - 1]
 
-        # End of forward: what is kept, and the last write still in flight.
-        forward = sum(size[k] for k in hold if not external[k])
-        if order and order[-1] not in hold and not external[order[-1]]:
-            forward += size[order[-1]]
+        # End of forward: what is kept, and the last write still in flight; and each unit's forward.
+        forward = sum(size[k] for k in hold if not external[k]) + in_flight()
+        forward = max([forward, *(a + w for a, w in zip(ahead, self._forward_workspace, strict=True))])
         # Backward: bytes alive over unit ranges [lo, hi], as a difference array.
         diff = [0] * (n + 1)
 
@@ -272,11 +296,11 @@ class MemoryModel:
             running += diff[j]
             gradients = self._parameter_gradients[j] + self._output_gradient[j]
             at[j] = running + gradients + max(temporary[j], self._input_gradient[j]) + self._workspace[j]
-        return forward, written, at
+        return forward, written, at, ahead
 
     def evaluate(self, policies: dict[str, str], segments: list[list[str]]) -> tuple[int, float]:
         """Predicted peak (bytes) and added seconds of a plan."""
-        forward, written, at = self._simulate(policies, segments)
+        forward, written, at, _ = self._simulate(policies, segments)
         return self.rest + max([forward, *at]), sum(self._unit_costs(policies, written))
 
     def _unit_costs(self, policies: dict[str, str], written: list[int]) -> list[float]:

@@ -269,7 +269,8 @@ def tracked_step(
 
 def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float]) -> list[UnitCost]:
     """Per unit: saved and gradient bytes (its modules summed), checkpoint input (the previous unit's
-    output), forward time, the most bytes alive during its backward (its modules' highest)."""
+    output), forward time, the most bytes alive during its backward and its forward (its modules'
+    highest)."""
 
     def of_unit(unit: str, key: str) -> list[int]:
         prefix = unit + "."
@@ -289,6 +290,7 @@ def unit_costs(memory: StepMemory, units: list[Unit], forward_s: dict[str, float
                 forward_s.get(unit.name, 0.0),
                 total(unit.name, "gradients"),
                 max(of_unit(unit.name, "backward_peak"), default=0),
+                max(of_unit(unit.name, "forward_peak"), default=0),
             )
         )
         previous_output = memory.layers.get(unit.name, {}).get("outputs", 0)

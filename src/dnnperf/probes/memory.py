@@ -818,7 +818,8 @@ class MemoryTracker:
         peak, peak_total, peak_block = dict(current), -1, None
         released = sorted(self._released)
         gone = 0  # bytes from before the step released so far that the trace's running total still holds
-        backward_peak: dict[str, int] = {}  # module -> the most alive while its backward allocated
+        # module -> the most alive while its forward, or its backward, allocated
+        phase_peak: dict[str, dict[str, int]] = {"forward": {}, "backward": {}}
         for event, block in events:
             while released and released[0][0] <= event.ts:
                 at, category, nbytes, address = released.pop(0)
@@ -828,9 +829,9 @@ class MemoryTracker:
             current[block.category] += event.bytes
             category_max[block.category] = max(category_max[block.category], current[block.category])
             timeline.append((event.ts, {k: v for k, v in current.items() if k in CATEGORIES}))
-            if event.bytes > 0 and block.phase == "backward":
-                alive = sum(current.values())
-                backward_peak[block.module] = max(backward_peak.get(block.module, 0), alive)
+            if event.bytes > 0 and block.phase in phase_peak:
+                peaks = phase_peak[block.phase]
+                peaks[block.module] = max(peaks.get(block.module, 0), sum(current.values()))
             if event.bytes > 0 and event.total - gone > peak_total:
                 peak, peak_total, peak_block = dict(current), event.total - gone, block
         unattributed = peak.pop("unattributed")
@@ -863,9 +864,10 @@ class MemoryTracker:
         else:
             measured, measured_by = 0, "unavailable"
         layers = self._layer_bytes(blocks)
-        for name, value in backward_peak.items():
-            if name in layers:
-                layers[name]["backward_peak"] = value
+        for phase, peaks in phase_peak.items():
+            for name, value in peaks.items():
+                if name in layers:
+                    layers[name][f"{phase}_peak"] = value
         self._result = StepMemory(
             device=str(self.device),
             peak=peak_all,
@@ -891,6 +893,7 @@ class MemoryTracker:
                 "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
                 "outputs": self._outputs.get(name or ROOT_MODULE, 0),
                 "saved": 0,
+                "forward_peak": 0,
                 "backward_peak": 0,
             }
         for block in blocks:
