@@ -52,7 +52,7 @@ def planned():
     before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
     grads = [p.grad.clone() for p in model.parameters()]
     rng = torch.get_rng_state()
-    result = plan_for(model, optimizer, loss_fn, batch, "50%", pairs=2)
+    result = plan_for(model, optimizer, loss_fn, batch, "50%", pairs=1)
     return model, optimizer, batch, before, grads, rng, result
 
 
