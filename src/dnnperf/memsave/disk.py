@@ -144,11 +144,6 @@ class DiskStore:
         self._lock = threading.Lock()
         self._closed = False
 
-    @property
-    def file_bytes(self) -> int:
-        """How large the (unlinked) file is."""
-        return os.fstat(self._fd).st_size
-
     # -- forward ------------------------------------------------------------------------------------
 
     def put(self, tensor: torch.Tensor, position: int = 0) -> DiskHandle:

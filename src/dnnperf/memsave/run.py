@@ -359,43 +359,38 @@ def paired_times(
 
 
 @contextmanager
+def _blocks(
+    saver: MemorySaver | StateSaver, stats: dict[str, int], key: str
+) -> Iterator[Callable[[], AbstractContextManager[None]]]:
+    """One saver for a whole variant, as a training loop keeps one (its files last from step to step),
+    entered by each step's block (its bytes written then in ``stats[key]``); closed at the end."""
+
+    @contextmanager
+    def block() -> Iterator[None]:
+        with saver:
+            yield
+        stats[key] = saver.bytes_written
+
+    try:
+        yield block
+    finally:
+        saver.close()
+
+
 def _saver(
     task: Task, plan: Plan, offload_dir: Path | None, stats: dict[str, int], pool_bytes: int | None = None
-) -> Iterator[Callable[[], AbstractContextManager[None]]]:
-    """One ``MemorySaver`` for a whole variant, as a training loop keeps one (its disk tier's file
-    lasts from step to step), entered by each step's block; closed at the end."""
+) -> AbstractContextManager[Callable[[], AbstractContextManager[None]]]:
+    """The activations' saver for a variant (``_blocks``)."""
     saver = MemorySaver(task.model, plan, offload_dir=offload_dir, pool_bytes=pool_bytes)
-
-    @contextmanager
-    def block() -> Iterator[None]:
-        with saver:
-            yield
-        stats["bytes_written"] = saver.bytes_written
-
-    try:
-        yield block
-    finally:
-        saver.close()
+    return _blocks(saver, stats, "bytes_written")
 
 
-@contextmanager
 def _state_saver(
     task: Task, offload_dir: Path | None, stats: dict[str, int]
-) -> Iterator[Callable[[], AbstractContextManager[None]]]:
-    """One ``StateSaver`` for a whole variant (its files last from step to step, as in a loop that
-    enters it once), entered around each step's block outside the clock; closed at the end."""
-    saver = StateSaver(task.optimizers(), offload_dir=offload_dir)
-
-    @contextmanager
-    def block() -> Iterator[None]:
-        with saver:
-            yield
-        stats["state_bytes_written"] = saver.bytes_written
-
-    try:
-        yield block
-    finally:
-        saver.close()
+) -> AbstractContextManager[Callable[[], AbstractContextManager[None]]]:
+    """The training state's saver for a variant (``_blocks``), entered around each step outside the
+    clock."""
+    return _blocks(StateSaver(task.optimizers(), offload_dir=offload_dir), stats, "state_bytes_written")
 
 
 def measure_variant(
