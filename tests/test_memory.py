@@ -307,6 +307,37 @@ def test_each_layers_backward_peak_holds_its_own_workspace(monkeypatch):
     assert peaks[2**21]["1"] - peaks[2**20]["1"] == 4 * 2**20
 
 
+def test_a_block_from_an_earlier_profiled_session_freed_mid_step_does_not_move_the_peak(monkeypatch):
+    """An 8 MiB tensor allocated under an earlier profiler session (torch's CPU reporter then counts
+    it in its running total) and freed by layer 0's forward, as a garbage collection of an earlier
+    step's leftovers would: the step's peak is still layer 1's 4 MiB backward workspace, where the
+    running total, 8 MiB higher before the release, would put it at the step's start."""
+    real_ones = torch.ones
+
+    def ones(size, *args, **kwargs):  # the workspace at 4 MiB: half the stale block
+        return real_ones(2**20 if size == 2**21 else size, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "ones", ones)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
+        stale = [torch.empty(2**21)]  # 8 MiB, known to the reporter, unknown to the tracker
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), _WithWorkspace(), nn.Linear(32, 4))
+    calls = []  # the tracked step is the second: tracked_step's first makes the optimizer's state
+
+    def free_stale(*_):
+        calls.append(None)
+        if len(calls) == 2:
+            stale.clear()
+
+    model[0].register_forward_hook(free_stale)
+    batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    memory = tracked_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch)
+    assert not stale
+    assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
+    assert memory.measured_peak == memory.layers["1"]["backward_peak"]
+    assert 4 * 2**20 <= memory.measured_peak < 4 * 2**20 + 2**16
+
+
 class _ForwardWorkspace(nn.Module):
     """Identity whose forward allocates (and frees) a workspace of ``floats`` float32s."""
 

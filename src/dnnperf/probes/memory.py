@@ -818,6 +818,10 @@ class MemoryTracker:
         peak, peak_total, peak_block = dict(current), -1, None
         released = sorted(self._released)
         gone = 0  # bytes from before the step released so far that the trace's running total still holds
+        # Releases of blocks the step never knew (an earlier step's leftovers collected now) lower the
+        # running total without lowering any category: added back, so they cannot move the peak.
+        others = outside_releases(trace.allocations, self._before_addresses)
+        outside, next_other = 0, 0
         # module -> the most alive while its forward, or its backward, allocated
         phase_peak: dict[str, dict[str, int]] = {"forward": {}, "backward": {}}
         for event, block in events:
@@ -832,8 +836,11 @@ class MemoryTracker:
             if event.bytes > 0 and block.phase in phase_peak:
                 peaks = phase_peak[block.phase]
                 peaks[block.module] = max(peaks.get(block.module, 0), sum(current.values()))
-            if event.bytes > 0 and event.total - gone > peak_total:
-                peak, peak_total, peak_block = dict(current), event.total - gone, block
+            while next_other < len(others) and others[next_other][0] <= event.ts:
+                outside += others[next_other][1]
+                next_other += 1
+            if event.bytes > 0 and event.total - gone + outside > peak_total:
+                peak, peak_total, peak_block = dict(current), event.total - gone + outside, block
         unattributed = peak.pop("unattributed")
         category_max.pop("unattributed")
         peak_all = {**peak, "allocator_cache": 0, "unattributed": unattributed}
@@ -843,7 +850,6 @@ class MemoryTracker:
             # (a loop's last device copy of its batch): those released before the peak lowered the
             # start it grew from.
             grown = torch.cuda.max_memory_allocated(self.device) - self._cuda_start
-            others = outside_releases(trace.allocations, self._before_addresses)
             if others:  # the trace's running total with those releases added back, at its highest
                 released, index, highest = 0, 0, 0
                 for event in trace.allocations:
