@@ -13,6 +13,8 @@ from tests.conftest import run_cli, run_cli_batch
 
 import dnnperf
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 SUBCOMMANDS = ("list", "bench", "profile", "hw", "runs", "show")
 
 

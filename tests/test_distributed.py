@@ -240,6 +240,7 @@ def test_missing_model_parallel_strategy_is_one_line(strategy):
     assert_one_line_error(run_cli("profile", "gpt2", "--nproc", "2", "--strategy", strategy), strategy)
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize(
     ("strategy", "extra", "details"),
     [

@@ -314,6 +314,7 @@ def test_the_layers_section_round_trips_and_is_validated(tmp_path):
         RunRecord.from_dict(document)
 
 
+@pytest.mark.concurrent
 def test_cli_profile_layers_and_libcompare(tmp_path):
     result = run_cli("profile", "basic_cnn", "--layers", "--steps", "2", "--warmup", "1", "--json")
     assert result.returncode == 0, result.stderr

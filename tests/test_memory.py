@@ -21,6 +21,8 @@ from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench
 from dnnperf.workloads import all_workloads
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 FLOAT = 4
 
 

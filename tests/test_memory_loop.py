@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dnnperf
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 FLOAT = 4
 
 

@@ -22,6 +22,8 @@ from dnnperf.results.record import RunRecord
 from dnnperf.results.store import read_record
 from dnnperf.workloads import get_workload
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 #: basic_cnn tiny (batch 8) peaks near 0.5 MB, almost all of it parameters, optimizer state, input
 #: and workspace: 600 kB is feasible (nothing to change), half the peak is not.
 FEASIBLE = "600kB"

@@ -14,6 +14,8 @@ from dnnperf.memsave.run import MemsaveResult, memsave, parse_budget
 from dnnperf.memsave.storages import Pack, Storage, StorageProfile, profile_storages
 from dnnperf.workloads.base import SupervisedTask
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 def conv_task() -> tuple[SupervisedTask, dict]:
     """Activations dominate: wide feature maps, few parameters."""

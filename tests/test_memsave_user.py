@@ -13,6 +13,8 @@ from torch import nn
 from dnnperf.errors import UsageError
 from dnnperf.memsave import OFFLOAD, MemorySaver, StateSaver, plan_for
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 class Net(nn.Module):
     """Not a suite workload: a user's model with BatchNorm (running statistics) and dropout (random), whose

@@ -70,6 +70,7 @@ def test_bad_machine_file_names_the_missing_field(tmp_path: Path, capsys: pytest
     assert "lacks intra_bandwidth, intra_latency, link_bandwidth" in capsys.readouterr().err
 
 
+@pytest.mark.concurrent
 def test_validate_json_errors_follow_from_its_own_numbers(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -17,6 +17,8 @@ from dnnperf.model.machine import preset
 from dnnperf.model.predict import MEMORY_CATEGORIES, memory_estimate, predict
 from dnnperf.probes.memory import MemoryTracker, StepMemory
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 def wide() -> nn.Module:
     """Parameters dwarf a batch of one's activations: the peak is the update's."""

@@ -41,6 +41,8 @@ from dnnperf.models.reinforcement import (
     rollout,
 )
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 # ---------------------------------------------------------------------------------------------------------
 # Detection utilities
 # ---------------------------------------------------------------------------------------------------------

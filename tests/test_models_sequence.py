@@ -27,6 +27,8 @@ from dnnperf.models.translation import (
     sinusoidal_positions,
 )
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 ALL_PRESETS = {
     "seq2seq": (SEQ2SEQ_PRESETS, Seq2Seq),
     "transformer": (TRANSFORMER_PRESETS, Transformer),

@@ -32,6 +32,8 @@ from dnnperf.models.vision import (
     VGGConfig,
 )
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 # name -> (model class, presets)
 MODELS: dict[str, tuple[type[nn.Module], dict]] = {
     "basic_cnn": (BasicCNN, BASIC_CNN_PRESETS),

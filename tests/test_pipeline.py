@@ -67,6 +67,7 @@ def equivalence() -> list[list[dict]]:
     return run_ranks(_equivalence, 2, CASES)
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("index", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
 def test_loss_and_gradients_match_single_process(equivalence, index):
     ranks = [rank[index] for rank in equivalence]
@@ -79,6 +80,7 @@ def test_loss_and_gradients_match_single_process(equivalence, index):
     assert not bad, bad
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("index", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
 def test_bytes_are_the_activation_at_the_cut(equivalence, index):
     first, last = (rank[index] for rank in equivalence)
@@ -167,6 +169,7 @@ def _makespan(schedule: str, world: int, microbatches: int) -> int:
     return max(clock)
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("world", "microbatches"), [(2, 1), (2, 4), (3, 5), (4, 8), (4, 2)])
 def test_schedules_are_complete_and_take_m_plus_p_minus_1_slots(schedule, world, microbatches):

@@ -17,7 +17,10 @@ from test_report import full_profile
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)")
+pytestmark = [
+    pytest.mark.concurrent,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it)"),
+]
 
 
 def chromium(page: Path, profile_dir: Path, *args: str) -> subprocess.CompletedProcess:

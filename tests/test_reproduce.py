@@ -18,6 +18,8 @@ from dnnperf.reproduce import PAPERS, PENDING, Reproduction, render_markdown, up
 from dnnperf.reproduce.base import Claim
 from dnnperf.results.store import RunStore
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 @pytest.mark.slow
 def test_every_paper_reproduces_at_smoke_size(tmp_path):

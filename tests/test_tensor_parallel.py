@@ -91,6 +91,7 @@ def _results(ranks, workload):
     return [rank[WORKLOADS.index(workload)] for rank in ranks]
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_loss_gradients_and_update_match_single_process(ranks, workload):
     expected_names = {name for name, _ in build(workload).model.named_parameters()}
@@ -104,6 +105,7 @@ def test_loss_gradients_and_update_match_single_process(ranks, workload):
             assert not bad, (kind, bad)
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_each_rank_holds_only_its_shards(ranks, workload):
     full = dict(build(workload).model.named_parameters())
@@ -119,6 +121,7 @@ def test_each_rank_holds_only_its_shards(ranks, workload):
         assert result["parameter_bytes"] == result["full_bytes"] - split_bytes // 2
 
 
+@pytest.mark.concurrent
 def test_megatron_block_has_two_all_reduces_each_way(ranks):
     """GPT-2: per block, attention and MLP each all-reduce the [B, S, D] activation once in forward
     (row-parallel output) and once in backward (the input gradient): 4 per block."""
@@ -130,6 +133,7 @@ def test_megatron_block_has_two_all_reduces_each_way(ranks):
         assert collectives["bytes"]["all_reduce"] == 4 * config.n_layer * activation
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("workload", ["vgg16", "resnet18"])
 def test_convnet_gathers_every_output_and_reduces_every_input_gradient(ranks, workload):
     for result in _results(ranks, workload):
@@ -138,6 +142,7 @@ def test_convnet_gathers_every_output_and_reduces_every_input_gradient(ranks, wo
         assert collectives["bytes"] == {"all_gather": sizes["gather"], "all_reduce": sizes["reduce"]}
 
 
+@pytest.mark.concurrent
 def test_detail_figures_add_up(ranks):
     for workload in WORKLOADS:
         for result in _results(ranks, workload):
@@ -191,6 +196,7 @@ def test_injected_collective_delay_is_counted_as_collective(known_delay):
         assert detail["compute"] <= result["wall"] - 0.95 * injected
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("workload", ["gpt2", "transformer", "vgg16", "resnet18", "alexnet"])
 def test_the_models_split_moves_the_bytes_the_run_moved(ranks, workload):
     """The performance model's tensor-parallel regions (counted from one single-process step) against

@@ -17,6 +17,8 @@ from dnnperf.results.record import RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 SPAN_KEYS = {
     "name": str,
     "cat": str,

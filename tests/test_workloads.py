@@ -5,6 +5,8 @@ import torch
 
 from dnnperf.workloads import all_workloads, count_parameters, get_workload
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 EXPECTED_NAMES = {
     "basic_cnn",
     "alexnet",
