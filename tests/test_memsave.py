@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
 import threading
 from pathlib import Path
 
@@ -145,6 +146,48 @@ def test_the_file_lasts_from_block_to_block_and_closes_with_the_saver(tmp_path):
     assert list(tmp_path.iterdir()) == []
     saver.close()
     assert not open_files_in(tmp_path)
+
+
+_KILLED_MID_STEP = """
+import sys, time, torch
+from torch import nn
+from dnnperf.memsave import OFFLOAD, MemorySaver, Plan, StateSaver, find_units
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.randn(8, 64)).sum().backward()
+optimizer.step()  # the momentum exists, for the state's files
+plan = Plan(policies={u.name: OFFLOAD for u in find_units(model)}, min_bytes=0)
+with StateSaver([optimizer], offload_dir=sys.argv[1]), MemorySaver(model, plan, offload_dir=sys.argv[1]):
+    loss = model(torch.randn(8, 64)).sum()  # activations written to the disk tier
+    loss.backward()  # the state's files written by the fused update
+    loss = model(torch.randn(8, 64)).sum()
+    print("mid-step", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_process_killed_mid_step_leaves_nothing_in_the_offload_directory(tmp_path):
+    """SIGKILL runs no cleanup: the activations' file and the optimizer state's files must already be
+    unlinked while in use (both savers unlink what they make as soon as it is open)."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_STEP, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "mid-step\n"
+        held = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+        in_use = [target for target in held if target.startswith(str(tmp_path))]
+        assert len(in_use) >= 2 and all(target.endswith("(deleted)") for target in in_use)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_hooks_forwards_and_files_removed_on_error(tmp_path):

@@ -124,6 +124,10 @@ def test_infeasible_budget_says_why():
     assert not result.feasible
     assert result.reason.startswith("infeasible") and "parameters" in result.reason
     assert "planner" not in {v.name for v in result.variants}
+    infeasible = r"no variant 'planner' \(measured: none, .*\); the budget is infeasible"
+    with pytest.raises(KeyError, match=infeasible):
+        result.variant("planner")
+    assert result.variant("none").peak == result.baseline_peak
 
 
 def test_record_section_round_trips(feasible):

@@ -118,6 +118,10 @@ def test_the_plan_trains_like_the_plain_loop(planned):
         ("-5%", 2, "(0, 100]"),
         ("0", 2, "must be positive"),
         ("50%", 0, "pairs must be at least 1"),
+        (-5, 2, "not a size in bytes: '-5'"),  # a number is bytes
+        (0, 2, "must be positive"),
+        (0.5, 2, "a budget is a string ('50%', '2GiB') or a number of bytes, got 0.5"),
+        (True, 2, "got True"),
     ],
 )
 def test_bad_input_is_refused_before_any_step(budget, pairs, needle):

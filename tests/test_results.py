@@ -55,6 +55,18 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r1.json"]
 
 
+def test_a_record_that_load_would_refuse_is_refused_by_save_with_the_same_reason(tmp_path):
+    """A record built by hand for a user's own loop, without the settings' device: saving it says why,
+    as loading it would, and writes nothing (before, it was written and then skipped by every reader)."""
+    store = RunStore(tmp_path)
+    with pytest.raises(UsageError, match=r"record r1 cannot be saved: settings\.device missing"):
+        store.save(make_record(settings={"data": "memory"}))
+    with pytest.raises(UsageError, match="status 'done' is not one of"):
+        store.save(make_record(status="done"))
+    assert list(tmp_path.iterdir()) == []
+    assert store.load(store.save(make_record()).stem).settings["device"] == "cpu"
+
+
 def test_a_save_that_fails_midway_leaves_the_previous_record_intact(tmp_path, monkeypatch):
     store = RunStore(tmp_path)
     path = store.save(make_record())

@@ -1,6 +1,7 @@
 """The stage profiler against known truths: closure on every workload, injected delays landing in the
 right stage, a user's own loop, and the hooks gone afterwards."""
 
+import contextlib
 import statistics
 import time
 
@@ -244,6 +245,31 @@ def test_a_loader_that_raises_midway_leaves_a_partial_result_and_no_hooks():
     result = profiler.result()
     assert result.status == "partial" and len(result.wall_s) == 3  # batches 0-3, the first is warm-up
     assert not model._forward_pre_hooks and not optimizer._optimizer_step_pre_hooks
+
+
+def test_a_loop_left_by_break_ends_its_last_step_there(known_delay):
+    """Code after a ``break`` but still inside the ``with`` block (an injected spin) is not the last
+    step's: the step ends when the loop stops asking for batches. With an error inside the block the
+    last step is dropped, as one the error cut short would be (the two cannot be told apart: either
+    way the loop stops asking), and the steps before it are kept, marked partial."""
+    model, optimizer, loader = make_own()
+    after = known_delay(FORWARD_DELAY_S)
+    for fails in (False, True):
+        profiler = StageProfiler(model, optimizer, warmup=1)
+        raises = pytest.raises(RuntimeError, match="after the loop") if fails else contextlib.nullcontext()
+        with raises, profiler:
+            for step, (inputs, targets) in enumerate(profiler.batches(loader)):
+                nn.functional.mse_loss(model(inputs), targets).backward()
+                optimizer.step()
+                if step == 3:
+                    break
+            after()
+            if fails:
+                raise RuntimeError("after the loop")
+        result = profiler.result()
+        assert (len(result.wall_s), result.status) == ((2, "partial") if fails else (3, "complete"))
+        # Each step is the tiny model's own: far below the spin that followed the last.
+        assert max(result.wall_s) < 0.5 * after.durations()[-1]
 
 
 @pytest.mark.parametrize("batches", [0, 1])

@@ -120,7 +120,14 @@ class MemsaveResult:
     state_offload_s_per_byte: float | None = None
 
     def variant(self, name: str) -> Variant:
-        return next(v for v in self.variants if v.name == name)
+        """The measured variant ``name``; a KeyError naming those there are (an infeasible budget has
+        no ``planner`` variant: ``reason`` says why)."""
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        there = ", ".join(v.name for v in self.variants)
+        why = f"; the budget is infeasible: {self.reason}" if name == "planner" and not self.feasible else ""
+        raise KeyError(f"no variant {name!r} (measured: {there}){why}")
 
     def to_dict(self) -> dict[str, Any]:
         return {

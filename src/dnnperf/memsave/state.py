@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import errno
 import os
-import shutil
 import tempfile
 import weakref
 from collections.abc import Sequence
@@ -131,28 +130,28 @@ class _Backing:
         self._fds: dict[tuple[int, str], int] = {}
         self.directory: Path | None = None
         if self._stream is None:
-            if directory is not None:
-                try:
-                    Path(directory).mkdir(parents=True, exist_ok=True)
-                except OSError as error:
-                    raise DnnperfError(
-                        f"cannot use offload directory {directory}: {error.strerror}"
-                    ) from None
-            self.directory = Path(tempfile.mkdtemp(prefix="dnnperf-state-", dir=directory))
+            self.directory = Path(directory if directory is not None else tempfile.gettempdir())
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                os.close(self._unlinked_file())  # refused here, before any step, if it cannot be written
+            except OSError as error:
+                reason = error.strerror
+                raise DnnperfError(f"cannot use offload directory {self.directory}: {reason}") from None
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="dnnperf-state-read")
 
-    def _path(self, key: tuple[int, str]) -> Path:
-        assert self.directory is not None
-        return self.directory / f"{key[0]}-{key[1]}.bin"
+    def _unlinked_file(self) -> int:
+        """A new file in the offload directory, unlinked as soon as it is made: the descriptor keeps it,
+        and nothing of it is left on disk once it closes, however the process ends (a kill included)."""
+        fd, path = tempfile.mkstemp(prefix="dnnperf-state-", suffix=".bin", dir=self.directory)
+        os.unlink(path)
+        return fd
 
     def _fd(self, key: tuple[int, str]) -> int:
-        """The key's file, opened once and kept open to ``close`` (on the training thread: its reads
-        are scheduled there too); unlinked as soon as it is opened, so nothing of it is left on disk
-        once it closes, however the process ends."""
+        """The key's file, made once and kept open to ``close`` (on the training thread: its reads are
+        scheduled there too)."""
         fd = self._fds.get(key)
         if fd is None:
-            fd = self._fds[key] = os.open(self._path(key), os.O_RDWR | os.O_CREAT, 0o600)
-            os.unlink(self._path(key))
+            fd = self._fds[key] = self._unlinked_file()
         return fd
 
     def write(self, key: tuple[int, str], start: int, values: torch.Tensor, total: int) -> None:
@@ -220,8 +219,6 @@ class _Backing:
             with suppress(OSError):
                 os.close(fd)
         self._fds.clear()
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _chunks(parameter: torch.Tensor, optimizer: torch.optim.Optimizer) -> list[_Chunk]:

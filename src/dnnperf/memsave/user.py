@@ -2,7 +2,9 @@
 the user's model, optimizer, loss and example batch.
 
     result = plan_for(model, optimizer, loss_fn, batch, "50%")   # loss_fn(model, batch) -> loss
-    print(result.feasible, result.reason, result.variant("planner").peak)
+    if not result.feasible:
+        raise SystemExit(result.reason)                          # no plan reaches the budget: why
+    print(result.variant("planner").peak, result.variant("planner").overhead)
     saver = MemorySaver(model, result.plan)                      # one for the loop: its file lasts
     with StateSaver([optimizer]) if result.plan.training_state == "offload" else nullcontext():
         for batch in loader:
@@ -19,11 +21,8 @@ so planning leaves the user's training where it was.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +31,7 @@ from dnnperf.errors import UsageError
 from dnnperf.memsave.command import check_budget
 from dnnperf.memsave.run import MemsaveResult, memsave
 from dnnperf.memsave.saver import refuse_compiled
+from dnnperf.restore import put_back
 from dnnperf.workloads.base import Batch, SupervisedTask
 
 
@@ -40,7 +40,7 @@ def plan_for(
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[nn.Module, Batch], torch.Tensor],
     batch: Batch,
-    budget: str,
+    budget: str | int,
     *,
     pairs: int = 6,
     offload_dir: Path | str | None = None,
@@ -48,8 +48,14 @@ def plan_for(
 ) -> MemsaveResult:
     """Profile one step of ``loss_fn(model, batch)``, backward and ``optimizer.step()``; measure the
     baselines; plan for ``budget`` ("50%" of the unoptimised peak, or a size such as "2GiB"); run the
-    plan. ``batch`` is already on the model's device. ``result.plan`` is what ``MemorySaver`` runs (with
-    a ``StateSaver`` around the loop where ``result.plan.training_state == "offload"``)."""
+    plan. ``budget`` is a string ("50%", "2GiB") or a number of bytes. ``batch`` is already on the model's
+    device. Where ``result.feasible``, ``result.plan`` is what ``MemorySaver`` runs (with a ``StateSaver``
+    around the loop where ``result.plan.training_state == "offload"``); otherwise ``result.reason`` says
+    why no plan meets the budget."""
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        budget = str(budget)  # bytes
+    if not isinstance(budget, str):
+        raise UsageError(f"a budget is a string ('50%', '2GiB') or a number of bytes, got {budget!r}")
     check_budget(budget)  # before anything runs
     if pairs < 1:
         raise UsageError(f"pairs must be at least 1, got {pairs}")
@@ -58,7 +64,7 @@ def plan_for(
     if parameter is None:
         raise UsageError("the model has no parameters: there is no training step to plan")
     task = SupervisedTask(model, loss_fn, optimizer)
-    with _put_back(model, optimizer, parameter.device):
+    with put_back(model, [optimizer]):
         return memsave(
             task,
             batch,
@@ -68,25 +74,6 @@ def plan_for(
             offload_dir=None if offload_dir is None else Path(offload_dir),
             training_state=training_state,
         )
-
-
-@contextmanager
-def _put_back(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> Iterator[None]:
-    """Parameters, buffers, gradients, the optimizer's state and the random generators as they were on
-    entry, restored on exit (the measured steps train on the example batch)."""
-    weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    gradients = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
-    optimizer_state: dict[str, Any] = copy.deepcopy(optimizer.state_dict())
-    cuda = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                model.load_state_dict(weights)
-                for p, grad in zip(model.parameters(), gradients, strict=True):
-                    p.grad = grad
-            optimizer.load_state_dict(optimizer_state)
 
 
 __all__ = ["plan_for"]

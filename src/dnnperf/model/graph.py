@@ -33,6 +33,7 @@ from dnnperf.model.faults import steady_page_faults, workload_faults
 from dnnperf.model.kernels import KernelCalls
 from dnnperf.model.zeros import ZeroCounts
 from dnnperf.probes.saved import observe_saved
+from dnnperf.restore import put_back
 from dnnperf.workloads.base import no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
@@ -609,8 +610,9 @@ def describe_model(
 ) -> StepGraph:
     """Describe one training step of a user's model on an example batch (its first dimension is the
     batch). Default loss: the sum of the output; default optimizer: SGD with momentum. On the CPU,
-    ``count_faults`` runs twelve more plain steps to count the step's page faults (``page_faults``):
-    like the counted step, they train the model."""
+    ``count_faults`` runs twelve more plain steps to count the step's page faults (``page_faults``).
+    The steps train the model: its weights, buffers, gradients, the optimizer's state and the random
+    generators are put back as they were afterwards (``dnnperf.restore``)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     first = batch if isinstance(batch, torch.Tensor) else next(iter(batch.values()), None)
@@ -635,9 +637,10 @@ def describe_model(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    graph = capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
-    if count_faults and first.device.type == "cpu":  # in this process: see model/faults.py
-        graph.page_faults = steady_page_faults(lambda: step(no_stages))
+    with put_back(model, [optimizer]):
+        graph = capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
+        if count_faults and first.device.type == "cpu":  # in this process: see model/faults.py
+            graph.page_faults = steady_page_faults(lambda: step(no_stages))
     return graph
 
 

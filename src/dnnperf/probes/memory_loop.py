@@ -52,6 +52,7 @@ class MemoryProfiler(StageProfiler):
         super().__init__(model, optimizer, warmup=warmup, device=device)
         self.clock = _MarkingClock(self.device)
         self._tracker: MemoryTracker | None = None
+        self._tracked: StepMemory | None = None  # the tracked step's, kept with the step (_finish_step)
         self._memory: StepMemory | None = None
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -63,9 +64,14 @@ class MemoryProfiler(StageProfiler):
                 tracker.mark("other")  # the batch is in hand: what follows is the step's own
             yield batch
 
-    def _finish_step(self) -> None:
+    def _end_step_now(self) -> None:
         self._stop_tracking(None)
+        super()._end_step_now()
+
+    def _finish_step(self) -> None:
         super()._finish_step()
+        if self._tracked is not None:
+            self._memory, self._tracked = self._tracked, None
 
     def _stop_tracking(self, exc_type: Any) -> None:
         tracker, self._tracker = self._tracker, None
@@ -74,12 +80,13 @@ class MemoryProfiler(StageProfiler):
             return
         tracker.__exit__(exc_type, None, None)
         if exc_type is None:
-            self._memory = tracker.result()
+            self._tracked = tracker.result()
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         try:
             if exc_type is not None:  # the step failed: its tracker goes, with no result
                 self._stop_tracking(exc_type)
+                self._tracked = None
         finally:
             super().__exit__(exc_type, *exc)
 

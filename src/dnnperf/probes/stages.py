@@ -267,6 +267,8 @@ class StageProfiler:
         self._depth = 0  # nesting of model calls: only the outermost marks forward
         self._synchronized = False
         self._pending: tuple[int, dict[str, float] | None] | None = None
+        # A step ended by the loop leaving (a break), kept once the ``with`` block ends without error.
+        self._ended: tuple[StepTiming, int, dict[str, float] | None] | None = None
         self._active = False
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ class StageProfiler:
             else:  # the loop failed: keep the steps measured before it, marked partial
                 self.breakdown.status = "partial"
                 self.clock._start = None
-                self._pending = None
+                self._pending = self._ended = None
         finally:
             self.clock.close()
             self._remove_node_hooks()
@@ -345,7 +347,13 @@ class StageProfiler:
                 return
             data_times = pop_data_times(batch) if isinstance(batch, dict) else None
             self._pending = (batch_size_of(batch), data_times)
-            yield batch
+            try:
+                yield batch
+            except GeneratorExit:
+                # The loop stopped asking for batches (a break, a return, an error unwinding it): its
+                # last step ends here, not with the ``with`` block, whose exit keeps it unless it failed.
+                self._end_step_now()
+                raise
 
     def to_device(self, batch: Any, device: torch.device | str | None = None) -> Any:
         """Move a batch (tensor, dict, list or tuple of tensors) to the device, timed as ``copy``."""
@@ -360,14 +368,22 @@ class StageProfiler:
                 return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
             return batch
 
-    def _finish_step(self) -> None:
+    def _end_step_now(self) -> None:
+        """Stop the current step's clock; ``_finish_step`` records it."""
         if not self.clock.in_step or self._pending is None:
             return
         synchronize(self.device)
         timing = self.clock.end_step()
         self._remove_node_hooks()
-        samples, data_times = self._pending
+        self._ended = (timing, *self._pending)
         self._pending = None
+
+    def _finish_step(self) -> None:
+        self._end_step_now()
+        if self._ended is None:
+            return
+        timing, samples, data_times = self._ended
+        self._ended = None
         self.steps_seen += 1
         if self.steps_seen > self.warmup:
             self.breakdown.add(timing, samples, data_times)

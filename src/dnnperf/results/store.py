@@ -65,8 +65,15 @@ class RunStore:
         return self.root / f"{record_id}.json"
 
     def save(self, record: RunRecord) -> Path:
+        """Write ``record`` atomically, checked first as ``load`` checks it: a record built by hand (a
+        user's own loop) that ``load`` would refuse is refused here, with the same reason."""
         path = self.path(record.id)
-        write_json_atomic(path, record.to_dict())
+        document = record.to_dict()
+        try:
+            RunRecord.from_dict(document)
+        except (RecordError, OverflowError, TypeError, ValueError, AttributeError, KeyError) as error:
+            raise UsageError(f"record {record.id} cannot be saved: {error}") from None
+        write_json_atomic(path, document)
         return path
 
     def load(self, ref: str) -> RunRecord:
