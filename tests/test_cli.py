@@ -105,6 +105,20 @@ BAD_INPUT = [
     (("bench", "basic_cnn", "--seed", str(2**64)), ("--seed",)),
     (("bench", "basic_cnn", "--device", "cpu:5"), ("no device index",)),
     (("bench", "basic_cnn", "--steps", "0"), ("--steps", "positive integer")),
+    (("bench", "basic_cnn", "--sweep", "1,,2"), ("--sweep", "positive integers")),
+    (("bench", "basic_cnn", "--sweep", "2,2"), ("--sweep", "repeated")),
+    (("bench", "basic_cnn", "--runs-dir", ""), ("--runs-dir", "an empty path")),
+    # Outputs are checked before any work: a directory where a file goes, a directory it cannot write in.
+    (("report", "no-such-run", "-o", "/"), ("--output /", "is a directory")),
+    (("report", "no-such-run", "-o", "/proc/report.html"), ("cannot write in /proc",)),
+    (("export", "no-such-run", "--trace", "/"), ("--trace /", "is a directory")),
+    (("export", "no-such-run", "--csv", "/proc/version/csv"), ("--csv", "/proc/version is not a directory")),
+    (("hw", "--output", "/"), ("--output /", "is a directory")),
+    (("reproduce", "tbd", "--size", "smoke", "--output", "/"), ("--output /", "is a directory")),
+    (("profile", "basic_cnn", "--nproc", "2", "--save-params", "/"), ("--save-params /", "is a directory")),
+    (("predict", "basic_cnn", "--machine", "a100-ib", "--device", "bogus"), ("unknown device 'bogus'",)),
+    (("predict", "basic_cnn", "--sweep", "nodes=1,2", "--sweep", "nodes=4"), ("nodes is given twice",)),
+    (("predict", "basic_cnn", "--sweep", "nodes=2,2"), ("--sweep nodes", "repeated")),
 ]
 
 
@@ -219,3 +233,36 @@ def test_hw_show_without_a_profile_is_a_usage_error(tmp_path):
     assert_one_line_error(
         run_cli("hw", "--show", "--output", str(tmp_path / "none.json")), "no saved hardware"
     )
+
+
+def test_a_record_with_nothing_measured_says_so_and_exports_nothing(tmp_path, capsys):
+    """A failed run's record (no point): show says so in one line (before: nothing at all); export
+    refuses to write an empty trace or CSV directory, and writes neither. A validate record (its rows
+    and no point) shows measured beside predicted (before: nothing at all)."""
+    from dnnperf.cli import main
+    from dnnperf.model.validate import ValidationResult
+    from dnnperf.results.record import RunRecord
+    from dnnperf.results.store import RunStore
+
+    def record(**fields):
+        base = {"workload": {"name": "basic_cnn", "preset": "tiny"}, "environment": {}, "points": []}
+        settings = {"device": "cpu", "data": "memory"}
+        return RunStore(tmp_path / "runs").save(RunRecord(settings=settings, **base, **fields))
+
+    failed = record(id="r-failed", kind="bench", status="failed", error="boom")
+    assert main(["show", str(failed)]) == 0
+    assert capsys.readouterr().out.strip() == "r-failed: bench of basic_cnn, failed, no measured point: boom"
+    trace, csv = tmp_path / "t.json", tmp_path / "csv"
+    assert main(["export", str(failed), "--trace", str(trace), "--csv", str(csv)]) == 2
+    assert "has no measured step to trace" in capsys.readouterr().err
+    assert main(["export", str(failed), "--csv", str(csv)]) == 2
+    assert "has no stages or layers" in capsys.readouterr().err
+    assert not trace.exists() and not csv.exists()
+    row = {"workload": "basic_cnn", "batch": 2, "strategy": "single"}
+    row.update(measured_s=2e-3, predicted_s=1.5e-3)
+    result = ValidationResult(runs=[row])
+    validated = record(id="r-valid", kind="validate", status="complete", validation=result)
+    assert main(["show", str(validated)]) == 0
+    shown = capsys.readouterr().out
+    assert "step time, measured vs predicted (1 rows)" in shown
+    assert all(cell in shown for cell in ("basic_cnn", "single", "2.0", "1.5", "-25.0%"))

@@ -273,6 +273,21 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"zero_operand_s": {"aten.sqrt": float("inf")}}, r"zero_operand_s\['aten.sqrt'\] must be zero or"),
         ({"asynchronous": "yes"}, "asynchronous must be true or false"),
         ({"kernel_s": -1e-6}, "kernel_s must be zero or a positive number"),
+        # Mistyped fields of a JSON description: named, never a crash further on.
+        ({"efficiency": 5}, "efficiency must be an object, got 5"),
+        ({"call_s": [1]}, r"call_s must be an object, got \[1\]"),
+        ({"collectives": "x"}, "collectives must be an object"),
+        ({"host_call_s": "x"}, "host_call_s must be an object"),
+        ({"zero_operand_s": 3}, "zero_operand_s must be an object"),
+        ({"efficiency": {"matmul": "x"}}, r"efficiency\['matmul'\] must be in \(0, 1\], got 'x'"),
+        ({"collectives": {"allreduce": [1]}}, r"collectives\['allreduce'\] needs a positive bandwidth"),
+        ({"segment_bytes": "x"}, "segment_bytes must be zero or a positive integer, got 'x'"),
+        ({"segment_bytes": -5}, "segment_bytes must be zero or a positive integer"),
+        ({"segment_bytes": 1.5}, "segment_bytes must be zero or a positive integer"),
+        ({"sources": [1]}, "sources must be an object"),
+        ({"sources": {"peak": 1}}, r"sources\['peak'\] must be a string"),
+        ({"name": 5}, "name must be a non-empty string, got 5"),
+        ({"name": " "}, "name must be a non-empty string"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

@@ -202,7 +202,7 @@ def test_cli_profile_and_report_write_the_report(tmp_path):
     assert json.loads(result.stdout)["report_path"] == str(tmp_path / "again.html")
     assert (tmp_path / "again.html").read_text().count("<section") == 2
     result = run_cli("report", str(record_path), "-o", str(tmp_path / "missing" / "r.html"))
-    assert result.returncode == 2 and "not a directory" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "no directory" in result.stderr and "Traceback" not in result.stderr
     plain = run_cli("profile", "basic_cnn", "--steps", "1", "--warmup", "0", "--no-report", "--json")
     assert plain.returncode == 0 and json.loads(plain.stdout)["report_path"] is None
 

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import dnnperf
 from dnnperf.errors import DnnperfError, UsageError
 from dnnperf.interrupts import stop_on_signals
+from dnnperf.paths import output_directory, output_file, path_argument
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -52,15 +53,18 @@ def non_negative_int(text: str) -> int:
 
 
 def batch_size_list(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
         raise argparse.ArgumentTypeError("expects comma-separated positive integers, e.g. 1,2,4,8")
     try:
-        return tuple(positive_int(p) for p in parts)
+        sizes = tuple(positive_int(p) for p in parts)  # an empty item ("1,,2") is not a size either
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"expects comma-separated positive integers (batch sizes), got {text!r}"
         ) from None
+    if len(set(sizes)) < len(sizes):
+        raise argparse.ArgumentTypeError(f"a batch size is repeated in {text!r}")
+    return sizes
 
 
 def _common(parser: argparse.ArgumentParser, runs: bool = False) -> None:
@@ -71,7 +75,7 @@ def _common(parser: argparse.ArgumentParser, runs: bool = False) -> None:
     if runs:
         parser.add_argument(
             "--runs-dir",
-            type=Path,
+            type=path_argument,
             default=None,
             help="where run records live (default: $DNNPERF_RUNS_DIR or ./dnnperf-runs)",
         )
@@ -96,7 +100,7 @@ def _training_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=non_negative_int, help="DataLoader workers for --data disk")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of model and data (0)")
     parser.add_argument(
-        "--data-dir", type=Path, help="dataset cache (default: $DNNPERF_DATA_DIR or ~/.cache)"
+        "--data-dir", type=path_argument, help="dataset cache (default: $DNNPERF_DATA_DIR or ~/.cache)"
     )
     _common(parser, runs=True)
 
@@ -131,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="per layer, forward and backward: time, FLOPs, efficiency, roofline, library (more steps)",
     )
     profile.add_argument(
-        "--hw", type=Path, help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)"
+        "--hw",
+        type=path_argument,
+        help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)",
     )
     profile.add_argument("--top", type=positive_int, default=15, help="layers shown in the table (15)")
     profile.add_argument(
@@ -164,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     libcompare.add_argument("--warmup", type=non_negative_int, default=2, help="warm-up calls per layer (2)")
     libcompare.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (auto)")
     libcompare.add_argument(
-        "--hw", type=Path, help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)"
+        "--hw",
+        type=path_argument,
+        help="hardware profile for efficiencies (default: the one `dnnperf hw` saved)",
     )
     _common(libcompare)
     libcompare.set_defaults(handler=cmd_libcompare)
@@ -174,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hw.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (auto)")
     hw.add_argument("--quick", action="store_true", help="seconds instead of minutes: rough numbers")
-    hw.add_argument("--output", type=Path, help="where to save the profile (default: dnnperf's cache)")
+    hw.add_argument(
+        "--output", type=path_argument, help="where to save the profile (default: dnnperf's cache)"
+    )
     hw.add_argument("--show", action="store_true", help="show the saved profile instead of calibrating")
     _common(hw)
     hw.set_defaults(handler=cmd_hw)
@@ -200,21 +210,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--size", default="default", help="smoke (seconds, a check) or default (minutes: the experiment)"
     )
     reproduce.add_argument(
-        "--output", type=Path, default=Path("docs/reproductions.md"), help="the markdown summary to update"
+        "--output",
+        type=path_argument,
+        default=Path("docs/reproductions.md"),
+        help="the markdown summary to update",
     )
     _common(reproduce, runs=True)
     reproduce.set_defaults(handler=cmd_reproduce)
 
     report = commands.add_parser("report", help="write a run's self-contained HTML report (charts, tables)")
     report.add_argument("run", help="run id, unique id prefix, or path to a record file")
-    report.add_argument("-o", "--output", type=Path, help="the HTML file (default: beside the record)")
+    report.add_argument(
+        "-o", "--output", type=path_argument, help="the HTML file (default: beside the record)"
+    )
     _common(report, runs=True)
     report.set_defaults(handler=cmd_report)
 
     export = commands.add_parser("export", help="a run as a Chrome/Perfetto trace and as CSV tables")
     export.add_argument("run", help="run id, unique id prefix, or path to a record file")
-    export.add_argument("--trace", type=Path, help="write the trace (Trace Event Format JSON) here")
-    export.add_argument("--csv", type=Path, help="write stages.csv and layers.csv into this directory")
+    export.add_argument("--trace", type=path_argument, help="write the trace (Trace Event Format JSON) here")
+    export.add_argument(
+        "--csv", type=path_argument, help="write stages.csv and layers.csv into this directory"
+    )
     _common(export, runs=True)
     export.set_defaults(handler=cmd_export)
 
@@ -500,8 +517,17 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
         p = record.prediction
         out.print(sweep_table(p.frame(), list(p.axes), f"{p.workload}/{p.preset} on {p.machine}"))
         out.print(crossover_table(crossovers(p.frame(), list(p.axes))))
+    if record.validation is not None:
+        from dnnperf.report.terminal import validation_record_tables
+
+        for table in validation_record_tables(record.validation):
+            out.print(table)
     if record.points:
         out.print(points_table(record))
+    elif record.prediction is None and record.memsave is None and record.validation is None:
+        error = f": {record.error}" if record.error else ""
+        name = record.workload["name"]
+        out.print(f"{record.id}: {record.kind} of {name}, {record.status}, no measured point{error}")
     if record.memsave is not None:
         from dnnperf.report.terminal import memsave_tables
 
@@ -581,6 +607,8 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
             raise UsageError(f"no saved hardware profile for {device}: run `dnnperf hw` first")
         path = args.output or hardware.profile_path(device)
     else:
+        if args.output is not None:
+            output_file(args.output, "--output")  # before minutes of calibration
         with out.progress_fraction("calibrating") as progress:
             profile = hardware.calibrate(device, progress=progress, quick=args.quick)
         path = hardware.save_profile(profile, args.output)
@@ -641,8 +669,7 @@ def cmd_reproduce(args: argparse.Namespace, out: Output) -> int:
     modules = list(reproduce.PAPERS.values()) if args.paper == "all" else [reproduce.paper(args.paper)]
     if args.size not in SIZES:
         raise UsageError(f"unknown size {args.size!r}: choose one of {', '.join(SIZES)}")
-    if not args.output.parent.is_dir():
-        raise UsageError(f"--output {args.output}: no directory {args.output.parent}")
+    output_file(args.output, "--output")  # before any paper runs
     runs_dir = args.runs_dir or default_runs_dir()
     runs_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -717,6 +744,8 @@ def cmd_report(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.report.html import default_path
     from dnnperf.results.store import RunStore
 
+    if args.output is not None:
+        output_file(args.output, "--output")
     store = RunStore(args.runs_dir, create=False)
     record = store.load(args.run)
     # Beside the record: the file given, else the record's file in the store.
@@ -730,17 +759,25 @@ def cmd_report(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf.report.export import write_csv
+    from dnnperf.report.export import layer_table, stage_table, write_csv
     from dnnperf.report.trace import write_trace
     from dnnperf.results.store import RunStore
 
     if args.trace is None and args.csv is None:
         raise UsageError("export needs --trace PATH and/or --csv DIR")
-    if args.trace is not None and not args.trace.parent.is_dir():
-        raise UsageError(f"--trace {args.trace}: {args.trace.parent} is not a directory")
-    if args.csv is not None and args.csv.exists() and not args.csv.is_dir():
-        raise UsageError(f"--csv {args.csv}: not a directory")
+    # Both checked before either is written: a bad --csv must not leave a trace behind.
+    if args.trace is not None:
+        output_file(args.trace, "--trace")
+    if args.csv is not None:
+        output_directory(args.csv, "--csv")
+    if args.trace is not None and args.csv is not None and args.trace.resolve() == args.csv.resolve():
+        raise UsageError(f"--trace and --csv are one path, {args.trace}: a file and a directory")
     record = RunStore(args.runs_dir, create=False).load(args.run)
+    # Nothing written where there is nothing to write: an empty trace or CSV directory is no answer.
+    if args.trace is not None and not any(p.step_s for p in record.points):
+        raise UsageError(f"--trace: {record.id} has no measured step to trace")
+    if args.csv is not None and stage_table(record).empty and layer_table(record).empty:
+        raise UsageError(f"--csv: {record.id} has no stages or layers (dnnperf profile measures them)")
     written = []
     if args.trace is not None:
         written.append(write_trace(record, args.trace))
@@ -862,6 +899,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         out.error("interrupted")
         return EXIT_INTERRUPTED
+    except MemoryError as error:  # asked for more than the host has (a batch of 10^13 samples)
+        out.error(f"error: more memory than this host has was asked for ({error}): try a smaller batch")
+        return EXIT_USAGE
     except Exception as error:  # a bug in dnnperf or the workload: say so in one line unless debugging
         if os.environ.get("DNNPERF_DEBUG"):
             raise

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 from dnnperf.distributed import DEFAULT_TIMEOUT_S, SCHEDULES, STRATEGIES, DistributedSettings
 from dnnperf.errors import UsageError
+from dnnperf.paths import output_file, path_argument
 
 
 def _positive_float(text: str) -> float:
@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     group.add_argument("--netns", action="store_true", help="each rank in its own network namespace (root)")
     group.add_argument("--link-mbit", type=_positive_float, help="--netns: link bandwidth in Mbit/s")
     group.add_argument("--link-delay-ms", type=_non_negative_float, default=0.0, help="--netns: link delay")
-    group.add_argument("--save-params", type=Path, help="dp: write the trained parameters to this .npz")
+    group.add_argument(
+        "--save-params", type=path_argument, help="dp: write the trained parameters to this .npz"
+    )
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -75,10 +77,8 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
     strategy = args.strategy or "dp"
     if args.save_params is not None and strategy != "dp":
         raise UsageError("--save-params writes a dp replica's parameters; pp and tp split them over ranks")
-    if args.save_params is not None and not args.save_params.parent.is_dir():
-        raise UsageError(
-            f"--save-params {args.save_params}: directory {args.save_params.parent} does not exist"
-        )
+    if args.save_params is not None:
+        output_file(args.save_params, "--save-params")  # before any rank trains
     return DistributedSettings(
         strategy=strategy,
         nproc=args.nproc,

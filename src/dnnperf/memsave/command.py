@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from dnnperf.errors import UsageError
+from dnnperf.paths import path_argument
 
 DEFAULT_PAIRS = 6
 
@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
     )
     parser.add_argument("--device", default="auto", help=f"{', '.join(DEVICE_CHOICES)} or cuda:N (auto)")
     parser.add_argument(
-        "--offload-dir", type=Path, help="where the CPU disk tier writes (default: a temporary directory)"
+        "--offload-dir",
+        type=path_argument,
+        help="where the CPU disk tier writes (default: a temporary directory)",
     )
     parser.add_argument(
         "--state",

@@ -18,6 +18,7 @@ from typing import Any
 
 from dnnperf.errors import UsageError
 from dnnperf.model.machine import AXES, PRESETS, Machine
+from dnnperf.paths import path_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
@@ -78,6 +79,8 @@ def parse_sweep(items: list[str]) -> dict[str, list[float]]:
             raise UsageError(f"--sweep expects AXIS=V1,V2,..., got {item!r}")
         if axis != "batch_size" and axis not in AXES:
             raise UsageError(f"unknown sweep axis {axis!r}: use batch_size or one of {', '.join(AXES)}")
+        if axis in axes:  # the second would silently replace the first
+            raise UsageError(f"--sweep {axis} is given twice: give all its values in one, {axis}=V1,V2,...")
         try:
             numbers = [float(v) for v in values.split(",")]
         except ValueError:
@@ -86,6 +89,8 @@ def parse_sweep(items: list[str]) -> dict[str, list[float]]:
             raise UsageError(f"--sweep {axis}: values must be positive, got {values!r}")
         if axis in ("batch_size", "nodes", "devices_per_node") and any(v != int(v) for v in numbers):
             raise UsageError(f"--sweep {axis}: values must be integers, got {values!r}")
+        if len(set(numbers)) < len(numbers):
+            raise UsageError(f"--sweep {axis}: a value is repeated in {values!r}")
         axes[axis] = [int(v) if axis in ("batch_size", "nodes", "devices_per_node") else v for v in numbers]
     return axes
 
@@ -174,6 +179,9 @@ def run(args: argparse.Namespace, out: Any) -> int:
         raise UsageError(
             f"{workload.name} has no preset {args.preset!r} (presets: {', '.join(workload.presets)})"
         )
+    from dnnperf.devices import resolve_device
+
+    resolve_device(args.device)  # a device that is not there is an error, whichever machine is asked for
     machine = load_machine(args.machine, args.device)
     changes = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     machine = dataclasses.replace(machine, **changes)
@@ -314,7 +322,9 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
         "rounds over the configurations; their median steps' median is the measured figure (3: two "
         "processes of one job differ by up to 15%% on a small CPU step)",
     )
-    parser.add_argument("--hw", type=Path, help="hardware profile (default: this machine's saved one)")
+    parser.add_argument(
+        "--hw", type=path_argument, help="hardware profile (default: this machine's saved one)"
+    )
     parser.add_argument(
         "--device",
         default="cpu",
@@ -376,6 +386,9 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
     for name in names:
         if args.preset not in get_workload(name).presets:
             raise UsageError(f"{name} has no preset {args.preset!r}")
+    from dnnperf.results.store import RunStore
+
+    RunStore(args.runs_dir)  # a runs directory it cannot write in: refused before any run
     try:
         batches = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:

@@ -188,8 +188,19 @@ def _finite_positive(value: Any) -> bool:
 
 
 def validate(machine: Machine) -> None:
-    """UsageError naming the first missing or out-of-range field."""
+    """UsageError naming the first missing, mistyped or out-of-range field."""
+    if not isinstance(machine.name, str) or not machine.name.strip():
+        raise UsageError(f"a machine's name must be a non-empty string, got {machine.name!r}")
     where = f"machine {machine.name!r}"
+    for name in ("efficiency", "call_s", "zero_operand_s", "host_call_s", "collectives", "sources"):
+        if not isinstance(getattr(machine, name), dict):
+            raise UsageError(f"{where}: {name} must be an object, got {getattr(machine, name)!r}")
+    for key, text in machine.sources.items():
+        if not isinstance(text, str):
+            raise UsageError(f"{where}: sources[{key!r}] must be a string, got {text!r}")
+    segment = machine.segment_bytes
+    if not isinstance(segment, int) or isinstance(segment, bool) or segment < 0:
+        raise UsageError(f"{where}: segment_bytes must be zero or a positive integer, got {segment!r}")
     if not isinstance(machine.peak_flops, dict) or not _finite_positive(machine.peak_flops.get("float32")):
         raise UsageError(f"{where}: peak_flops needs a positive float32 entry (FLOP/s)")
     for dtype, value in machine.peak_flops.items():

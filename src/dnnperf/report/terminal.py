@@ -726,6 +726,34 @@ def validation_tables(frame: Any, ablation: Any) -> list[Table]:
     return [runs, variants]
 
 
+def validation_record_tables(result: Any) -> list[Table]:
+    """A ``validate`` record's rows, measured beside predicted with the error: step times (per strategy),
+    collectives (per operation and size) and peak memory, each a table when the record has them."""
+
+    def size(value: Any) -> str:
+        return human_count(value, "B")
+
+    parts = (  # rows, title, key columns, field suffix, unit, format
+        (result.runs, "step time", ["workload", "batch", "strategy"], "_s", "ms", milliseconds),
+        (result.collectives, "collectives", ["op", "bytes"], "_s", "ms", milliseconds),
+        (result.memory, "peak memory", ["workload", "batch"], "_bytes", "", size),
+    )
+    tables = []
+    for rows, title, keys, suffix, unit, shown in parts:
+        if not rows:
+            continue
+        table = Table(title=f"{title}, measured vs predicted ({len(rows)} rows)")
+        for column in [*keys, f"measured {unit}".strip(), f"predicted {unit}".strip(), "error"]:
+            table.add_column(column, justify="left" if column in ("workload", "strategy", "op") else "right")
+        for row in rows:
+            measured, predicted = row.get(f"measured{suffix}"), row.get(f"predicted{suffix}")
+            error = predicted / measured - 1 if measured and predicted is not None else None
+            cells = [_text(row.get(k)) for k in keys]
+            table.add_row(*cells, shown(measured), shown(predicted), _percent(error))
+        tables.append(table)
+    return tables
+
+
 def crossover_table(crossings: Any) -> Table:
     """Where the best predicted strategy changes along an axis (model.whatif.crossovers)."""
     table = Table(title="crossovers: where the best strategy changes")
