@@ -119,6 +119,11 @@ BAD_INPUT = [
     (("predict", "basic_cnn", "--machine", "a100-ib", "--device", "bogus"), ("unknown device 'bogus'",)),
     (("predict", "basic_cnn", "--sweep", "nodes=1,2", "--sweep", "nodes=4"), ("nodes is given twice",)),
     (("predict", "basic_cnn", "--sweep", "nodes=2,2"), ("--sweep nodes", "repeated")),
+    # An option that only another makes meaningful is refused, not ignored.
+    (("profile", "basic_cnn", "--microbatches", "4", "--link-mbit", "100"), ("--microbatches, --link-mbit",)),
+    (("profile", "basic_cnn", "--hw", "hw.json"), ("--hw", "add --layers")),
+    (("bench", "basic_cnn", "--workers", "2"), ("--workers and --data-dir apply to --data disk",)),
+    (("hw", "--show", "--quick"), ("--show calibrates nothing",)),
 ]
 
 

@@ -585,3 +585,19 @@ def test_releases_of_blocks_from_before_the_trace_that_no_category_holds_are_fou
         AllocatorEvent(0.5, 300, -4096, 0),  # outside
     ]
     assert outside_releases(events, known={200}) == [(0.1, 512), (0.5, 4096)]
+
+
+def test_the_largest_batch_caption_says_where_its_answer_came_from():
+    """The user's --memory-limit with nothing that fits says so (it once told the user to pass the
+    --memory-limit they had passed); the device's capacity is predicted only; a checked batch says
+    what it measured."""
+    import pandas as pd
+
+    from dnnperf.report.terminal import memory_scaling_table
+
+    fit = pd.DataFrame([{"category": "peak", "fixed": 2000, "per_sample": 100, "max_rel_error": 0.0}])
+    caption = memory_scaling_table(fit, 1000, None, asked=True).caption
+    assert caption.startswith("largest batch within 1 kB: none (predicted from the fit: even one sample")
+    assert "pass --memory-limit" in memory_scaling_table(fit, 10**6, 9980).caption
+    checked = memory_scaling_table(fit, 10**6, 9980, checked=999_000, asked=True).caption
+    assert checked == "largest batch within 1 MB: 9980; ran it: peak 999 kB (within the limit)"

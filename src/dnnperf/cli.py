@@ -358,7 +358,13 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
 
     if distributed.wanted(args):
         distributed.settings_from(args)  # refuse bad distributed options before anything else
+    else:
+        distributed.refuse_without_nproc(args)
     layers = getattr(args, "layers", False)
+    if getattr(args, "hw", None) is not None and not layers:
+        raise UsageError("--hw gives the layer analysis its peaks: add --layers")
+    if args.data != "disk" and (args.workers is not None or args.data_dir is not None):
+        raise UsageError("--workers and --data-dir apply to --data disk")
     memory = getattr(args, "memory", False) or getattr(args, "memory_limit", None) is not None
     limit = None
     if getattr(args, "memory_limit", None) is not None:
@@ -439,6 +445,7 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
                     scaling["limit"],
                     scaling["predicted"],
                     scaling["checked_peak"],
+                    asked=limit is not None,
                 )
             )
         out.print(f"record: {path}")
@@ -601,6 +608,8 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.devices import resolve_device
 
     device = resolve_device(args.device)
+    if args.show and args.quick:
+        raise UsageError("--quick calibrates quickly; --show calibrates nothing: give one of them")
     if args.show:
         profile = hardware.load_profile(device, args.output)  # a bad file is a UsageError naming it
         if profile is None:

@@ -35,13 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     group = parser.add_argument_group("distributed training (see docs/distributed.md)")
     group.add_argument("--nproc", type=positive_int, help="launch this many ranks on this machine (torchrun)")
     group.add_argument("--strategy", choices=STRATEGIES, help="dp (DDP), pp (pipeline) or tp (tensor) (dp)")
-    group.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pp schedule (1f1b)")
-    group.add_argument("--microbatches", type=positive_int, default=4, help="pp micro-batches per step (4)")
+    # No argparse defaults where settings_from fills them in: an option given without --nproc is seen.
+    group.add_argument("--schedule", choices=SCHEDULES, help="pp schedule (1f1b)")
+    group.add_argument("--microbatches", type=positive_int, help="pp micro-batches per step (4)")
     group.add_argument("--rank-threads", type=positive_int, help="intra-op threads per rank (1 when shared)")
     group.add_argument(
         "--timeout",
         type=_positive_float,
-        default=DEFAULT_TIMEOUT_S,
         help=f"seconds without progress after which a hung run is stopped ({DEFAULT_TIMEOUT_S:g})",
     )
     group.add_argument(
@@ -51,10 +51,25 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     )
     group.add_argument("--netns", action="store_true", help="each rank in its own network namespace (root)")
     group.add_argument("--link-mbit", type=_positive_float, help="--netns: link bandwidth in Mbit/s")
-    group.add_argument("--link-delay-ms", type=_non_negative_float, default=0.0, help="--netns: link delay")
+    group.add_argument("--link-delay-ms", type=_non_negative_float, help="--netns: link delay")
     group.add_argument(
         "--save-params", type=path_argument, help="dp: write the trained parameters to this .npz"
     )
+
+
+#: The options that mean something only for a distributed run (``profile --nproc N``).
+_DISTRIBUTED_ONLY = (
+    "schedule", "microbatches", "rank_threads", "timeout", "bucket_cap_mb", "netns", "link_mbit",
+    "link_delay_ms", "save_params",
+)  # fmt: skip
+
+
+def refuse_without_nproc(args: argparse.Namespace) -> None:
+    """A distributed option on a single-process run is refused, not ignored."""
+    given = [name for name in _DISTRIBUTED_ONLY if getattr(args, name, None) not in (None, False)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UsageError(f"{flags} apply to distributed runs: add --nproc N")
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -82,14 +97,14 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
     return DistributedSettings(
         strategy=strategy,
         nproc=args.nproc,
-        schedule=args.schedule,
-        microbatches=args.microbatches,
+        schedule=args.schedule or "1f1b",
+        microbatches=args.microbatches or 4,
         rank_threads=args.rank_threads,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S,
         bucket_cap_mb=args.bucket_cap_mb,
         netns=args.netns,
         link_mbit=args.link_mbit,
-        link_delay_ms=args.link_delay_ms,
+        link_delay_ms=args.link_delay_ms or 0.0,
         save_params=args.save_params,
     )
 

@@ -403,8 +403,11 @@ def memory_tables(batch_size: int, memory: StepMemory, top: int = 8) -> list[Tab
     return [table, layers]
 
 
-def memory_scaling_table(fit: Any, limit: int | None, predicted: int | None, checked: Any = None) -> Table:
-    """Each category as fixed + per-sample bytes over the sweep, and the largest batch that fits."""
+def memory_scaling_table(
+    fit: Any, limit: int | None, predicted: int | None, checked: Any = None, asked: bool = False
+) -> Table:
+    """Each category as fixed + per-sample bytes over the sweep, and the largest batch that fits within
+    ``limit`` (``asked``: the user's --memory-limit, else the device's capacity)."""
     table = Table(title="memory against batch size: bytes = fixed + per sample x batch", title_justify="left")
     for name in ("data structure", "fixed", "per sample", "fit error"):
         table.add_column(name, justify="left" if name == "data structure" else "right")
@@ -420,6 +423,8 @@ def memory_scaling_table(fit: Any, limit: int | None, predicted: int | None, che
         if checked is not None:
             verdict = "within" if checked <= limit else "ABOVE"
             caption += f"; ran it: peak {human_count(checked, 'B')} ({verdict} the limit)"
+        elif asked:  # no batch to run: not even one sample fits by the fit
+            caption += " (predicted from the fit: even one sample's memory is above the limit)"
         else:
             caption += " (predicted, not run: pass --memory-limit to check a limit by running it)"
         table.caption = caption
