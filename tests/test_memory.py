@@ -224,6 +224,10 @@ def test_sizes_and_cli_errors():
     for bad in ("lots", "-1GB", "0", "5 parsecs"):
         with pytest.raises(UsageError):
             parse_bytes(bad)
+    assert parse_bytes("1.5GB") == 1_500_000_000 and parse_bytes("0.5KiB") == 512
+    for fraction in ("1.5", "0.5b", "0.0001k"):  # bytes come whole
+        with pytest.raises(UsageError, match="not a whole number of bytes"):
+            parse_bytes(fraction)
     result = run_cli("profile", "basic_cnn", "--memory-limit", "1GiB")
     assert (
         result.returncode == 2 and "--sweep" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -121,6 +121,10 @@ def test_a_dead_running_record_reads_interrupted():
         (lambda d: d["settings"].pop("device"), "settings.device"),
         (lambda d: d.update(command=5), "command"),
         (lambda d: d.update(error=3), "error"),
+        (lambda d: d.update(schema_version=0), r"schema_version 0 is not one this dnnperf reads \(1 to"),
+        (lambda d: d.update(schema_version=True), "schema_version True"),
+        (lambda d: d.update(kind="weird"), "kind 'weird' is not one of bench, profile, memsave"),
+        (lambda d: d.update(created="notadate"), r"created 'notadate' is not a date and time"),
     ],
 )
 def test_invalid_documents_are_rejected_with_a_reason(mutate, reason):

@@ -25,6 +25,8 @@ def parse_bytes(text: str) -> int:
     value = float(match[1]) * _UNITS[match[2].lower()]
     if value <= 0 or not math.isfinite(value):
         raise UsageError(f"a memory size must be positive, got {text!r}")
+    if value < 1 or (not match[2] and value != int(value)):  # "1.5": bytes come whole
+        raise UsageError(f"not a whole number of bytes: {text!r} (e.g. 8GiB, 512MB, 1000000)")
     return int(value)
 
 

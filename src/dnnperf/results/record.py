@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 SCHEMA = "dnnperf.run"
 SCHEMA_VERSION = 1
+#: What made the record: bench (step times), profile (with stages, layers or memory), memsave,
+#: predict (a sweep), validate.
+RUN_KINDS = ("bench", "profile", "memsave", "predict", "validate")
 
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 POINT_STATUSES = ("running", "complete", "partial", "oom", "failed")
@@ -163,13 +166,19 @@ class RunRecord:
         if document.get("schema") != SCHEMA:
             raise RecordError(f"schema is {document.get('schema')!r}, expected {SCHEMA!r}")
         version = document.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
             raise RecordError(
-                f"schema_version {version!r} is not one this dnnperf reads (<= {SCHEMA_VERSION})"
+                f"schema_version {version!r} is not one this dnnperf reads (1 to {SCHEMA_VERSION})"
             )
         _expect(document, "id", str)
         _expect(document, "kind", str)
+        if document["kind"] not in RUN_KINDS:
+            raise RecordError(f"kind {document['kind']!r} is not one of {', '.join(RUN_KINDS)}")
         _expect(document, "created", str)
+        try:
+            datetime.fromisoformat(document["created"])
+        except ValueError:
+            raise RecordError(f"created {document['created']!r} is not a date and time (ISO 8601)") from None
         for key in ("workload", "settings", "environment"):
             _expect(document, key, dict)
         _expect(document, "points", list)
