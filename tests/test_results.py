@@ -158,6 +158,8 @@ def test_unwritable_runs_directory_is_a_usage_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(UsageError, match="not writable"):
         RunStore(blocker / "runs")
+    with pytest.raises(UsageError, match="a-file is not a directory"):
+        RunStore(blocker)
 
 
 def test_load_by_prefix_and_ambiguity(tmp_path):

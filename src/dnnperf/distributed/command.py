@@ -69,7 +69,8 @@ def refuse_without_nproc(args: argparse.Namespace) -> None:
     given = [name for name in _DISTRIBUTED_ONLY if getattr(args, name, None) not in (None, False)]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise UsageError(f"{flags} apply to distributed runs: add --nproc N")
+        verb = "apply" if len(given) > 1 else "applies"
+        raise UsageError(f"{flags} {verb} to distributed runs: add --nproc N")
 
 
 def wanted(args: argparse.Namespace) -> bool:

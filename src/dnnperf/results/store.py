@@ -53,6 +53,8 @@ class RunStore:
             self._check_writable()
 
     def _check_writable(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise UsageError(f"runs directory {self.root} is not a directory")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=self.root):
