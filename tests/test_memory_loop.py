@@ -109,3 +109,25 @@ def test_the_documented_lines_profile_a_loop_as_documented():
     exec(compile(snippet, "docs/memory.md", "exec"), namespace)
     memory = namespace["memory"]
     assert memory.category_max["optimizer_state"] == sum(p.numel() * FLOAT for p in model.parameters())
+
+
+def test_an_error_ending_the_tracked_step_at_a_break_reaches_the_caller(monkeypatch):
+    """The step a break ends is ended when the loop drops its generator, where Python only prints an
+    exception; one raised there (the tracker failing to finish) is raised by the with block instead."""
+    from dnnperf.probes import memory as memory_module
+
+    def fail(self, end):
+        raise RuntimeError("tracker failed")
+
+    monkeypatch.setattr(memory_module.MemoryTracker, "_finish", fail)
+    model = nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    profiler = dnnperf.MemoryProfiler(model, optimizer, warmup=1)
+    data = TensorDataset(torch.randn(32, 16), torch.randn(32, 4))
+    with pytest.raises(RuntimeError, match="tracker failed"), profiler:
+        for step, (inputs, targets) in enumerate(profiler.batches(DataLoader(data, batch_size=8))):
+            nn.functional.mse_loss(model(inputs), targets).backward()
+            optimizer.step()
+            if step == 1:  # the tracked step
+                break
+    assert not model._forward_hooks and not model._forward_pre_hooks

@@ -617,7 +617,7 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
         path = args.output or hardware.profile_path(device)
     else:
         if args.output is not None:
-            output_file(args.output, "--output")  # before minutes of calibration
+            output_file(args.output, "--output", parents=True)  # before minutes of calibration
         with out.progress_fraction("calibrating") as progress:
             profile = hardware.calibrate(device, progress=progress, quick=args.quick)
         path = hardware.save_profile(profile, args.output)

@@ -29,10 +29,14 @@ def _probe(directory: Path, option: str, path: Path) -> None:
         raise UsageError(f"{option} {path}: cannot write in {directory}: {error.strerror}") from None
 
 
-def output_file(path: Path, option: str) -> Path:
-    """A file dnnperf will write: not a directory, in an existing directory it can write in."""
+def output_file(path: Path, option: str, parents: bool = False) -> Path:
+    """A file dnnperf will write: not a directory, in an existing directory it can write in
+    (``parents``: the writer makes missing directories, so the nearest existing one is checked)."""
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory, not a file")
+    if parents:
+        output_directory(path.parent, option)
+        return path
     if not path.parent.is_dir():
         raise UsageError(f"{option} {path}: no directory {path.parent}")
     _probe(path.parent, option, path)

@@ -15,24 +15,46 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
+
+from dnnperf.errors import UsageError
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
 @contextmanager
 def put_back(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer] = ()) -> Iterator[None]:
-    """Parameters, buffers, gradients, the optimizers' state and the random generators (the CPU's and
-    those of the GPUs the model is on) as they were on entry, restored on exit."""
+    """On exit, as on entry: the model's state (its ``state_dict``, extra state included), its buffers
+    that are not in it, every parameter the optimizers update (those outside the model too, such as a
+    loss's own) with its gradient, the optimizers' state, and the random generators (the CPU's and
+    those of the GPUs the model is on)."""
     optimizers = list(optimizers)
-    weights = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    gradients = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
-    states: list[dict[str, Any]] = [copy.deepcopy(o.state_dict()) for o in optimizers]
-    gpus = sorted({t.device for t in weights.values() if t.device.type == "cuda"}, key=str)
+    if any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):
+        raise UsageError("the model has uninitialised lazy modules: run one forward pass on it first")
+    state = {name: _copy(value) for name, value in model.state_dict().items()}
+    others = {name: b.detach().clone() for name, b in model.named_buffers() if name not in state}
+    updated = {id(p): p for o in optimizers for group in o.param_groups for p in group["params"]}
+    inside = {id(p) for p in model.parameters()}
+    loose = [(p, p.detach().clone()) for key, p in updated.items() if key not in inside]  # a loss's own
+    gradients = [
+        (p, None if p.grad is None else p.grad.detach().clone())
+        for p in [*model.parameters(), *(p for p, _ in loose)]
+    ]
+    optimizer_states: list[dict[str, Any]] = [copy.deepcopy(o.state_dict()) for o in optimizers]
+    gpus = sorted({t.device for t in state.values() if isinstance(t, torch.Tensor) and t.is_cuda}, key=str)
     with torch.random.fork_rng(devices=gpus):
         try:
             yield
         finally:
             with torch.no_grad():
-                model.load_state_dict(weights)
-                for p, grad in zip(model.parameters(), gradients, strict=True):
+                model.load_state_dict(state)
+                for name, value in others.items():
+                    model.get_buffer(name).copy_(value)
+                for p, value in loose:
+                    p.copy_(value)
+                for p, grad in gradients:
                     p.grad = grad
-            for optimizer, state in zip(optimizers, states, strict=True):
-                optimizer.load_state_dict(state)
+            for optimizer, saved in zip(optimizers, optimizer_states, strict=True):
+                optimizer.load_state_dict(saved)

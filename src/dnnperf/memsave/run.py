@@ -192,7 +192,7 @@ def parse_budget(text: str, baseline_peak: int) -> int:
             raise UsageError(f"not a percentage: {text!r} (e.g. 50%)") from None
         if not 0 < share <= 100:
             raise UsageError(f"a budget percentage must be in (0, 100], got {text!r}")
-        return int(baseline_peak * share / 100)
+        return max(1, int(baseline_peak * share / 100))  # a byte at least: the record's budget is positive
     return parse_bytes(text)
 
 

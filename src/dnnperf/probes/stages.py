@@ -269,6 +269,7 @@ class StageProfiler:
         self._pending: tuple[int, dict[str, float] | None] | None = None
         # A step ended by the loop leaving (a break), kept once the ``with`` block ends without error.
         self._ended: tuple[StepTiming, int, dict[str, float] | None] | None = None
+        self._deferred: Exception | None = None  # an error ending the step at the loop's close
         self._active = False
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ class StageProfiler:
             else:  # the loop failed: keep the steps measured before it, marked partial
                 self.breakdown.status = "partial"
                 self.clock._start = None
-                self._pending = self._ended = None
+                self._pending = self._ended = self._deferred = None  # the block's own error is the one
         finally:
             self.clock.close()
             self._remove_node_hooks()
@@ -352,7 +353,10 @@ class StageProfiler:
             except GeneratorExit:
                 # The loop stopped asking for batches (a break, a return, an error unwinding it): its
                 # last step ends here, not with the ``with`` block, whose exit keeps it unless it failed.
-                self._end_step_now()
+                try:
+                    self._end_step_now()
+                except Exception as error:  # raised here it would only be printed: __exit__ raises it
+                    self._deferred = error
                 raise
 
     def to_device(self, batch: Any, device: torch.device | str | None = None) -> Any:
@@ -379,6 +383,9 @@ class StageProfiler:
         self._pending = None
 
     def _finish_step(self) -> None:
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
         self._end_step_now()
         if self._ended is None:
             return
