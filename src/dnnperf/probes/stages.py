@@ -239,7 +239,10 @@ class StageProfiler:
     ``step`` is ``update``. Code between getting the batch and calling the model counts as ``other``
     unless the batch is moved with :meth:`to_device`, which is timed as ``copy``. The device is
     synchronised once per step, at its end. The first ``warmup`` steps are not recorded. Every hook is
-    removed when the ``with`` block ends, also on error.
+    removed when the ``with`` block ends, also on error. A step ends when the loop stops asking for
+    batches (a ``break``), not when the block does; if the block then fails, that step is dropped. One
+    profiler used for several ``with`` blocks adds up their steps, and a block that failed leaves the
+    result ``partial``.
     """
 
     def __init__(

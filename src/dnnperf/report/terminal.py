@@ -122,7 +122,7 @@ def stages_table(batch_size: int, breakdown: StageBreakdown) -> Table:
     step = summary["step_time_s"]
     title = (
         f"batch {batch_size}: step {milliseconds(step['median'])} ms median over {step['n']} steps, "
-        f"{summary['samples_per_s']:.1f} samples/s ({breakdown.timing})"
+        f"{summary['samples_per_s']:.1f} samples/s over them all ({breakdown.timing})"
         + ("" if breakdown.status == "complete" else f" [{breakdown.status}]")
     )
     table = Table(title=title, title_justify="left")
