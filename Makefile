@@ -23,8 +23,9 @@ demo: install
 	$(BIN)/dnnperf hw --show -q >/dev/null 2>&1 || $(BIN)/dnnperf hw
 	$(BIN)/dnnperf profile $(DEMO_WORKLOAD) --preset small --sweep 4,16,32 --steps 10 --warmup 3 --data disk --layers --memory
 
-# Two passes: the tests that time nothing share the cores (one worker a core: CI has 2), then every
-# timed test runs alone so no other test's work lands in its measurements. Plain `pytest` runs all alone.
+# Two passes: every timed test first, alone, on a machine no other test has loaded yet (as they ran
+# when the suite was one pass), then the tests that time nothing, sharing the cores (a worker a core:
+# CI has 2). Plain `pytest` runs everything alone.
 TEST_WORKERS ?= 2
 
 # The report's browser test renders it in Debian's chromium: installed here when missing (quietly, once).
@@ -33,8 +34,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test: install
 	@command -v chromium >/dev/null || ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null)
 	status=0; \
-	$(BIN)/python -m pytest -q -m concurrent -n $(TEST_WORKERS) --dist loadfile || status=$$?; \
 	$(BIN)/python -m pytest -q -m "not concurrent" || status=$$?; \
+	$(BIN)/python -m pytest -q -m concurrent -n $(TEST_WORKERS) --dist loadfile || status=$$?; \
 	exit $$status
 
 bench: install
