@@ -272,6 +272,34 @@ def test_a_loop_left_by_break_ends_its_last_step_there(known_delay):
         assert max(result.wall_s) < 0.5 * after.durations()[-1]
 
 
+def test_a_loop_dropped_late_does_not_end_the_next_loops_step(known_delay):
+    """A first loop left by a break whose generator the user still holds, dropped in the middle of a
+    second loop's step: the step in flight is the second loop's, so dropping the first ends nothing,
+    and the spin that follows in that step is counted in it."""
+    model, optimizer, loader = make_own()
+    spin = known_delay(FORWARD_DELAY_S)
+    profiler = StageProfiler(model, optimizer, warmup=0)
+
+    def train(inputs, targets):
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+
+    with profiler:
+        first = profiler.batches(loader)
+        for step, batch in enumerate(first):
+            train(*batch)
+            if step == 1:
+                break
+        for step, batch in enumerate(profiler.batches(loader)):
+            train(*batch)
+            if step == 1:
+                del first  # closes the first loop's generator, mid-step of this one
+                spin()
+    result = profiler.result()
+    assert len(result.wall_s) == 2 + 6  # each step once
+    assert max(result.wall_s) >= spin.durations()[-1]  # the spin inside a step
+
+
 @pytest.mark.parametrize("batches", [0, 1])
 def test_a_loop_that_ends_within_warmup_is_an_error_not_an_empty_report(batches):
     model, optimizer, _ = make_own()

@@ -143,7 +143,11 @@ class _Backing:
         """A new file in the offload directory, unlinked as soon as it is made: the descriptor keeps it,
         and nothing of it is left on disk once it closes, however the process ends (a kill included)."""
         fd, path = tempfile.mkstemp(prefix="dnnperf-state-", suffix=".bin", dir=self.directory)
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except OSError:
+            os.close(fd)
+            raise
         return fd
 
     def _fd(self, key: tuple[int, str]) -> int:

@@ -273,6 +273,7 @@ class StageProfiler:
         # A step ended by the loop leaving (a break), kept once the ``with`` block ends without error.
         self._ended: tuple[StepTiming, int, dict[str, float] | None] | None = None
         self._deferred: Exception | None = None  # an error ending the step at the loop's close
+        self._loop: object | None = None  # the batches() loop whose step is in flight
         self._active = False
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -337,11 +338,13 @@ class StageProfiler:
             synchronize(self.device)
             self._synchronized = True
         iterator = iter(loader)
+        this_loop = object()  # whose step is in flight: a loop closed late must not end another's
         while True:
             self._finish_step()
             if self.steps_seen == self.warmup and not self._cpu.started:
                 self._cpu.start()  # from the first measured step on
             self.clock.begin_step()
+            self._loop = this_loop
             self._depth = 0
             try:
                 with self.clock("data_wait"):
@@ -356,10 +359,11 @@ class StageProfiler:
             except GeneratorExit:
                 # The loop stopped asking for batches (a break, a return, an error unwinding it): its
                 # last step ends here, not with the ``with`` block, whose exit keeps it unless it failed.
-                try:
-                    self._end_step_now()
-                except Exception as error:  # raised here it would only be printed: __exit__ raises it
-                    self._deferred = error
+                if self._loop is this_loop:
+                    try:
+                        self._end_step_now()
+                    except Exception as error:  # raised here it would only be printed: __exit__ raises it
+                        self._deferred = error
                 raise
 
     def to_device(self, batch: Any, device: torch.device | str | None = None) -> Any:
