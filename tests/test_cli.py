@@ -124,6 +124,7 @@ BAD_INPUT = [
     (("profile", "basic_cnn", "--hw", "hw.json"), ("--hw", "add --layers")),
     (("bench", "basic_cnn", "--workers", "2"), ("--workers and --data-dir apply to --data disk",)),
     (("hw", "--show", "--quick"), ("--show calibrates nothing",)),
+    (("predict", "basic_cnn", "--machine", "a100-ib", "--strategy", "dp", "--schedule", "gpipe"), ("pp's",)),
 ]
 
 

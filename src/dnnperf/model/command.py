@@ -47,9 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
     parser.add_argument(
         "--micro-batches", type=positive_int, help="pipeline micro-batches (default: up to 4 per stage)"
     )
-    parser.add_argument(
-        "--schedule", default="1f1b", choices=("gpipe", "1f1b"), help="pipeline schedule (1f1b)"
-    )
+    parser.add_argument("--schedule", choices=("gpipe", "1f1b"), help="pipeline schedule (1f1b)")
     parser.add_argument(
         "--algorithm",
         default="ring",
@@ -195,13 +193,15 @@ def run(args: argparse.Namespace, out: Any) -> int:
     options = {
         "preset": args.preset,
         "micro_batches": args.micro_batches,
-        "schedule": args.schedule,
+        "schedule": args.schedule or "1f1b",
         "algorithm": args.algorithm,
     }
     if args.strategy != "auto":
         chosen: tuple[str, ...] = (args.strategy,)
     else:
         chosen = ("single",) if machine.devices == 1 and not axes else ("dp", "pp", "tp")
+    if "pp" not in chosen and (args.micro_batches is not None or args.schedule is not None):
+        raise UsageError(f"--micro-batches and --schedule are pp's: the strategies are {', '.join(chosen)}")
     if axes:
         frame = sweep(workload.name, machine, batch, axes, strategies_=chosen, **options)
         record_path, report_path = save_sweep(args, workload, machine.name, batch, axes, chosen, frame)
