@@ -768,7 +768,7 @@ def cmd_report(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf.report.export import layer_table, stage_table, write_csv
+    from dnnperf.report.export import csv_tables, write_csv
     from dnnperf.report.trace import write_trace
     from dnnperf.results.store import RunStore
 
@@ -785,13 +785,14 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
     # Nothing written where there is nothing to write: an empty trace or CSV directory is no answer.
     if args.trace is not None and not any(p.step_s for p in record.points):
         raise UsageError(f"--trace: {record.id} has no measured step to trace")
-    if args.csv is not None and stage_table(record).empty and layer_table(record).empty:
+    tables = csv_tables(record) if args.csv is not None else {}
+    if args.csv is not None and not tables:
         raise UsageError(f"--csv: {record.id} has no stages or layers (dnnperf profile measures them)")
     written = []
     if args.trace is not None:
         written.append(write_trace(record, args.trace))
     if args.csv is not None:
-        written += write_csv(record, args.csv)
+        written += write_csv(tables, args.csv)
     if args.json:
         out.json({"written": [str(p) for p in written]})
     else:

@@ -71,14 +71,18 @@ def layer_table(record: RunRecord) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def write_csv(record: RunRecord, directory: Path) -> list[Path]:
-    """``stages.csv`` and ``layers.csv`` (each when the record has that data) under ``directory``."""
+def csv_tables(record: RunRecord) -> dict[str, pd.DataFrame]:
+    """The record's tables that have rows, by file name: ``stages`` and ``layers``."""
+    tables = {"stages": stage_table(record), "layers": layer_table(record)}
+    return {name: frame for name, frame in tables.items() if not frame.empty}
+
+
+def write_csv(tables: dict[str, pd.DataFrame], directory: Path) -> list[Path]:
+    """``NAME.csv`` for each of ``tables`` (``csv_tables``) under ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, frame in (("stages", stage_table(record)), ("layers", layer_table(record))):
-        if frame.empty:
-            continue
+    for name, frame in tables.items():
         path = directory / f"{name}.csv"
         write_text_atomic(path, frame.to_csv(index=False))
         written.append(path)

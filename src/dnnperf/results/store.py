@@ -72,8 +72,8 @@ class RunStore:
         path = self.path(record.id)
         document = record.to_dict()
         try:
-            RunRecord.from_dict(document)
-        except (RecordError, OverflowError, TypeError, ValueError, AttributeError, KeyError) as error:
+            checked_record(document)
+        except RecordError as error:
             raise UsageError(f"record {record.id} cannot be saved: {error}") from None
         write_json_atomic(path, document)
         return path
@@ -134,10 +134,20 @@ def read_json_file(path: Path | str, what: str) -> Any:
         raise UsageError(f"{path} is not a {what}: nested too deeply") from None
 
 
+def checked_record(document: Any) -> RunRecord:
+    """The record a document holds; a RecordError saying what is wrong with it, whatever broke."""
+    try:
+        return RunRecord.from_dict(document)
+    except RecordError:
+        raise
+    except (OverflowError, TypeError, ValueError, AttributeError, KeyError) as error:
+        raise RecordError(str(error)) from None
+
+
 def read_record(path: Path) -> RunRecord:
     """Parse and validate one record file."""
     document = read_json_file(path, "dnnperf run record")
     try:
-        return RunRecord.from_dict(document)
-    except (RecordError, OverflowError, TypeError, ValueError, AttributeError, KeyError) as error:
+        return checked_record(document)
+    except RecordError as error:
         raise UsageError(f"{path} is not a dnnperf run record: {error}") from None
