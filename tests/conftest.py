@@ -18,6 +18,10 @@ import torch
 # core for DataLoader workers and subprocesses.
 torch.set_num_threads(1)
 
+#: A test parametrized over these runs on the CPU everywhere and on the GPU where there is one.
+_NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=_NO_GPU)]
+
 
 #: The model's calibration cache (microbenchmarks of this host: the gloo link, the layer zoo, the
 #: per-call overhead, the page-fault cost) carried from test to test, as a user's cache keeps it: each

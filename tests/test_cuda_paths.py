@@ -82,13 +82,19 @@ def test_cuda_categories_equal_their_analytic_sizes_and_the_allocators_peak():
     assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
 
 
-def test_a_known_cuda_allocation_in_backward_is_the_peak_and_is_placed():
+def _with_workspace():
+    """A model whose layer 1 allocates an 8 MiB workspace in backward, after one step (SGD, no state)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), _WithWorkspace(), nn.Linear(128, 128)).to(CUDA)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = {"x": torch.randn(32, 64, device=CUDA), "y": torch.randn(32, 128, device=CUDA)}
     task = SupervisedTask(model, lambda m, b: nn.functional.mse_loss(m(b["x"]), b["y"]), optimizer)
     task.step(batch)
+    return model, optimizer, batch, task
+
+
+def test_a_known_cuda_allocation_in_backward_is_the_peak_and_is_placed():
+    model, optimizer, batch, task = _with_workspace()
     tracker = MemoryTracker(model, [optimizer], batch, device=CUDA)
     with tracker:
         task.step(batch, tracker)
@@ -96,6 +102,26 @@ def test_a_known_cuda_allocation_in_backward_is_the_peak_and_is_placed():
     assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
     assert memory.peak["temporaries"] >= 2**23
     assert memory.measured_peak - 2**23 < 2**18  # the model and its batch: under 256 KiB
+
+
+def test_a_block_from_before_the_step_freed_mid_step_does_not_move_the_cuda_peak():
+    """A 16 MiB tensor allocated before the tracked step and freed by layer 0's forward, as a garbage
+    collection of an earlier step's leftovers would: the step's peak is still layer 1's 8 MiB backward
+    workspace, not the step's start, where the allocator held 16 MiB more."""
+    model, optimizer, batch, task = _with_workspace()
+    stale = [torch.empty(2**22, device=CUDA)]  # 16 MiB, unknown to the tracker
+    hook = model[0].register_forward_hook(lambda *_: stale.clear())
+    tracker = MemoryTracker(model, [optimizer], batch, device=CUDA)
+    try:
+        with tracker:
+            task.step(batch, tracker)
+    finally:
+        hook.remove()
+    memory = tracker.result()
+    assert not stale
+    assert (memory.peak_module, memory.peak_phase) == ("1", "backward")
+    assert memory.measured_peak == memory.layers["1"]["backward_peak"]
+    assert 2**23 <= memory.measured_peak < 2**23 + 2**18  # the model and its batch: under 256 KiB
 
 
 # -- the memory saver: offload to pinned memory, recompute ---------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import DEVICES
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -56,21 +57,23 @@ def test_a_step_of_your_own_loop_has_the_analytic_sizes():
     assert not model._forward_hooks and not model._forward_pre_hooks  # every hook removed
 
 
-def test_what_follows_a_break_inside_the_block_is_not_the_tracked_steps():
+@pytest.mark.parametrize("device", DEVICES)
+def test_what_follows_a_break_inside_the_block_is_not_the_tracked_steps(device: str):
     """The loop breaks right after the tracked step, then allocates 8 MiB inside the ``with`` block:
     the tracked step's peak is its own (the model is a few KiB), not the 8 MiB."""
-    model = nn.Linear(16, 4)
+    model = nn.Linear(16, 4).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     profiler = dnnperf.MemoryProfiler(model, optimizer, warmup=1)
     data = TensorDataset(torch.randn(32, 16), torch.randn(32, 4))
     with profiler:
         for step, (inputs, targets) in enumerate(profiler.batches(DataLoader(data, batch_size=8))):
+            inputs, targets = inputs.to(device), targets.to(device)
             nn.functional.mse_loss(model(inputs), targets).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if step == 1:  # the tracked step
                 break
-        after = torch.ones(2**21)  # 8 MiB
+        after = torch.ones(2**21, device=device)  # 8 MiB
     assert profiler.result().measured_peak < 2**16
     del after
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import DEVICES
 from torch import nn
 
 from dnnperf.cli import main
@@ -57,22 +58,27 @@ def test_parameter_gradient_and_state_bytes_are_the_analytic_ones(make, state, t
     assert single.memory_bytes == estimate.peak and single.memory == estimate.to_dict()
 
 
-def test_describing_a_users_model_leaves_its_training_where_it_was() -> None:
-    """describe_model trains on the example batch (the counted step and the page-fault steps): the
-    weights, BatchNorm's statistics, the gradients, the optimizer's state and the random generator are
-    put back bitwise, and the next step trains exactly as it would have without the description."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_describing_a_users_model_leaves_its_training_where_it_was(device: str) -> None:
+    """describe_model trains on the example batch (the counted step and, on the CPU, the page-fault
+    steps): the weights, BatchNorm's statistics, the gradients, the optimizer's state and the random
+    generators (the GPU's too) are put back bitwise, and the next step trains exactly as it would have
+    without the description."""
 
     def make() -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 2))
+        model = model.to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-        nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 2)).backward()
+        inputs, targets = torch.randn(4, 8, device=device), torch.randn(4, 2, device=device)
+        nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()  # Adam's state exists; the gradients stay
         return model, optimizer
 
     def next_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
         torch.manual_seed(1)
-        nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 2)).backward()
+        inputs, targets = torch.randn(4, 8, device=device), torch.randn(4, 2, device=device)
+        nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()
         return {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -81,10 +87,13 @@ def test_describing_a_users_model_leaves_its_training_where_it_was() -> None:
     grads = [p.grad.clone() for p in model.parameters()]
     state = optimizer.state_dict()["state"]
     steps = {k: float(v["step"]) for k, v in state.items()}
-    batch = torch.randn(4, 8)
+    batch = torch.randn(4, 8, device=device)
     rng = torch.get_rng_state()
+    gpu_rng = torch.cuda.get_rng_state() if device == "cuda" else None
     describe_model(model, batch, optimizer=optimizer)  # page faults counted too: 12 more steps
     assert torch.equal(torch.get_rng_state(), rng)
+    if gpu_rng is not None:  # dropout drew on the GPU's generator
+        assert torch.equal(torch.cuda.get_rng_state(), gpu_rng)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
     assert {k: float(v["step"]) for k, v in optimizer.state_dict()["state"].items()} == steps
