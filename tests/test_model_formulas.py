@@ -371,14 +371,16 @@ def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds(
             "host": [10e-6, 6e-6, 30e-6, 80e-6, 8e-6, 1.0],  # per call: 5, 6, 30, 40 and 2 us
         }
     )
-    costs = _host_call_costs(rows)  # the reference: the median of 5 and 6 us; the harness's row left out
+    # An overhead microbenchmark's kernel call at 5.5 us, 1.5 us added by calling a view from Python;
+    # the harness's row left out.
+    costs = _host_call_costs(rows, reference_s=5.5e-6, operator_call_s=1.5e-6)
     assert costs == pytest.approx(
         {
             "elementwise/forward": 0.0,
             "matmul/forward": 0.5e-6,
             "convolution/forward": 24.5e-6,
             "convolution/backward": 34.5e-6,
-            "free/forward": 2e-6,
+            "free/forward": 0.5e-6,
         }
     )
 

@@ -406,6 +406,20 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch) -> No
     assert slowed - base == pytest.approx(statistics.median(slept), rel=0.25)
 
 
+def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeypatch) -> None:
+    """Every call the counter times made to look 20 us longer (its start read 20 us early): the
+    timing's own cost per call, against a plain view, grows by those 20 us."""
+    from dnnperf.analysis import opcount
+    from dnnperf.model.calibrate import operator_call_overhead
+
+    base = operator_call_overhead("cpu")
+    real_start = opcount._HostTimer.start
+    monkeypatch.setattr(opcount._HostTimer, "start", lambda self: real_start(self) - 20_000)
+    slowed = operator_call_overhead("cpu")
+    assert 0 < base < 20e-6
+    assert slowed - base == pytest.approx(20e-6, abs=3e-6)
+
+
 def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:
     """The model's top-level code ((root)) in the first stage, the loss outside the model ((none),
     and autograd's seed of its gradient) in the last; a layer's own and its submodules' rows in

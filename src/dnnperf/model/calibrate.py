@@ -446,10 +446,16 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
 
 
 def _timed_rows(
-    layer: nn.Module, shape: tuple[int, ...], repeats: int, device: torch.device | None = None
+    layer: nn.Module,
+    shape: tuple[int, ...],
+    repeats: int,
+    device: torch.device | None = None,
+    lead: bool = True,
 ) -> pd.DataFrame:
     """Per operator of one forward + backward of ``layer`` on ``device`` (default the CPU): counts and
-    the median measured seconds (CUDA events around each operator on a GPU)."""
+    the median measured seconds (CUDA events around each operator on a GPU), and the host's seconds.
+    On a GPU each call is timed behind a lead from an empty queue (its events then time its kernels);
+    ``lead=False`` times the calls back to back as a step issues them, for their host seconds."""
     device = device or torch.device("cpu")
     layer = layer.to(device)
     x = torch.randn(shape, device=device, requires_grad=True)
@@ -458,8 +464,8 @@ def _timed_rows(
     # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
-    lead = device_lead(device) if device.type == "cuda" else None  # time kernels, not launches
-    counter = OpCounter(layer, timed=True, device=device, lead=lead)
+    ahead = device_lead(device) if device.type == "cuda" and lead else None  # time kernels, not launches
+    counter = OpCounter(layer, timed=True, device=device, lead=ahead)
     tables = []
     with counter:
         for i in range(repeats + 2):
@@ -528,21 +534,10 @@ def _zoo_rows(
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
     per call, the timed rows, a GPU's kernel floor and host costs per call (both 0/empty on a CPU)."""
-    torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
-    frames = []
-    with current(device):
-        for layer, shape in _zoo():
-            if gpu:
-                shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
-            if progress is not None:
-                progress(f"{type(layer).__name__} {shape}")
-            frame = _timed_rows(layer, shape, repeats, device)
-            calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
-            frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
-    rows = pd.concat(frames, ignore_index=True)
-    host_call = _host_call_costs(rows) if gpu else {}
+    rows = _zoo_frame(device, repeats, progress=progress)
+    host_call = _host_call_costs(*_host_rows(device, repeats)) if gpu else {}
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
     # which the model counts separately). The harness's own operators (outside the layer) are left out too.
@@ -591,22 +586,86 @@ def _zoo_rows(
     return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor, host_call
 
 
-#: The family whose calls the per-call overhead microbenchmark (a linear layer and a ReLU) is made of.
-HOST_REFERENCE_FAMILIES = ("elementwise", "matmul")
+def _zoo_frame(
+    device: torch.device, repeats: int, lead: bool = True, progress: Callable[[str], None] | None = None
+) -> pd.DataFrame:
+    """Every zoo layer's timed rows (:func:`_timed_rows`) on ``device``, its batch scaled up on a GPU."""
+    torch.manual_seed(0)
+    frames = []
+    with current(device):
+        for layer, shape in _zoo():
+            if device.type == "cuda":
+                shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
+            if progress is not None:
+                progress(f"{type(layer).__name__} {shape}")
+            frame = _timed_rows(layer, shape, repeats, device, lead)
+            calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
+            frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
+    return pd.concat(frames, ignore_index=True)
 
 
-def _host_call_costs(rows: pd.DataFrame) -> dict[str, float]:
-    """On a GPU, per "family/phase": the host seconds one call takes beyond a call of the per-call
-    overhead microbenchmark's kinds (a cuDNN convolution sets up descriptors and picks an algorithm on
-    the host each call), the medians of the zoo's calls; for views and other calls that launch
-    nothing, their whole host time (the overhead microbenchmark charges kernel calls only)."""
+def _host_rows(device: torch.device, repeats: int) -> tuple[pd.DataFrame, float, float]:
+    """On a GPU: the zoo's operators timed back to back, as a step issues them (no lead, no emptied
+    queue: a call after a synchronisation and a lead ran cold, an H200's convolutions 105-199 us
+    above an add, twice what its steps took); the per-call overhead microbenchmark's own calls timed
+    the same way, their mean host seconds per kernel call; and what calling an operator from Python
+    adds to it (see :func:`operator_call_overhead`)."""
+    frame = _zoo_frame(device, repeats, lead=False)
+    with current(device):
+        model, step = _tiny_step(device)
+        step()  # the optimizer's state
+        counter = OpCounter(model, timed=True, device=device)
+        per_kernel = []
+        with counter:
+            for i in range(repeats + 2):
+                step()
+                synchronize(device)
+                table = counter.take_step()
+                kernels = [r for r in table if r.family not in NO_KERNEL]
+                if i >= 2 and kernels:
+                    host = sum(r.host_seconds or 0.0 for r in kernels)
+                    per_kernel.append(host / sum(r.calls for r in kernels))
+    return frame, statistics.median(per_kernel), operator_call_overhead(device)
+
+
+def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats: int = 7) -> float:
+    """Host seconds that the counter's timing adds to a call it times on ``device``: a view's host
+    seconds as the counter times it (called from Python through its ``OpOverload`` inside the dispatch
+    mode) less the same view called in a tight loop through the tensor's method. A step calls its
+    views from C++ (autograd) or through the methods, so a view the zoo timed is charged this less."""
+    device = torch.device(device)
+    x = torch.zeros(8, 8, device=device)
+    plain, timed = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(calls):
+            x.view(64)
+        plain.append((time.perf_counter() - started) / calls)
+    counter = OpCounter(nn.Identity(), timed=True, device=device)
+    with current(device), counter:
+        for _ in range(repeats):
+            for _ in range(calls):
+                x.view(64)
+            synchronize(device)
+            views = [r for r in counter.take_step() if r.name == "aten.view"]
+            timed.append(sum(r.host_seconds or 0.0 for r in views) / max(sum(r.calls for r in views), 1))
+    return max(statistics.median(timed) - statistics.median(plain), 0.0)
+
+
+def _host_call_costs(rows: pd.DataFrame, reference_s: float, operator_call_s: float) -> dict[str, float]:
+    """On a GPU, per "family/phase": the host seconds one call takes beyond a kernel call of the per-call
+    overhead microbenchmark (``reference_s``, timed the same way: the overhead charges every kernel
+    call that much, and a cuDNN convolution sets up descriptors and picks an algorithm on the host each
+    call), the medians of the zoo's calls; for views and other calls that launch nothing, their whole
+    host time less what calling them from Python added (``operator_call_s``), the overhead being
+    charged net of its own views (dispatch_net_of_views)."""
     own = rows[rows["module"] != NO_MODULE]
     per_call = own["host"] / own["calls"]
-    reference = float(per_call[own["family"].isin(HOST_REFERENCE_FAMILIES)].median())
     costs = {}
     for (family, phase), group in per_call.groupby([own["family"], own["phase"]]):
         value = float(group.median())
-        costs[f"{family}/{phase}"] = value if family in NO_KERNEL else max(0.0, value - reference)
+        beyond = operator_call_s if family in NO_KERNEL else reference_s
+        costs[f"{family}/{phase}"] = max(0.0, value - beyond)
     return costs
 
 
