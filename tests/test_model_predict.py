@@ -417,7 +417,7 @@ def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeyp
     monkeypatch.setattr(opcount._HostTimer, "start", lambda self: real_start(self) - 20_000)
     slowed = operator_call_overhead("cpu")
     assert 0 < base < 20e-6
-    assert slowed - base == pytest.approx(20e-6, abs=3e-6)
+    assert slowed - base == pytest.approx(20e-6, abs=5e-6)
 
 
 def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:

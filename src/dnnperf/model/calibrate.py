@@ -605,9 +605,8 @@ def _zoo_frame(
 def _host_reference(device: torch.device, repeats: int) -> tuple[float, float]:
     """On a GPU: the per-call overhead microbenchmark's own kernel calls timed as the zoo times its
     operators, their mean host seconds per kernel call; and what the counter's timing adds to a call
-    (:func:`operator_call_overhead`). (An H200's zoo timed a second time back to back, without a lead,
-    predicted no better, 2026-11-26: median error 33.0% against 36.5%; a conv block's operators took
-    the same host seconds within 5% either way.)"""
+    (:func:`operator_call_overhead`). (Back to back without a lead, an H200's conv block's operators
+    took the same host seconds within 5%, 2026-11-26: the lead does not make them cold.)"""
     with current(device):
         model, step = _tiny_step(device)
         step()  # the optimizer's state
@@ -627,10 +626,11 @@ def _host_reference(device: torch.device, repeats: int) -> tuple[float, float]:
 
 
 def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats: int = 7) -> float:
-    """Host seconds that the counter's timing adds to a call it times on ``device``: a view's host
-    seconds as the counter times it (called from Python through its ``OpOverload`` inside the dispatch
-    mode) less the same view called in a tight loop through the tensor's method. A step calls its
-    views from C++ (autograd) or through the methods, so a view the zoo timed is charged this less."""
+    """A view's host seconds as the counter times it on ``device`` (its ``OpOverload`` called below
+    autograd, behind a lead on a GPU, as the zoo's calls are timed) less the same view called through
+    the tensor's method in a tight loop: what a view the zoo timed is charged less, so that it costs
+    about what a plain ``x.view`` does (a step makes its views in C++ or through the methods). Zero
+    where the counted call is the cheaper."""
     device = torch.device(device)
     x = torch.zeros(8, 8, device=device)
     plain, timed = [], []
@@ -639,7 +639,8 @@ def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats
         for _ in range(calls):
             x.view(64)
         plain.append((time.perf_counter() - started) / calls)
-    counter = OpCounter(nn.Identity(), timed=True, device=device)
+    lead = device_lead(device) if device.type == "cuda" else None
+    counter = OpCounter(nn.Identity(), timed=True, device=device, lead=lead)
     with current(device), counter:
         for _ in range(repeats):
             for _ in range(calls):
@@ -651,12 +652,13 @@ def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats
 
 
 def _host_call_costs(rows: pd.DataFrame, reference_s: float, operator_call_s: float) -> dict[str, float]:
-    """On a GPU, per "family/phase": the host seconds one call takes beyond a kernel call of the per-call
-    overhead microbenchmark (``reference_s``, timed the same way: the overhead charges every kernel
-    call that much, and a cuDNN convolution sets up descriptors and picks an algorithm on the host each
-    call), the medians of the zoo's calls; for views and other calls that launch nothing, their whole
-    host time less what calling them from Python added (``operator_call_s``), the overhead being
-    charged net of its own views (dispatch_net_of_views)."""
+    """On a GPU, per "family/phase": the host seconds one call takes beyond the mean kernel call of the
+    per-call overhead microbenchmark (``reference_s``, timed the same way; the model charges every
+    kernel call that microbenchmark's whole step per kernel call, ``dispatch_s``, and each family what
+    it adds to it: a cuDNN convolution sets up descriptors and picks an algorithm on the host each
+    call), the medians of the zoo's calls; for views and other calls that launch nothing, their host
+    time less ``operator_call_s`` (:func:`operator_call_overhead`), ``dispatch_s`` being net of the
+    microbenchmark's own views (dispatch_net_of_views)."""
     own = rows[rows["module"] != NO_MODULE]
     per_call = own["host"] / own["calls"]
     costs = {}
@@ -717,7 +719,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-6/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-7/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:

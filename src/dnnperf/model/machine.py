@@ -127,8 +127,8 @@ class Machine:
     #: smallest kernel's time; calibrate.zoo_calibration's timing floor); 0: not modelled.
     kernel_s: float = 0.0
     #: On an asynchronous device, host seconds per call beyond ``dispatch_s``, per "family/phase" (a
-    #: cuDNN convolution's set-up); for calls that launch no kernel (views), their whole host cost.
-    #: Absent: 0. Calibrated: calibrate.zoo_calibration on the GPU.
+    #: cuDNN convolution's set-up); for calls that launch no kernel (views), their whole host cost
+    #: (``dispatch_s`` then net of views). Absent: 0. Calibrated: calibrate.zoo_calibration on the GPU.
     host_call_s: dict[str, float] = field(default_factory=dict)
     #: Bytes/s of the copy that brings a batch from pinned host memory to the device; 0: the batch is
     #: on the host already (a CPU), and placing it is one copy through memory.
