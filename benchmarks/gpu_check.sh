@@ -12,7 +12,7 @@ set -u
 OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-STEPS=${STEPS:-"env tests collectives buckets hw memsave-full profile memsave-small profile-full memsave-resnet50 hw-full model"}
+STEPS=${STEPS:-"env tests collectives buckets hw memsave-full profile memsave-small profile-full memsave-resnet50 host hw-full model"}
 WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
@@ -77,6 +77,9 @@ step profile-full 150 dnnperf profile resnet50 --preset full -b 64 --steps 10 --
 step memsave-resnet50 200 dnnperf memsave resnet50 --preset full --budget 60% --device "$DEVICE" --steps 5
 # The performance model on the GPU (issue 7): the full calibration, then single-process step times of
 # eight workloads at three batch sizes, host-bound to device-bound, predicted and measured.
+# Where a host-bound GPU step's host time goes, against the model's host calibration (the open question
+# of docs/validation.md, session 20).
+step host 120 "$PYTHON" benchmarks/host_costs.py --device "$DEVICE" --output "$WORK/logs/host_costs.json"
 step hw-full 180 dnnperf hw --device "$DEVICE"
 step model 360 dnnperf validate ${MODEL_WORKLOADS:-resnet18 resnet50 vgg16 alexnet inception_v3 transformer gpt2 \
     seq2seq} --device "$DEVICE" --preset small --batch-sizes "${MODEL_BATCHES:-16,64,256}" --processes 1 --steps 10 \
