@@ -4,6 +4,7 @@ factor and not a change of any part."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -170,6 +171,16 @@ def test_a_starved_run_is_inconclusive(one_run):
     assert flagged(frame) == [] and set(frame["change"]) == {"inconclusive: B had 40% of its cores"}
     fed = compare_runs(edited(one_run), edited(one_run, scale=1.5))
     assert not fed["change"].str.startswith("inconclusive").any()
+
+
+def test_cli_compare_of_a_starved_run_says_so_instead_of_no_change(one_run, tmp_path):
+    store = RunStore(tmp_path)
+    starved = dataclasses.replace(edited(one_run, scale=1.5, cores=0.4), id=one_run.id + "-b")
+    a, b = store.save(edited(one_run)), store.save(starved)
+    result = run_cli("compare", str(a), str(b))
+    assert result.returncode == 0, result.stderr
+    assert "inconclusive: B had 40% of its cores: no change can be told" in result.stdout
+    assert "no change beyond" not in result.stdout
 
 
 def test_the_rule_on_known_samples():

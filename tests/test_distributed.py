@@ -54,6 +54,15 @@ def dp_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"document": document, "params": params, "runs": root / "runs", "scratch": scratch}
 
 
+def test_a_distributed_profile_writes_its_report_beside_the_record(dp_run):
+    """As a single-process profile does: the HTML report, named in the JSON, beside the record, with
+    the ranks side by side."""
+    document = dp_run["document"]
+    report = Path(document["report_path"])
+    assert report.parent == Path(document["record_path"]).parent and report.suffix == ".html"
+    assert "Ranks" in report.read_text()
+
+
 def test_a_run_leaves_nothing_in_the_temporary_directory(dp_run):
     """Neither dnnperf's rank directory nor torchrun's torchelastic_* directory outlives the run. (Any
     process that builds a torch optimizer imports torch._dynamo, which makes its compile cache,

@@ -51,7 +51,7 @@ def test_hierarchical_allreduce_sums_its_three_phases() -> None:
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipeline_bubble_share_is_p_minus_1_over_m(schedule: str) -> None:
+def test_pipeline_bubble_over_compute_is_p_minus_1_over_m(schedule: str) -> None:
     # Equal stages (forward 0.4 s, backward 0.6 s), free messages: (m + p - 1) slots of 1 s.
     t = s.pipeline_time([0.4] * 4, [0.6] * 4, micro_batches=8, send_s=0.0, schedule=schedule)
     assert t.step_s == pytest.approx(11.0)

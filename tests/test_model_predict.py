@@ -55,7 +55,7 @@ def test_strategies_split_adds_up_and_dp_pays_its_allreduce(mlp_graph) -> None:
     # The only bucket is ready when backward ends, so all of it is exposed.
     assert dp.communication_s == pytest.approx(allreduce)
     pp = predict(mlp_graph, machine, 8, "pp", micro_batches=2)
-    assert pp.detail["bubble_share"] == pytest.approx(1 / 2)
+    assert pp.detail["bubble_over_compute"] == pytest.approx(1 / 2)
     assert pp.step_s == pytest.approx(pp.compute_s + pp.communication_s + pp.bubble_s + pp.other_s)
     tp = predict(mlp_graph, machine, 4, "tp")
     assert tp.detail["split_modules"] == 2 and tp.communication_s > 0

@@ -392,8 +392,9 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
         memory=memory,
     )
     store = RunStore(args.runs_dir)
+    wants_report = stages and not getattr(args, "no_report", False)  # profile: HTML beside the record
     if distributed.wanted(args):  # several ranks: launched here, or this process is one of them
-        return distributed.run(args, out, settings, store)
+        return distributed.run(args, out, settings, store, report=wants_report)
     sizes = batch_sizes or (workload.default_batch_size[args.preset],)
     total = len(sizes) * settings.steps_per_point
     with out.progress(f"{workload.name} ({args.preset})", total=total) as advance:
@@ -419,7 +420,7 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
         _memory_scaling(record, settings, limit, store, out) if memory and len(record.points) > 1 else None
     )
     report = None
-    if stages and not getattr(args, "no_report", False):  # profile: the HTML report beside the record
+    if wants_report:
         from dnnperf.report.html import default_path
 
         report = write_html_report(record, default_path(path), out)
@@ -821,9 +822,13 @@ def cmd_compare(args: argparse.Namespace, out: Output) -> int:
 
         out.print(compare_table(frame, a.id, b.id, top=args.top))
         flagged = int(frame["flagged"].sum())
-        out.print(
-            f"{flagged} change(s) beyond the runs' noise" if flagged else "no change beyond the runs' noise"
-        )
+        starved = frame["change"].astype(str).str.startswith("inconclusive")
+        if starved.all():  # nothing could be told from noise: say why instead of "no change"
+            out.print(f"{frame['change'].iloc[0]}: no change can be told from the runs' noise")
+        else:
+            summary = f"{flagged} change(s)" if flagged else "no change"
+            unjudged = f" ({int(starved.sum())} rows inconclusive)" if starved.any() else ""
+            out.print(f"{summary} beyond the runs' noise{unjudged}")
     return 0
 
 

@@ -391,7 +391,7 @@ def predict(
                 "schedule": schedule,
                 "stage_s": stage_s,
                 "stage_starts": bounds[:-1],
-                "bubble_share": (stages - 1) / m,
+                "bubble_over_compute": (stages - 1) / m,  # (p-1)/m; of the whole step: (p-1)/(m+p-1)
                 "collective_s": tail,  # the loss broadcast and the shared parameters' all-reduce
                 # Per stage, a step: gradient accumulation's adds and page faults.
                 "accumulation_s": accumulation_s,
