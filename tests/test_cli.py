@@ -272,3 +272,15 @@ def test_a_record_with_nothing_measured_says_so_and_exports_nothing(tmp_path, ca
     shown = capsys.readouterr().out
     assert "step time, measured vs predicted (1 rows)" in shown
     assert all(cell in shown for cell in ("basic_cnn", "single", "2.0", "1.5", "-25.0%"))
+
+
+def test_tables_written_to_a_pipe_take_columns_from_the_environment(monkeypatch) -> None:
+    """Off a terminal (pytest captures stdout) rich would assume 80 columns: 140, or $COLUMNS."""
+    from dnnperf.cli import Output
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert Output(json_mode=False, quiet=False).stdout.width == 140
+    monkeypatch.setenv("COLUMNS", "220")
+    assert Output(json_mode=False, quiet=False).stdout.width == 220
+    monkeypatch.setenv("COLUMNS", "wide")  # not a number: the default
+    assert Output(json_mode=False, quiet=False).stdout.width == 140

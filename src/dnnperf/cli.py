@@ -837,13 +837,19 @@ def cmd_compare(args: argparse.Namespace, out: Output) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+def _piped_width() -> int:
+    """Columns for tables written to a pipe or file: $COLUMNS where it is a positive number, else 140
+    (rich assumes 80 off a terminal, and tables of results need more)."""
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else 140
+
+
 class Output:
     """stdout carries results only; everything else goes to stderr (and --quiet/--json silence it)."""
 
     def __init__(self, json_mode: bool, quiet: bool) -> None:
         self.json_mode, self.quiet = json_mode, quiet
-        # Rich assumes 80 columns when output is not a terminal; tables of results need more.
-        self.stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 140)
+        self.stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else _piped_width())
         self.stderr = Console(stderr=True)
 
     def print(self, renderable: Any) -> None:
