@@ -275,12 +275,13 @@ def test_a_record_with_nothing_measured_says_so_and_exports_nothing(tmp_path, ca
 
 
 def test_tables_written_to_a_pipe_take_columns_from_the_environment(monkeypatch) -> None:
-    """Off a terminal (pytest captures stdout) rich would assume 80 columns: 140, or $COLUMNS."""
+    """Off a terminal (pytest captures stdout) rich would assume 80 columns: 140, or $COLUMNS where it
+    asks for more (pytest-xdist's workers have COLUMNS=80)."""
     from dnnperf.cli import Output
 
-    monkeypatch.delenv("COLUMNS", raising=False)
-    assert Output(json_mode=False, quiet=False).stdout.width == 140
-    monkeypatch.setenv("COLUMNS", "220")
-    assert Output(json_mode=False, quiet=False).stdout.width == 220
-    monkeypatch.setenv("COLUMNS", "wide")  # not a number: the default
-    assert Output(json_mode=False, quiet=False).stdout.width == 140
+    for columns, width in ((None, 140), ("220", 220), ("80", 140), ("wide", 140)):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        assert Output(json_mode=False, quiet=False).stdout.width == width, columns

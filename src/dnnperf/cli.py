@@ -838,10 +838,11 @@ def cmd_compare(args: argparse.Namespace, out: Output) -> int:
 
 
 def _piped_width() -> int:
-    """Columns for tables written to a pipe or file: $COLUMNS where it is a positive number, else 140
-    (rich assumes 80 off a terminal, and tables of results need more)."""
+    """Columns for tables written to a pipe or file: 140, or $COLUMNS where it asks for more. (Rich
+    assumes 80 off a terminal, and so do tools that set COLUMNS=80 for their workers, pytest-xdist's
+    among them; tables of results need more, and a pipe has no edge to keep to.)"""
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) > 0 else 140
+    return max(140, int(columns)) if columns.isdigit() else 140
 
 
 class Output:
