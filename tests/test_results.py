@@ -1,5 +1,6 @@
 import json
 import math
+import re
 
 import pytest
 
@@ -185,3 +186,10 @@ def test_a_runs_path_that_is_a_file_is_an_error_not_an_empty_list(tmp_path):
     blocker.write_text("")
     with pytest.raises(UsageError, match="not a directory"):
         RunStore(blocker, create=False).scan()
+
+
+def test_a_new_run_id_has_nothing_a_shell_or_a_file_name_trips_on() -> None:
+    from dnnperf.results.record import new_run_id
+
+    run_id = new_run_id("gpt2 dp+gpt2 pp/x", "tiny")
+    assert re.fullmatch(r"\d{8}-\d{6}-gpt2-dp\+gpt2-pp-x-tiny-[0-9a-f]{6}", run_id), run_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -45,8 +46,11 @@ def utc_now() -> str:
 
 
 def new_run_id(workload: str, preset: str) -> str:
+    """A new record's id: time, workload and preset (any character a shell or a file name would trip
+    on made a dash: a validation of "gpt2 dp" and "gpt2 pp" is "gpt2-dp+gpt2-pp"), and 6 random hex."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{workload}-{preset}-{secrets.token_hex(3)}"
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "-", f"{workload}-{preset}")
+    return f"{stamp}-{name}-{secrets.token_hex(3)}"
 
 
 @dataclass
