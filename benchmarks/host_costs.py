@@ -7,8 +7,8 @@ in one process on one device, what the next attempt at the host costs needs:
    backward and update (the host clock around each phase, nothing synchronised inside the step) and
    the wall step;
 2. two zoo-like blocks (conv-BatchNorm-ReLU, Linear-ReLU): each operator's host seconds as the model's
-   calibration times them (the counter, each call behind a lead) and back to back without the lead,
-   against the blocks' forward and backward in a tight loop without any counter;
+   calibration times them (the counter, each call behind a lead), against the blocks' forward and
+   backward in a tight loop without any counter;
 3. what the counter adds to a view against a plain call (``calibrate.operator_call_overhead``).
 
     python benchmarks/host_costs.py --device cuda --output host_costs.json   # benchmarks/gpu_check.sh
@@ -30,10 +30,8 @@ import torch
 from torch import nn
 
 from dnnperf import environment
-from dnnperf.analysis.opcount import OpCounter
 from dnnperf.devices import synchronize
-from dnnperf.model.calibrate import operator_call_overhead
-from dnnperf.model.kernels import device_lead
+from dnnperf.model.calibrate import _timed_rows, operator_call_overhead
 from dnnperf.workloads import get_workload
 
 WORKLOADS = ("resnet18", "resnet50", "vgg16", "alexnet", "transformer", "gpt2", "inception_v3", "seq2seq")
@@ -72,32 +70,21 @@ def step_phases(name: str, device: torch.device, batch: int, steps: int) -> dict
     return {k: statistics.median(v) for k, v in marks.items()}
 
 
-def counted_host(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, device: torch.device, lead: bool):
-    """Median host seconds per call of each "phase/family/op", as the counter times them."""
-    ahead = device_lead(device) if lead and device.type == "cuda" else None
-    counter = OpCounter(layer, timed=True, device=device, lead=ahead)
-    per_call: dict[str, list[float]] = {}
-    with counter:
-        for i in range(12):
-            layer(x).backward(grad)
-            synchronize(device)
-            table = counter.take_step()
-            if i < 2:
-                continue
-            for r in table:
-                key = f"{r.phase}/{r.family}/{r.name}"
-                per_call.setdefault(key, []).append((r.host_seconds or 0.0) / r.calls)
-    return {k: statistics.median(v) for k, v in per_call.items()}
-
-
 def block(make: Callable[[], nn.Module], shape: tuple[int, ...], device: torch.device) -> dict:
+    """A block's operators as the model's calibration times them (``calibrate._timed_rows``: the
+    counter, each call behind a lead), their host seconds per call and per phase, against the block's
+    forward and backward in a tight loop without any counter."""
     torch.manual_seed(0)
     layer = make().to(device)
+    rows = _timed_rows(layer, shape, 10, device)
+    per_call = rows["host"] / rows["calls"]
+    keys = rows["phase"] + "/" + rows["family"] + "/" + rows["op"]
+    found: dict = {"counted per call": dict(zip(keys, per_call, strict=True))}
+    for phase in ("forward", "backward"):
+        found[f"counted {phase} s"] = float(rows.loc[rows["phase"] == phase, "host"].sum())
     x = torch.randn(shape, device=device, requires_grad=True)
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
-    found: dict = {"behind a lead": counted_host(layer, x, grad, device, lead=True)}
-    found["back to back"] = counted_host(layer, x, grad, device, lead=False)
     forward, backward = [], []
     for i in range(60):
         started = time.perf_counter()
@@ -110,8 +97,6 @@ def block(make: Callable[[], nn.Module], shape: tuple[int, ...], device: torch.d
             synchronize(device)
     found["loop forward s"] = statistics.median(forward[10:])
     found["loop backward s"] = statistics.median(backward[10:])
-    for phase in ("forward", "backward"):
-        found[f"counted {phase} s"] = sum(v for k, v in found["behind a lead"].items() if k.startswith(phase))
     return found
 
 

@@ -419,40 +419,49 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
     scaling = (
         _memory_scaling(record, settings, limit, store, out) if memory and len(record.points) > 1 else None
     )
-    report = None
-    if wants_report:
-        from dnnperf.report.html import default_path
+    finish_run(args, out, record, path, wants_report, scaling, limit_asked=limit is not None)
+    return 0
 
-        report = write_html_report(record, default_path(path), out)
+
+def finish_run(
+    args: argparse.Namespace,
+    out: Output,
+    record: Any,
+    path: Path,
+    report: bool,
+    scaling: dict | None = None,
+    limit_asked: bool = False,
+) -> None:
+    """A profile or bench that ended well, one process or several ranks: its HTML report beside the
+    record (``report``), then the JSON document or the tables (with the memory fit, if any)."""
+    from dnnperf.report.html import default_path
+
+    html = write_html_report(record, default_path(path), out) if report else None
     if args.json:
         out.json(
             {
                 "record_path": str(path),
                 "record": record.to_dict(),
                 "memory_scaling": scaling,
-                "report_path": str(report) if report else None,
+                "report_path": str(html) if html else None,
             }
         )
-    else:
-        print_record(record, out, top=getattr(args, "top", 15))
-        if scaling is not None:
-            import pandas as pd
+        return
+    print_record(record, out, top=getattr(args, "top", 15))
+    if scaling is not None:
+        import pandas as pd
 
-            from dnnperf.report.terminal import memory_scaling_table
+        from dnnperf.report.terminal import memory_scaling_table
 
-            out.print(
-                memory_scaling_table(
-                    pd.DataFrame(scaling["fit"]),
-                    scaling["limit"],
-                    scaling["predicted"],
-                    scaling["checked_peak"],
-                    asked=limit is not None,
-                )
+        fit = pd.DataFrame(scaling["fit"])
+        out.print(
+            memory_scaling_table(
+                fit, scaling["limit"], scaling["predicted"], scaling["checked_peak"], asked=limit_asked
             )
-        out.print(f"record: {path}")
-        if report is not None:
-            out.print(f"report: {report}")
-    return 0
+        )
+    out.print(f"record: {path}")
+    if html is not None:
+        out.print(f"report: {html}")
 
 
 def _device_capacity(device_name: str) -> int:

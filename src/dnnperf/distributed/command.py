@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 from dnnperf.distributed import DEFAULT_TIMEOUT_S, SCHEDULES, STRATEGIES, DistributedSettings
@@ -135,7 +134,7 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
 def run(args: argparse.Namespace, out: Any, settings: Any, store: Any, report: bool = False) -> int:
     """Launch the ranks, or be one; print and return the exit code like ``dnnperf profile`` (``report``:
     the HTML report beside the record of a run that ended well, written where the record is)."""
-    from dnnperf.cli import EXIT_FAILED, command_line
+    from dnnperf.cli import EXIT_FAILED, command_line, finish_run
     from dnnperf.distributed import launch, worker
     from dnnperf.results.record import new_run_id
     from dnnperf.runner import RunFailed
@@ -150,7 +149,7 @@ def run(args: argparse.Namespace, out: Any, settings: Any, store: Any, report: b
             out.error(f"error: the run failed on rank {os.environ.get('RANK')}: {failure}")
             return EXIT_FAILED
         if record is not None and not quiet:
-            _finish(args, out, record, store.path(record.id), report)
+            finish_run(args, out, record, store.path(record.id), report)
         return 0
     if config.nproc is None:
         raise UsageError("--strategy needs --nproc N (or run the command under torchrun)")
@@ -180,22 +179,5 @@ def run(args: argparse.Namespace, out: Any, settings: Any, store: Any, report: b
     if record is None:
         out.error(f"error: the ranks ended without a record (see {outcome.log})")
         return EXIT_FAILED
-    _finish(args, out, record, path, report)
+    finish_run(args, out, record, path, report)
     return 0
-
-
-def _finish(args: argparse.Namespace, out: Any, record: Any, path: Path, report: bool) -> None:
-    """The record of a run that ended well: its report (if asked), then the JSON or the tables."""
-    from dnnperf.cli import print_record, write_html_report
-    from dnnperf.report.html import default_path
-
-    html = write_html_report(record, default_path(path), out) if report else None
-    if args.json:
-        out.json(
-            {"record_path": str(path), "record": record.to_dict(), "report_path": str(html) if html else None}
-        )
-    else:
-        print_record(record, out)
-        out.print(f"record: {path}")
-        if html is not None:
-            out.print(f"report: {html}")

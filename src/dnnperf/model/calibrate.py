@@ -446,10 +446,7 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
 
 
 def _timed_rows(
-    layer: nn.Module,
-    shape: tuple[int, ...],
-    repeats: int,
-    device: torch.device | None = None,
+    layer: nn.Module, shape: tuple[int, ...], repeats: int, device: torch.device | None = None
 ) -> pd.DataFrame:
     """Per operator of one forward + backward of ``layer`` on ``device`` (default the CPU): counts, the
     median measured seconds (on a GPU, CUDA events around each call, made behind a lead from an empty
@@ -462,8 +459,7 @@ def _timed_rows(
     # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
-    lead = device_lead(device) if device.type == "cuda" else None  # time kernels, not launches
-    counter = OpCounter(layer, timed=True, device=device, lead=lead)
+    counter = OpCounter(layer, timed=True, device=device, lead=device_lead(device))  # kernels, not launches
     tables = []
     with counter:
         for i in range(repeats + 2):
@@ -532,9 +528,20 @@ def _zoo_rows(
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
     per call, the timed rows, a GPU's kernel floor and host costs per call (both 0/empty on a CPU)."""
+    torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
-    rows = _zoo_frame(device, repeats, progress=progress)
+    frames = []
+    with current(device):
+        for layer, shape in _zoo():
+            if gpu:
+                shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
+            if progress is not None:
+                progress(f"{type(layer).__name__} {shape}")
+            frame = _timed_rows(layer, shape, repeats, device)
+            calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
+            frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
+    rows = pd.concat(frames, ignore_index=True)
     host_call = _host_call_costs(rows, *_host_reference(device, repeats)) if gpu else {}
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
@@ -584,24 +591,6 @@ def _zoo_rows(
     return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor, host_call
 
 
-def _zoo_frame(
-    device: torch.device, repeats: int, progress: Callable[[str], None] | None = None
-) -> pd.DataFrame:
-    """Every zoo layer's timed rows (:func:`_timed_rows`) on ``device``, its batch scaled up on a GPU."""
-    torch.manual_seed(0)
-    frames = []
-    with current(device):
-        for layer, shape in _zoo():
-            if device.type == "cuda":
-                shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
-            if progress is not None:
-                progress(f"{type(layer).__name__} {shape}")
-            frame = _timed_rows(layer, shape, repeats, device)
-            calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
-            frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
-    return pd.concat(frames, ignore_index=True)
-
-
 def _host_reference(device: torch.device, repeats: int) -> tuple[float, float]:
     """On a GPU: the per-call overhead microbenchmark's own kernel calls timed as the zoo times its
     operators, their mean host seconds per kernel call; and what the counter's timing adds to a call
@@ -610,8 +599,7 @@ def _host_reference(device: torch.device, repeats: int) -> tuple[float, float]:
     with current(device):
         model, step = _tiny_step(device)
         step()  # the optimizer's state
-        lead = device_lead(device) if device.type == "cuda" else None
-        counter = OpCounter(model, timed=True, device=device, lead=lead)
+        counter = OpCounter(model, timed=True, device=device, lead=device_lead(device))
         per_kernel = []
         with counter:
             for i in range(repeats + 2):
@@ -639,8 +627,7 @@ def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats
         for _ in range(calls):
             x.view(64)
         plain.append((time.perf_counter() - started) / calls)
-    lead = device_lead(device) if device.type == "cuda" else None
-    counter = OpCounter(nn.Identity(), timed=True, device=device, lead=lead)
+    counter = OpCounter(nn.Identity(), timed=True, device=device, lead=device_lead(device))
     with current(device), counter:
         for _ in range(repeats):
             for _ in range(calls):

@@ -207,11 +207,14 @@ def flush_bytes(device: torch.device) -> int:
 
 
 @functools.cache
-def device_lead(device: torch.device, seconds: float = 3e-4) -> Callable[[], None]:
+def device_lead(device: torch.device, seconds: float = 3e-4) -> Callable[[], None] | None:
     """A call that queues about ``seconds`` of work on a GPU (a matrix product sized on first use):
     run before a timed call, it keeps the device busy while the host sets the call up and launches it,
     so that events around the call time its kernels alone. On an idle GPU they would also time the
-    launch's latency (a cuDNN convolution's set-up on the host is tens of microseconds)."""
+    launch's latency (a cuDNN convolution's set-up on the host is tens of microseconds). None on a
+    CPU, which runs each call as the host makes it."""
+    if torch.device(device).type != "cuda":
+        return None
     for size in (1024, 2048, 4096, 8192):  # a few launches at most: the lead must not fill the queue
         with current(device):
             a = torch.randn(size, size, device=device)
@@ -261,7 +264,7 @@ def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> R
         args = operands(call, device)
         cuda = device.type == "cuda"
         flush = torch.empty(flush_bytes(device) // 4, device=device)
-        lead = device_lead(device) if cuda else None
+        lead = device_lead(device)
         op(*args)  # untimed: a library's first call may set up caches of its own
         seconds: list[float] = []
         faults: list[int] = []
