@@ -57,8 +57,8 @@ step env 30 environment
 # shellcheck disable=SC2086  # TESTS is a list of test ids
 step tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -rA --timeout 60 $TESTS
 # gloo on this host's CPU cores, 2 ranks of one thread each: the collective microbenchmarks against the
-# model (issue 7: >= 64 KiB within 10%), three runs, and dp's bucket allreduces against stand-alone ones
-# (issue 6: within 20%). On a 2-core machine gloo's threads wait for a core; here they need not.
+# model (target: >= 64 KiB within 10%), three runs, and dp's bucket allreduces against stand-alone ones
+# (target: within 20%). On a 2-core machine gloo's threads wait for a core; here they need not.
 step collectives 120 bash -c 'rc=0; for run in 1 2 3; do dnnperf validate --collectives --no-report || rc=1; done; exit $rc'
 step buckets 200 "$PYTHON" benchmarks/distributed_benchmarks.py --steps 30 \
     --output "$WORK/logs/benchmarks-distributed.md" --json "$WORK/logs/buckets.json"
@@ -75,10 +75,10 @@ step profile-full 150 dnnperf profile resnet50 --preset full -b 64 --steps 10 --
     --device "$DEVICE"
 # The CPU criterion's workload at its published size (saved activations 2x smaller).
 step memsave-resnet50 200 dnnperf memsave resnet50 --preset full --budget 60% --device "$DEVICE" --steps 5
-# The performance model on the GPU (issue 7): the full calibration, then single-process step times of
+# The performance model on the GPU: the full calibration, then single-process step times of
 # eight workloads at three batch sizes, host-bound to device-bound, predicted and measured.
-# Where a host-bound GPU step's host time goes, against the model's host calibration (the open question
-# of docs/validation.md, session 20).
+# Where a host-bound GPU step's host time goes, against the model's host calibration (the model
+# over-predicts host-bound GPU steps: docs/validation.md#single-process-on-a-gpu-step-time).
 step host 120 "$PYTHON" benchmarks/host_costs.py --device "$DEVICE" --output "$WORK/logs/host_costs.json"
 step hw-full 180 dnnperf hw --device "$DEVICE"
 step model 360 dnnperf validate ${MODEL_WORKLOADS:-resnet18 resnet50 vgg16 alexnet inception_v3 transformer gpt2 \

@@ -11,13 +11,13 @@ and a write that has not finished by the start of backward still counts at the p
 One file holds every offloaded storage as raw bytes (numpy's view of the storage): no pickle. Each
 storage has its own extent of it; extents are handed out end to end and from the start again once none
 is alive (each step, after backward has read everything back), so steady training rewrites the same
-pages of the page cache. A file per tensor, created and unlinked every step, cost this machine about
-twice as much per byte (docs/benchmarks-memsave.md, session 17), and a new file each step cost
-resnet50 `small` about twice what one file for the whole loop does (session 18: a ``MemorySaver``
-keeps its store from block to block). The file, and the fresh directory it is made in, are unlinked
-as soon as it is opened: the open descriptor keeps it, and its space returns when the store closes
-(also on error) or the process ends, however it ends. A full disk is a ``DnnperfError`` naming the
-directory.
+pages of the page cache. A file per tensor, created and unlinked every step, costs about twice as much
+per byte, and a new file each step costs resnet50 `small` about twice what one file for the whole loop
+does, which is why a ``MemorySaver`` keeps its store from block to block (figures:
+docs/benchmarks-memsave.md#design-decisions-with-the-figures-behind-them). The file, and the fresh
+directory it is made in, are unlinked as soon as it is opened: the open descriptor keeps it, and its
+space returns when the store closes (also on error) or the process ends, however it ends. A full disk
+is a ``DnnperfError`` naming the directory.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ Inside a block: the saved-tensor hook (offload), recompute segments, and forward
 that runs. All of it is removed on exit, also on error; backward must run inside the block (the
 offloaded tensors live there). The disk tier's file and threads last from the first block to
 ``close`` (or the saver's collection, or the interpreter's exit), so each step rewrites the same
-pages of the page cache (a new file each step cost resnet50 `small` about twice as much per
-offloaded byte: docs/benchmarks-memsave.md, session 18); the file is unlinked as soon as it is
-opened, so nothing remains on disk even if the process is killed. A block that raises closes the tier
-(the next block opens a new one).
+pages of the page cache (a new file each step costs resnet50 `small` about twice as much per
+offloaded byte: docs/benchmarks-memsave.md#design-decisions-with-the-figures-behind-them); the file
+is unlinked as soon as it is opened, so nothing remains on disk even if the process is killed. A block
+that raises closes the tier (the next block opens a new one).
 """
 
 from __future__ import annotations
