@@ -117,24 +117,37 @@ class KnownDelay:
     be preempted and overrun, so the nominal length is not a truth. It spins rather than sleeps: a
     vCPU that sleeps 20 ms can come back descheduled or cold, adding milliseconds to the work after
     it that no log would show. The log is a file so calls made in DataLoader workers count too.
+
+    With ``cpu=True`` it spins for that much of this thread's CPU time and logs the CPU time it
+    took: a known amount of work, the truth for a calibration that times host work on the thread's
+    CPU clock, which another process's preemption leaves alone. That log is a list in memory: the
+    calibration's clock would count a file's open and write (0.5 ms a call on a busy machine) as
+    part of the work, and a CPU-time delay is this process's own anyway.
     """
 
-    def __init__(self, seconds: float, log: Path, spin: bool = True):
+    def __init__(self, seconds: float, log: Path, spin: bool = True, cpu: bool = False):
         self.seconds, self.log, self.spin = seconds, log, spin
+        self.clock = time.thread_time if cpu else time.perf_counter
+        self.in_memory: list[float] | None = [] if cpu else None
         log.unlink(missing_ok=True)
 
     def __call__(self, *_args: object) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         if self.spin:
-            while time.perf_counter() - start < self.seconds:
+            while self.clock() - start < self.seconds:
                 pass
         else:  # for a DataLoader worker: a spinning worker would compete with training for a core
             time.sleep(self.seconds)
-        elapsed = time.perf_counter() - start
+        elapsed = self.clock() - start
+        if self.in_memory is not None:
+            self.in_memory.append(elapsed)
+            return
         with open(self.log, "a") as out:
             out.write(f"{elapsed!r}\n")
 
     def durations(self) -> list[float]:
+        if self.in_memory is not None:
+            return list(self.in_memory)
         return [float(line) for line in self.log.read_text().split()] if self.log.exists() else []
 
     def per_step(self, steps: int, calls_per_step: int = 1) -> list[float]:
@@ -154,7 +167,9 @@ class KnownDelay:
 def known_delay(tmp_path: Path):
     """Make KnownDelay objects logging under this test's temporary directory."""
     counter = iter(range(1_000_000))
-    return lambda seconds, spin=True: KnownDelay(seconds, tmp_path / f"delay-{next(counter)}.log", spin)
+    return lambda seconds, spin=True, cpu=False: KnownDelay(
+        seconds, tmp_path / f"delay-{next(counter)}.log", spin, cpu
+    )
 
 
 def open_files_in(directory: Path | str) -> dict[str, int]:

@@ -359,10 +359,12 @@ def test_glue_between_layers_is_the_parents_not_the_next_layers(known_delay):
 
     profile = profile_loop(Parent())
     times = layers.layer_times(profile)
+    # Step by step: a spin that a preemption stretched (4 ms took 10 once) stretches its own step only.
+    for phase in ("forward", "backward"):
+        spun = _delays[phase].per_step(profile.steps)
+        assert all(t >= d for t, d in zip(times[("(root)", phase)], spun, strict=True)), phase
     truth = statistics.median(_delays["backward"].per_step(profile.steps))
-    assert times[("(root)", "backward")].min() >= truth
-    assert times[("second", "backward")].max() < 0.5 * truth
-    assert times[("(root)", "forward")].min() >= statistics.median(_delays["forward"].per_step(profile.steps))
+    assert statistics.median(times[("second", "backward")]) < 0.5 * truth
 
 
 def test_table_cells_from_missing_values_render():

@@ -285,24 +285,29 @@ def test_the_description_counts_the_zeros_adams_square_root_is_fed() -> None:
     assert graph.ops.loc[graph.ops["op"] != "aten.sqrt", "zeros"].sum() == 0
 
 
-def test_the_zero_operand_calibration_finds_an_injected_slow_path(monkeypatch) -> None:
-    """A fake operator that sleeps 2 ms on zeros only: the calibration charges 2 ms over the elements;
-    one that sleeps as long on values as on zeros is left out."""
-    import time
+def test_the_zero_operand_calibration_finds_an_injected_slow_path(monkeypatch, known_delay) -> None:
+    """A fake operator that waits 2 ms on zeros only: the calibration charges what the waits took over
+    the elements; one that waits as long on values as on zeros is left out.
 
+    The waits are 2 ms of this thread's CPU time, as the calibration times calls on that clock (a
+    sleep or a wall-clock spin would carry another process's preemptions into one call of a pair).
+    The truth is the median wait, as the calibration takes the median of single calls; 25% of it is
+    0.5 ms, two orders above what an unlogged part of a call (the comparison, a Python call) costs."""
     from dnnperf.model import calibrate
+
+    slow_delay, even_delay = known_delay(2e-3, cpu=True), known_delay(2e-3, cpu=True)
 
     def slow_on_zeros(x: torch.Tensor) -> None:
         if x[0] == 0:
-            time.sleep(2e-3)
+            slow_delay()
 
     def even(x: torch.Tensor) -> None:
-        time.sleep(2e-3)
+        even_delay()
 
     monkeypatch.setattr(calibrate, "CANDIDATES", {"fake.slow": slow_on_zeros, "fake.even": even})
     found = calibrate.measure_zero_operand_cost(elements=1000, repeats=5)
     assert set(found) == {"fake.slow"}
-    assert found["fake.slow"] * 1000 == pytest.approx(2e-3, rel=0.25)
+    assert found["fake.slow"] * 1000 == pytest.approx(slow_delay.median(), rel=0.25)
 
 
 @pytest.mark.parametrize(
@@ -384,26 +389,29 @@ def test_tensor_parallel_pays_its_splits_copies_and_host_work(mlp_graph) -> None
     assert charged.communication_s == tp.communication_s and charged.other_s == tp.other_s
 
 
-def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch) -> None:
-    """A sleep in every region's all-gather (the collective the calibration leaves out), timed as it
-    runs: the measured cost per region grows by what the sleeps took."""
-    import time
+def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch, known_delay) -> None:
+    """2 ms of CPU work in every region's all-gather (the collective the calibration leaves out), on
+    the thread CPU clock the calibration times steps on, logged as it runs: the measured cost per
+    region grows by what the waits took per step, over the regions.
 
+    The truth is the median step's waits, summed: the calibration takes the median of paired steps,
+    each of which holds SPLIT_REGIONS waits, so a wait that ran long moves that step's sum, not the
+    median of single waits. A waited step is ~70 ms of which ~1 ms is the split's own work, which
+    is what the log does not see. 25% of the 2 ms per region is 16 ms a step: a calibration that
+    timed the collectives, lost some regions' waits or divided by another count misses it by far
+    more."""
     from dnnperf.distributed import tensor_parallel
-    from dnnperf.model.calibrate import measure_split_region_cost
+    from dnnperf.model.calibrate import SPLIT_REGIONS, measure_split_region_cost
 
-    slept: list[float] = []  # a short sleep overshoots: the truth is what the sleeps took
-
-    def sleep(*args: object) -> None:
-        started = time.perf_counter()
-        time.sleep(2e-3)
-        slept.append(time.perf_counter() - started)
-
-    base = measure_split_region_cost(repeats=15)
-    monkeypatch.setattr(tensor_parallel.LocalCommunicator, "_all_gather", sleep)
-    slowed = measure_split_region_cost(repeats=15)
+    repeats, warmup = 15, 5  # warmup: the calibration's untimed steps
+    base = measure_split_region_cost(repeats=repeats)
+    delay = known_delay(2e-3, cpu=True)
+    monkeypatch.setattr(tensor_parallel.LocalCommunicator, "_all_gather", lambda self, *args: delay())
+    slowed = measure_split_region_cost(repeats=repeats)
+    assert len(delay.durations()) == (warmup + repeats) * SPLIT_REGIONS  # one wait per region and step
+    waited = statistics.median(delay.per_step(repeats, calls_per_step=SPLIT_REGIONS)) / SPLIT_REGIONS
     assert 0 < base < 5e-4
-    assert slowed - base == pytest.approx(statistics.median(slept), rel=0.25)
+    assert slowed - base == pytest.approx(waited, rel=0.25)
 
 
 def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeypatch) -> None:
@@ -468,50 +476,66 @@ def test_data_parallel_pays_ddps_passes_over_the_gradients_and_its_host_work(mlp
     assert "ddp_s" not in single.detail  # one device runs no DDP
 
 
-def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(monkeypatch) -> None:
-    """A sleep in DDP's forward lands in the per-step cost, a sleep in a hook on each parameter's
-    gradient (as DDP's own hooks run) in the per-parameter cost, each as long as the sleeps took."""
+def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(
+    monkeypatch, known_delay
+) -> None:
+    """A wait in DDP's forward lands in the per-step cost, a wait in a hook on each parameter's
+    gradient (as DDP's own hooks run) in the per-parameter cost, each as long as the waits took.
+
+    The waits are CPU work on the thread CPU clock the calibration times steps on, logged: the truth
+    is what they took in the median step, as the calibration takes the median of paired steps (a
+    step's 128 hook waits summed, not the median single wait: a wait that ran long moves its step's
+    sum). 25% is 2.5 ms of a 10 ms step wait and 8 ms of a long chain's 64 ms of hook waits, above
+    the spread of the unlogged work (the chains' own steps, 0.4 to 4 ms, whose CPU time a busy
+    machine's cache misses lengthen: the per-step figure, the short chain's difference less 16
+    parameter tensors' cost, moved by 1 ms under load), and far below what a calibration that mixed
+    the two terms up would miss by."""
     import glob
     import tempfile
-    import time
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from dnnperf.model.calibrate import measure_ddp_cost
+    from dnnperf.model.calibrate import DDP_CHAINS, measure_ddp_cost
 
+    repeats, warmup = 15, 5  # warmup: the calibration's untimed pairs per chain
     stores = f"{tempfile.gettempdir()}/dnnperf-ddp-*"
     left_before = set(glob.glob(stores))
-    step, param = measure_ddp_cost(repeats=15)
+    step, param = measure_ddp_cost(repeats=repeats)
     assert set(glob.glob(stores)) <= left_before  # its one-process group's store file is removed
     assert not torch.distributed.is_initialized()  # and the group it made is destroyed
     forward = DistributedDataParallel.forward
-    napped: list[float] = []  # a sleep overshoots (1 ms took 1.5 ms once): the truth is what it took
+    napped = known_delay(10e-3, cpu=True)
 
     def slow_forward(self, *args, **kwargs):
-        started = time.perf_counter()
-        time.sleep(3e-3)
-        napped.append(time.perf_counter() - started)
+        napped()
         return forward(self, *args, **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(DistributedDataParallel, "forward", slow_forward)
-        slow_step, same_param = measure_ddp_cost(repeats=15)
-    assert slow_step - step == pytest.approx(statistics.median(napped), rel=0.25)
+        slow_step, same_param = measure_ddp_cost(repeats=repeats)
+    assert len(napped.durations()) == len(DDP_CHAINS) * (warmup + repeats)  # one wait per DDP step
+    assert slow_step - step == pytest.approx(napped.median(), rel=0.25)
     assert same_param == pytest.approx(param, abs=3e-5)
 
     init = DistributedDataParallel.__init__
-    slept: list[float] = []  # a short sleep overshoots: the truth is what the hooks took
-
-    def sleep(grad: torch.Tensor) -> None:
-        started = time.perf_counter()
-        time.sleep(5e-4)
-        slept.append(time.perf_counter() - started)
+    hooked = known_delay(5e-4, cpu=True)
 
     def hooked_init(self, module, *args, **kwargs):
         init(self, module, *args, **kwargs)
         for parameter in module.parameters():
-            parameter.register_hook(sleep)
+            parameter.register_hook(hooked)
 
     monkeypatch.setattr(DistributedDataParallel, "__init__", hooked_init)
-    _, slow_param = measure_ddp_cost(repeats=15)
-    assert slow_param - param == pytest.approx(statistics.median(slept), rel=0.25)
+    _, slow_param = measure_ddp_cost(repeats=repeats)
+    # Per chain, its steps' waits (2 parameter tensors a layer), then the line through the two chains.
+    waits = hooked.durations()
+    per_step = []
+    for layers in DDP_CHAINS:
+        calls = 2 * layers
+        chain, waits = waits[: (warmup + repeats) * calls], waits[(warmup + repeats) * calls :]
+        timed = chain[warmup * calls :]
+        per_step.append(statistics.median(sum(timed[i : i + calls]) for i in range(0, len(timed), calls)))
+    assert not waits  # every wait belongs to a chain's step
+    small, large = DDP_CHAINS
+    waited = (per_step[1] - per_step[0]) / (2 * (large - small))
+    assert slow_param - param == pytest.approx(waited, rel=0.25)

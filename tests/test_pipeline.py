@@ -109,36 +109,56 @@ def _timed(schedule: str, delays: list, microbatches: int, steps: int) -> dict:
     pp = pipeline_task(task, "basic_cnn", schedule=schedule, microbatches=microbatches)
     pp.model.register_forward_pre_hook(lambda *_: delays[rank]())
     batch = batch_of("basic_cnn", BATCH)
-    walls, details = [], []
+    starts, walls, details = [], [], []
     for _ in range(steps):
         dist.barrier()
-        start = time.perf_counter()
+        start = time.perf_counter()  # CLOCK_MONOTONIC: one clock for both ranks on this machine
         pp.step(batch)
         walls.append(time.perf_counter() - start)
+        starts.append(start)
         details.append(pp.last_step_detail())
+    slept = delays[rank].durations()[-(steps - 1) * microbatches :]
     return {
+        "start": starts[1:],
         "wall": walls[1:],
         "detail": details[1:],
-        "delays": delays[rank].per_step(steps - 1, microbatches),
+        "slept": [slept[i : i + microbatches] for i in range(0, len(slept), microbatches)],
     }
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_bubble_is_the_analytic_share_with_equal_stages(schedule, known_delay):
     """Each stage's forward of a micro-batch takes a known 100 ms (the tiny model's own work is a few
-    ms), so stage times are equal and the idle share of a step is (p - 1) / (m + p - 1). The delay
-    sleeps: two spinning ranks on a shared two-core machine get descheduled at random."""
+    ms), so stage times are equal and the idle share of a step is (p - 1) / (m + p - 1) = 1 / 5: one
+    slot of the m + p - 1. The delay sleeps: two spinning ranks on a shared two-core machine get
+    descheduled at random.
+
+    Each bound below is one slot, from the logged sleeps and what the rank's own clock says it did,
+    so another process slowing a rank widens the step without breaking them: the last stage cannot
+    start before the first has slept its first micro-batch's delay (from the first stage's start:
+    both ranks read one monotonic clock), all of it waiting; the first stage cannot end before the
+    last has slept its last micro-batch's delay after the first sent it; and no rank's idle holds
+    its own delays. On a quiet machine they pin the bubble to one slot within the tiny model's own
+    work; a rank that booked waiting as compute (or its delays as waiting) falls outside."""
     p, m = 2, 4
     delays = [known_delay(0.1, spin=False), known_delay(0.1, spin=False)]
-    ranks = run_ranks(_timed, p, schedule, delays, m, 3)
-    share = (p - 1) / (m + p - 1)
-    for rank in ranks:
-        for wall, detail, delay in zip(rank["wall"], rank["detail"], rank["delays"], strict=True):
-            assert detail["bubble"] / wall == pytest.approx(share, abs=0.05)
+    first, last = run_ranks(_timed, p, schedule, delays, m, 3)
+    for rank, this in enumerate((first, last)):
+        steps = zip(this["wall"], this["detail"], this["slept"], strict=True)
+        for step, (wall, detail, slept) in enumerate(steps):
+            own = sum(slept)
             # Compute holds this rank's own injected delays, and little else at this size.
-            assert delay <= detail["compute"] <= delay + 0.35 * wall
+            assert own <= detail["compute"] <= own + 0.35 * wall
             accounted = sum(detail.values())
             assert 0.9 * wall <= accounted <= wall
+            assert detail["bubble"] <= wall - own  # idle is never this rank's own delay
+            other_work = detail["compute"] - own  # what this rank did besides its delays (the model)
+            waited = detail["bubble"] + detail["recv"] + detail["send"]
+            if rank == 0:  # waits at least the last stage's forward of the last micro-batch
+                assert waited >= last["slept"][step][-1] - other_work
+            else:  # its first action waits for the first stage's first delay, from that stage's start
+                head_start = first["start"][step] - this["start"][step]
+                assert waited >= head_start + first["slept"][step][0]
 
 
 def _makespan(schedule: str, world: int, microbatches: int) -> int:

@@ -224,7 +224,10 @@ def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
 def measure_zero_operand_cost(elements: int = 1 << 20, repeats: int = 11) -> dict[str, float]:
     """Per operator of ``CANDIDATES``: extra seconds per zero input element, the median over
     ``repeats`` interleaved pairs (zeros, then values in [0.5, 1.5)) after one warm-up pair, on one
-    thread; operators whose zeros cost less than 20% more are left out (not slow on zeros here)."""
+    thread; operators whose zeros cost less than 20% more are left out (not slow on zeros here).
+    Calls are timed on this thread's CPU clock: a preemption by another process lands in one call of
+    a pair and not in the other, which on the wall clock can put an operator even on zeros past the
+    20% (see :func:`measure_ddp_cost`)."""
     zeros = torch.zeros(elements)
     values = torch.rand(elements) + 0.5
     found: dict[str, float] = {}
@@ -233,10 +236,10 @@ def measure_zero_operand_cost(elements: int = 1 << 20, repeats: int = 11) -> dic
             times: dict[int, list[float]] = {0: [], 1: []}
             for i in range(repeats + 1):
                 for which, operand in enumerate((zeros, values)):
-                    started = time.perf_counter()
+                    started = time.thread_time()
                     run(operand)
                     if i:
-                        times[which].append(time.perf_counter() - started)
+                        times[which].append(time.thread_time() - started)
             slow, fast = statistics.median(times[0]), statistics.median(times[1])
             if slow > 1.2 * fast:
                 found[op] = (slow - fast) / elements
@@ -267,7 +270,14 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
     chains bare, steps interleaved; the line through the two chains' median paired differences. The
     gradients are a few bytes, so their copies into and out of DDP's buckets cost only their calls,
     and the one-rank all-reduce returns at once: what is left is DDP's own work. (0, 0) where this
-    process already belongs to a group of several ranks, which a calibration must not talk to."""
+    process already belongs to a group of several ranks, which a calibration must not talk to.
+
+    A step is timed on this thread's CPU clock, not the wall clock: the wrapped step hands its
+    all-reduce to gloo's thread and waits for it, and on cores other processes keep busy that wait
+    (and any preemption) is milliseconds in some steps and none in others. On the wall clock, under a
+    one-core load beside it on 2 cores, repeated calibrations put 2 to 83 us on a parameter tensor
+    (8 when the machine is quiet); on the CPU clock, 7 to 12. The work is the calling thread's: the
+    one-rank all-reduce gloo's thread runs moves a few bytes."""
     import gc
     import os
     import tempfile
@@ -293,11 +303,11 @@ def measure_ddp_cost(repeats: int = 40) -> tuple[float, float]:
             wrapped = DistributedDataParallel(nn.Sequential(*[nn.Linear(4, 4) for _ in range(layers)]))
 
             def step(model: nn.Module) -> float:
-                started = time.perf_counter()
+                started = time.thread_time()
                 model(x).sum().backward()
                 for parameter in model.parameters():
                     parameter.grad = None
-                return time.perf_counter() - started
+                return time.thread_time() - started
 
             for _ in range(5):
                 step(bare), step(wrapped)
@@ -337,8 +347,10 @@ def measure_split_region_cost(repeats: int = 60) -> float:
     ``SPLIT_REGIONS`` tiny linear layers (8 features, batch 2), each split by output feature as
     ``distributed.tensor_parallel`` splits it for 2 ranks but run by one process with the collectives
     left out (``LocalCommunicator``), against the same chain whole; forward and backward steps
-    interleaved, the median paired difference per region. The layers do next to no arithmetic and the
-    copies move a few bytes, so what is left is the split's own calls."""
+    interleaved, the median paired difference per region, on this thread's CPU clock (which another
+    process's preemption leaves alone, see :func:`measure_ddp_cost`; the steps' forward and backward
+    run on the calling thread). The layers do next to no arithmetic and the copies move a few bytes,
+    so what is left is the split's own calls."""
     from dnnperf.distributed.partition import DetailMeter
     from dnnperf.distributed.tensor_parallel import ColumnParallelLinear, LocalCommunicator
     from dnnperf.workloads.base import no_stages
@@ -366,11 +378,11 @@ def measure_split_region_cost(repeats: int = 60) -> float:
             split_step()
         differences = []
         for _ in range(repeats):
-            started = time.perf_counter()
+            started = time.thread_time()
             whole_step()
-            middle = time.perf_counter()
+            middle = time.thread_time()
             split_step()
-            differences.append((time.perf_counter() - middle) - (middle - started))
+            differences.append((time.thread_time() - middle) - (middle - started))
     finally:
         meter.close()
     return max(statistics.median(differences), 0.0) / SPLIT_REGIONS
