@@ -22,7 +22,8 @@ import torch
 
 from dnnperf import environment
 from dnnperf.analysis.opcount import OpCounter, OpRecord
-from dnnperf.data.sources import BatchSource, open_source, pop_data_times
+from dnnperf.data.integrity import CorruptDataset
+from dnnperf.data.sources import BatchSource, dataset_size, ensure_dataset, open_source, pop_data_times
 from dnnperf.devices import current, is_out_of_memory, resolve_device, synchronize, to_device
 from dnnperf.errors import UsageError
 from dnnperf.interrupts import stop_if_requested
@@ -142,6 +143,10 @@ def bench(
     if settings.data == "disk" and not fmt.storable:
         raise UsageError(f"{workload.name}: {fmt.why_not_storable}; --data disk does not apply")
     batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
+    if settings.data == "disk":  # written, checked, rebuilt or refused before there is a record
+        for batch_size in batch_sizes:
+            samples = dataset_size(batch_size, DISK_SAMPLES.get(settings.preset, 64))
+            ensure_dataset(fmt, samples, settings.seed, settings.data_dir)
     record = RunRecord(
         id=new_run_id(workload.name, settings.preset),
         kind="profile" if settings.stages or settings.layers or settings.memory else "bench",
@@ -165,6 +170,7 @@ def bench(
         hooks.on_record(record)
     saver = _Saver(store, record, checkpoint_s)
     saver.save()
+    keep = True
     try:
         for batch_size in batch_sizes:
             point = Point(batch_size=batch_size)
@@ -174,6 +180,18 @@ def bench(
     except KeyboardInterrupt as interrupt:
         record.status = "partial"
         raise Interrupted(record) from interrupt
+    except CorruptDataset as corrupt:
+        # A dataset damaged during the run: a record with no measured step would only be a failed run
+        # that measured nothing, so it is removed; one with measured steps keeps them.
+        record.status = "failed"
+        record.error = str(corrupt)
+        measured = sum(len(p.step_s) for p in record.points)
+        keep = measured > 0
+        if keep:
+            raise CorruptDataset(
+                f"{corrupt} ({measured} measured steps kept in failed record {record.id})"
+            ) from None
+        raise
     except UsageError:
         record.status = "failed"
         raise
@@ -187,7 +205,10 @@ def bench(
         raise
     finally:
         record.finished = utc_now()
-        saver.save()
+        if keep:
+            saver.save()
+        else:
+            saver.discard()
     return record
 
 
@@ -447,6 +468,11 @@ class _Saver:
         if self.store is not None:
             self.store.save(self.record)
         self.last = time.monotonic()
+
+    def discard(self) -> None:
+        """Remove the record saved so far."""
+        if self.store is not None:
+            self.store.path(self.record.id).unlink(missing_ok=True)
 
     def maybe_save(self) -> None:
         if time.monotonic() - self.last >= self.interval:

@@ -10,10 +10,12 @@ from dnnperf.data.formats import (
     SpeechFormat,
     TranslationFormat,
 )
+from dnnperf.data.integrity import CorruptDataset, verify_dataset
 from dnnperf.data.sources import BatchSource, ensure_dataset, open_source
 
 __all__ = [
     "BatchSource",
+    "CorruptDataset",
     "DataFormat",
     "DetectionFormat",
     "EnvironmentFormat",
@@ -24,4 +26,5 @@ __all__ = [
     "TranslationFormat",
     "ensure_dataset",
     "open_source",
+    "verify_dataset",
 ]

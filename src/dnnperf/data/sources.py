@@ -2,7 +2,8 @@
 
 On-disk datasets are written once into a cache directory and reused by later runs. A dataset is
 written into a temporary sibling directory and renamed into place only when complete, so an
-interrupted write never leaves a half dataset that a later run would trust.
+interrupted write never leaves a half dataset that a later run would trust; every open checks it
+against its manifest (``integrity.py``), and a damaged one is rebuilt or refused before any step.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,6 +24,17 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from dnnperf.cache import cache_dir
 from dnnperf.data.formats import DataFormat, Sample
+from dnnperf.data.integrity import (
+    WRITING_PREFIX,
+    CorruptDataset,
+    SampleError,
+    put_in_place,
+    remove_dataset,
+    summary,
+    verify_dataset,
+    write_manifest,
+    writer_lock,
+)
 from dnnperf.errors import UsageError
 
 DATA_DIR_ENV = "DNNPERF_DATA_DIR"
@@ -43,27 +56,47 @@ def dataset_key(fmt: DataFormat, count: int, seed: int) -> str:
 
 
 def ensure_dataset(fmt: DataFormat, count: int, seed: int = 0, root: Path | None = None) -> Path:
-    """The directory of the on-disk dataset, writing it first if no complete copy exists."""
+    """The directory of the on-disk dataset, checked against its manifest (see ``integrity.py``).
+
+    A dataset not there yet is written. One that is damaged (a file changed, truncated or missing, a
+    garbled manifest) is rebuilt, said in one line on stderr: it is a cache dnnperf generated from
+    the seed. Where it cannot be written, a UsageError says why (a CorruptDataset for a damaged one).
+    """
     root = Path(root) if root is not None else default_data_dir()
+    description = {**fmt.describe(), "count": count, "seed": seed}
     directory = root / dataset_key(fmt, count, seed)
-    if (directory / "manifest.json").exists():
+    problems = verify_dataset(directory, description) if os.path.lexists(directory) else None
+    if problems == []:
         return directory
     try:
         root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=root))
+        with writer_lock(root):
+            # Another run may have written or rebuilt it while this one waited for the lock.
+            problems = verify_dataset(directory, description) if os.path.lexists(directory) else None
+            if problems == []:
+                return directory
+            staging = Path(tempfile.mkdtemp(prefix=WRITING_PREFIX, dir=root))
+            try:
+                if problems:
+                    sys.stderr.write(
+                        f"dnnperf: dataset cache {directory} is damaged: {summary(problems)}; "
+                        "rebuilding it (dnnperf generated it from its seed)\n"
+                    )
+                    sys.stderr.flush()
+                fmt.write(staging, count, seed)
+                write_manifest(staging, description)
+                put_in_place(staging, directory)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     except OSError as error:
-        raise UsageError(f"cannot write datasets under {root}: {error.strerror or error}") from None
-    try:
-        fmt.write(staging, count, seed)
-        manifest = {**fmt.describe(), "count": count, "seed": seed}
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        try:
-            os.rename(staging, directory)
-        except OSError:
-            if not (directory / "manifest.json").exists():  # not a concurrent writer that won the race
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        reason = error.strerror or str(error)
+        fix = f"make it writable, or point --data-dir (or ${DATA_DIR_ENV}) at a writable directory"
+        if problems:
+            raise CorruptDataset(
+                f"dataset cache {directory} is damaged: {summary(problems)}; it cannot be rebuilt "
+                f"under {root} ({reason}): {fix}"
+            ) from None
+        raise UsageError(f"cannot write datasets under {root}: {reason}: {fix}") from None
     return directory
 
 
@@ -89,9 +122,17 @@ class DiskDataset(Dataset):
 
     def __getitem__(self, index: int) -> Sample:
         start = time.perf_counter()
-        raw = self.format.read(self.directory, index)
-        read_done = time.perf_counter()
-        sample = self.format.preprocess(raw)
+        try:
+            raw = self.format.read(self.directory, index)
+            read_done = time.perf_counter()
+            sample = self.format.preprocess(raw)
+        except MemoryError:
+            raise
+        except Exception as error:
+            # One line naming the sample: a DataLoader worker's error reaches the training process as
+            # its whole traceback, whose last line this is (see DiskSource.__next__).
+            detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+            raise SampleError(f"sample {index} of {self.directory} could not be loaded: {detail}") from error
         _pending_data_times["read"] += read_done - start
         _pending_data_times["preprocess"] += time.perf_counter() - read_done
         return sample
@@ -190,6 +231,7 @@ class DiskSource(BatchSource):
         pin: bool = False,
     ) -> None:
         dataset = DiskDataset(fmt, directory)
+        self.directory = dataset.directory
         reset_data_times()
         self.loader: DataLoader | None = DataLoader(
             dataset,
@@ -209,7 +251,10 @@ class DiskSource(BatchSource):
             raise RuntimeError("batch source is closed")
         if self.iterator is None:
             self.iterator = iter(self.loader)
-        return next(self.iterator)
+        try:
+            return next(self.iterator)
+        except SampleError as error:
+            raise explain_sample_error(self.directory, error) from None
 
     def close(self) -> None:
         iterator, self.iterator = self.iterator, None
@@ -221,6 +266,21 @@ class DiskSource(BatchSource):
             shutdown()
         del iterator
         self.loader = None
+
+
+def explain_sample_error(directory: Path, error: SampleError) -> Exception:
+    """The one-line error for a sample that failed to load during a run: a CorruptDataset naming the
+    damaged file when hashing every file finds one (the dataset is then removed, so that the next run
+    writes a fresh copy, even where the damage kept sizes and times), else the sample's own error."""
+    problems = verify_dataset(directory, full=True)
+    if not problems:
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        return SampleError(lines[-1].removeprefix(f"{SampleError.__module__}.{SampleError.__qualname__}: "))
+    if remove_dataset(directory):
+        action = "removed it: the next run writes a fresh copy"
+    else:
+        action = f"remove {directory} (a cache dnnperf regenerates) and run again"
+    return CorruptDataset(f"dataset cache {directory} is damaged: {summary(problems)}; {action}")
 
 
 def default_workers() -> int:
