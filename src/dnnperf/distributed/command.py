@@ -123,12 +123,17 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
         if nproc != 2:
             raise UsageError(f"--netns joins exactly 2 ranks with one veth pair; got --nproc {nproc}")
     workload = get_workload(settings.workload)
+    sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
     if config.strategy == "dp":
         require_supervised(workload.build(settings.preset, "meta"), workload.name)
-        for size in settings.batch_sizes or (workload.default_batch_size[settings.preset],):
+        for size in sizes:
             check_divisible(size, nproc)
     elif not model_parallel_available(config.strategy):
         raise UsageError(f"--strategy {config.strategy} is not available yet (its module is missing)")
+    elif config.strategy == "pp":
+        from dnnperf.distributed.pipeline import check_pipeline
+
+        check_pipeline(workload, settings.preset, sizes, config.microbatches, nproc)
 
 
 def run(args: argparse.Namespace, out: Any, settings: Any, store: Any, report: bool = False) -> int:

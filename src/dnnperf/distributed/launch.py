@@ -8,9 +8,17 @@ per network namespace) running the same command as N ranks, then watches:
   stage) for ``timeout_s``, the run hangs and the rank the others wait for is named;
 - after a fault, the job gets a few seconds to stop on its own (torchrun tears the ranks down), then
   every process it started is killed (SIGKILL, by process id, also processes in other sessions:
-  torchrun starts each rank in its own), and the launcher waits for them.
+  torchrun starts each rank in its own), and the launcher waits for them;
+- once every rank has reported a final state, the ranks' own word decides the outcome: their
+  processes get ``TEARDOWN_S`` to exit (closing the process group, torchrun's teardown) and are
+  killed after it, and a run whose ranks all finished is a success whatever exit code that leaves.
 
-Rank 0 saves the record as it goes; the launcher marks it failed with the fault's message.
+Nothing the launch starts outlives it, also when the launcher is SIGKILLed: the processes it starts
+get SIGKILL when it dies (the parent-death signal), and the lifeline (``lifeline.py``) kills whatever
+else of the job is left and removes its rank directory, empty ranks log and network namespaces.
+
+Rank 0 saves the record as it goes; the launcher marks it failed with the fault's message. A record
+whose ranks were killed with the launcher stays "running" with rank 0's pid gone: "interrupted".
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +42,8 @@ import psutil
 
 from dnnperf.distributed import DistributedSettings
 from dnnperf.distributed.heartbeat import FINAL_STATES, RUNNING_STATES, heartbeat_path
-from dnnperf.distributed.worker import ENV_LAUNCHED, ENV_RANK_DIR, ENV_RUN_ID
+from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
+from dnnperf.distributed.worker import ENV_LAUNCHED, ENV_RUN_ID
 from dnnperf.errors import UsageError
 from dnnperf.results.record import RunRecord, utc_now
 from dnnperf.results.store import RunStore
@@ -42,11 +52,15 @@ POLL_S = 0.1
 EXIT_INTERRUPTED = 130
 #: After a crash or failure, how long torchrun gets to tear the other ranks down before we kill them.
 GRACE_S = 5.0
+#: Once every rank has reported a final state, how long its processes get to exit before they are
+#: killed; a slow exit (a loaded machine, torchrun's teardown) does not change the outcome.
+TEARDOWN_S = 60.0
 #: A heartbeat older than this means the rank's process is frozen (its heartbeat thread stopped).
 STALE_BEAT_S = 3.0
 #: Before every rank has finished a step (imports, rendezvous, building the model) the timeout is
 #: at least this long.
 STARTUP_S = 60.0
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -189,11 +203,35 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl (Linux), or None where there is none."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def become_subreaper() -> None:
     """Orphaned descendants (a rank whose torchrun died) are re-parented to us, not to init, so they
     stay in the tree we watch and kill. Linux only; elsewhere the remembered pids must do."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def die_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for the processes we start: the child gets SIGKILL when this process dies,
+    however it dies (the parent-death signal, kept across exec). Linux only; elsewhere a no-op."""
+    prctl, parent = _prctl(), os.getpid()  # looked up before the fork: the child only calls it
+
+    def arm() -> None:
+        if prctl is None:
+            return
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def rank_environment(run_id: str, rank_dir: Path, threads: int) -> dict[str, str]:
@@ -240,9 +278,10 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def _rank_dir() -> Iterator[Path]:
+def _rank_dir(lifeline: Lifeline) -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="dnnperf-ranks-"))
     try:
+        lifeline.announce("dir", directory)
         (directory / "tmp").mkdir()
         yield directory
     finally:
@@ -262,11 +301,12 @@ def launch(
     threads = config.rank_threads or 1
     log = store.root / f"{run_id}.ranks.log"
     become_subreaper()
-    try:
-        return _launch(argv, config, store, run_id, nproc, threads, log, on_progress)
-    except UsageError:
-        log.unlink(missing_ok=True)  # refused before any rank ran: nothing to read
-        raise
+    with Lifeline() as lifeline:  # released once the rank directory is gone and the log dealt with
+        try:
+            return _launch(argv, config, store, run_id, nproc, threads, log, lifeline, on_progress)
+        except UsageError:
+            log.unlink(missing_ok=True)  # refused before any rank ran: nothing to read
+            raise
 
 
 def _launch(
@@ -277,14 +317,19 @@ def _launch(
     nproc: int,
     threads: int,
     log: Path,
+    lifeline: Lifeline,
     on_progress: Callable[[int], None] | None,
 ) -> Outcome:
-    with _rank_dir() as rank_dir, open(log, "wb") as output, contextlib.ExitStack() as stack:
+    lifeline.announce("log", log)
+    with _rank_dir(lifeline) as rank_dir, open(log, "wb") as output, contextlib.ExitStack() as stack:
         env = rank_environment(run_id, rank_dir, threads)
         if config.netns:
             from dnnperf.distributed.netns import LinkShape, NetnsPair
 
-            pair = stack.enter_context(NetnsPair(LinkShape(config.link_mbit, config.link_delay_ms)))
+            pair = NetnsPair(LinkShape(config.link_mbit, config.link_delay_ms))
+            for namespace in pair.namespaces:
+                lifeline.announce("netns", namespace)
+            stack.enter_context(pair)
             commands = [
                 pair.rank_command(rank, [sys.executable, "-m", "dnnperf", *argv]) for rank in range(2)
             ]
@@ -292,34 +337,68 @@ def _launch(
         else:
             commands, envs = [torchrun_command(nproc, argv)], [env]
         started = time.time()
+        streams = {"stdout": output, "stderr": subprocess.STDOUT}
+        arm = die_with_this_process()
         job = Job(
             [
-                subprocess.Popen(cmd, env=e, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+                subprocess.Popen(cmd, env=e, start_new_session=True, preexec_fn=arm, **streams)
                 for cmd, e in zip(commands, envs, strict=True)
             ]
         )
-        fault = None
-        try:
-            fault = _watch(job, config, rank_dir, nproc, started, on_progress)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the ranks, keep what rank 0 saved
-            fault = Fault(-1, "interrupted", "interrupted")
-        finally:
-            job.stop(grace=0.0 if fault is not None and fault.kind == "hung" else GRACE_S)
-        code = job.poll()
-        if fault is None and code:
-            fault = diagnose(read_states(rank_dir, nproc), nproc, time.time(), config.timeout_s, started)
-    return _conclude(store, run_id, code or 0, fault, log)
+        fault, code = supervise(job, rank_dir, nproc, config.timeout_s, started, on_progress)
+    return _conclude(store, run_id, code, fault, log)
+
+
+def supervise(
+    job: Job,
+    rank_dir: Path,
+    world: int,
+    timeout_s: float,
+    started: float,
+    on_progress: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Fault | None, int]:
+    """Watch the job to its end, stop whatever of it is left, and say how it ended: the fault (None
+    when the run went well) and the exit code. The ranks' final heartbeats decide: when every rank
+    reported "done", the run went well even if its processes then exited by a signal or late."""
+    fault = None
+    try:
+        fault = _watch(job, rank_dir, world, timeout_s, started, on_progress, clock, sleep)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the ranks, keep what rank 0 saved
+        fault = Fault(-1, "interrupted", "interrupted")
+    finally:
+        job.stop(grace=0.0 if fault is not None and fault.kind == "hung" else GRACE_S)
+    code = job.poll() or 0
+    if fault is not None:
+        return fault, code
+    states = read_states(rank_dir, world)
+    said = {s["state"] for s in states.values()} if _all_final(states, world) else set()
+    if said == {"done"}:
+        return None, 0
+    if "interrupted" in said and said <= {"done", "interrupted"}:  # stopped from outside, rank by rank
+        return Fault(-1, "interrupted", "interrupted"), code
+    if code:
+        fault = diagnose(states, world, clock(), timeout_s, started)
+    return fault, code
+
+
+def _all_final(states: dict[int, dict[str, Any]], world: int) -> bool:
+    return len(states) == world and all(s["state"] in FINAL_STATES for s in states.values())
 
 
 def _watch(
     job: Job,
-    config: DistributedSettings,
     rank_dir: Path,
     world: int,
+    timeout_s: float,
     started: float,
     on_progress: Callable[[int], None] | None,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
 ) -> Fault | None:
-    """Poll until the job ends or a fault's grace period is over; the fault, if any."""
+    """Poll until the job ends, a fault's grace period is over, or the ranks, all finished, have had
+    ``TEARDOWN_S`` to exit; the fault, if any."""
     fault: Fault | None = None
     deadline = None
     while True:
@@ -329,20 +408,16 @@ def _watch(
             on_progress(int(states[0]["step"]))
         if job.poll() is not None:
             return fault
-        now = time.time()
+        now = clock()
         if fault is None:
-            fault = diagnose(states, world, now, config.timeout_s, started)
+            fault = diagnose(states, world, now, timeout_s, started)
             if fault is not None:
                 deadline = now + (0.0 if fault.kind == "hung" else GRACE_S)
-        if (
-            deadline is None
-            and len(states) == world
-            and all(s["state"] in FINAL_STATES for s in states.values())
-        ):
-            deadline = now + GRACE_S  # every rank has finished: give the processes a moment to exit
+        if deadline is None and _all_final(states, world):
+            deadline = now + TEARDOWN_S  # every rank has finished: its processes are winding down
         if deadline is not None and now >= deadline:
             return fault
-        time.sleep(POLL_S)
+        sleep(POLL_S)
 
 
 def _conclude(store: RunStore, run_id: str, code: int, fault: Fault | None, log: Path) -> Outcome:

@@ -3,7 +3,7 @@ veth pair whose bandwidth (tbf) and delay (netem, where the kernel has it) are s
 that link speed and latency can be varied without a second machine. Root only.
 
 The namespaces, the veth pair (deleted with them) and every process inside are removed when the
-context ends, also on error.
+context ends, also on error, and by the launch's lifeline (``lifeline.py``) when the launcher is killed.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dnnperf.distributed.lifeline import remove_namespaces
 from dnnperf.errors import UsageError
 
 MASTER_PORT = 29500  # the namespaces are new: nothing else listens there
@@ -121,14 +121,7 @@ class NetnsPair:
 
     def close(self) -> None:
         """Kill what still runs inside, then delete the namespaces (which deletes the veth pair)."""
-        for namespace in self.namespaces:
-            pids = _run("ip", "netns", "pids", namespace).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    continue
-            _run("ip", "netns", "del", namespace)
+        remove_namespaces(self.namespaces)
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -24,7 +24,7 @@ Batch normalisation sees micro-batches, as in GPipe: its statistics are per micr
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -49,7 +49,7 @@ from dnnperf.distributed.partition import (
     unique_parameters,
 )
 from dnnperf.errors import UsageError
-from dnnperf.workloads.base import Batch, Stages, Task, no_stages
+from dnnperf.workloads.base import Batch, Stages, Task, Workload, no_stages
 
 FORWARD, BACKWARD = "F", "B"
 Action = tuple[str, int]
@@ -219,11 +219,7 @@ class PipelineTask(Task):
     def _split(self, batch: Batch) -> tuple[list[Batch], list[float]]:
         """The batch as micro-batches (every tensor cut along dim 0) and each one's share of it."""
         total = batch[self.input_key].shape[0]
-        if total < self.microbatches:
-            raise UsageError(
-                f"a batch of {total} cannot be cut into {self.microbatches} micro-batches: "
-                f"give a batch size of at least {self.microbatches}"
-            )
+        check_microbatches(total, self.microbatches)
         micro: list[Batch] = [{} for _ in range(self.microbatches)]
         for key, value in batch.items():
             cut = value.dim() > 0 and value.shape[0] == total
@@ -281,6 +277,28 @@ class PipelineTask(Task):
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer] if self.optimizer is not None else []
+
+
+def check_microbatches(batch_size: int, microbatches: int) -> None:
+    """Every micro-batch needs one sample at least (a batch need not divide evenly: they differ by one)."""
+    if batch_size < microbatches:
+        raise UsageError(
+            f"a batch of {batch_size} cannot be cut into {microbatches} micro-batches: "
+            f"give a batch size of at least {microbatches}"
+        )
+
+
+def check_pipeline(
+    workload: Workload, preset: str, batch_sizes: Sequence[int], microbatches: int, world: int
+) -> None:
+    """What pp refuses, checked before any rank starts (on the meta device: nothing is allocated): a
+    workload it cannot cut or with a step of its own, more stages than layers, a batch too small."""
+    task = supervised(workload.build(preset, "meta"), workload.name, "pp")
+    layers = pipeline_split(workload.name).layers(task.model)
+    if world > len(layers):
+        raise UsageError(f"cannot cut {len(layers)} layers into {world} pipeline stages")
+    for size in batch_sizes:
+        check_microbatches(size, microbatches)
 
 
 def pipeline_task(task: Task, workload: str, *, schedule: str = "1f1b", microbatches: int = 4) -> Task:

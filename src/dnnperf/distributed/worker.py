@@ -33,6 +33,7 @@ from dnnperf.distributed import DistributedSettings
 from dnnperf.distributed.ddp import DataParallelTask, check_divisible
 from dnnperf.distributed.gather import gather_json
 from dnnperf.distributed.heartbeat import Heartbeat
+from dnnperf.distributed.lifeline import ENV_RANK_DIR
 from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.errors import UsageError
 from dnnperf.results.record import Point, RunRecord, json_safe
@@ -41,7 +42,6 @@ from dnnperf.runner import BenchSettings, RunFailed, StepCallback, bench
 from dnnperf.workloads.base import Batch, Stages, Task, Workload, no_stages
 
 ENV_RUN_ID = "DNNPERF_RUN_ID"
-ENV_RANK_DIR = "DNNPERF_RANK_DIR"
 ENV_LAUNCHED = "DNNPERF_LAUNCHED"
 
 # Model-parallel strategies live in their own modules: strategy -> (module, function).

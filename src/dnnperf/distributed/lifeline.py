@@ -1,0 +1,144 @@
+"""The lifeline: a small process that ends a launch's job when the launcher dies without ending it.
+
+The launcher starts it before anything else and holds the write end of a pipe that is the lifeline's
+standard input; it tells the lifeline, line by line, what the job owns (``dir PATH``, ``log PATH``,
+``netns NAME``) before creating it. A launcher that ends normally writes ``done`` and closes the pipe:
+the lifeline exits at once. A launcher that dies (SIGKILL, the OOM killer) closes the pipe without
+``done``: the lifeline kills every process of the job, then removes the rank directory, the ranks log
+if nothing was written to it, and the network namespaces.
+
+The job's processes are found by the rank directory in their environment (``DNNPERF_RANK_DIR``):
+torchrun, the ranks and their own children (data loader workers) all inherit it, whatever session or
+namespace they run in, and an unrelated process that reuses a pid does not carry it.
+
+The lifeline runs as a script (``python -I lifeline.py``) and imports neither torch nor dnnperf, so
+it starts in a fraction of a second and costs little memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+#: The environment variable that marks a job's processes (also set by ``launch.rank_environment``).
+ENV_RANK_DIR = "DNNPERF_RANK_DIR"
+#: How long the lifeline keeps killing the job's processes before it gives up on the stragglers.
+END_S = 60.0
+DONE = "done"
+
+
+class Lifeline:
+    """The launcher's side: start the lifeline, announce what the job owns, release it at the end."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).resolve())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # Its own session: a Ctrl-C at the terminal reaches the launcher, which ends the job itself.
+            start_new_session=True,
+        )
+
+    def announce(self, kind: str, value: str | Path) -> None:
+        """Tell the lifeline about something the job is about to own (dir, log or netns)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{kind} {value}\n".encode())
+        self.process.stdin.flush()
+
+    def release(self) -> None:
+        """The job is over and cleaned up: the lifeline exits without touching anything."""
+        with contextlib.suppress(OSError):  # a lifeline that died has nothing left to release
+            assert self.process.stdin is not None
+            self.process.stdin.write(f"{DONE}\n".encode())
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> Lifeline:
+        return self
+
+    def __exit__(self, kind: type | None, value: BaseException | None, trace: TracebackType | None) -> None:
+        self.release()
+
+
+def job_processes(rank_dir: str) -> list[psutil.Process]:
+    """The live processes whose environment names ``rank_dir`` as their rank directory."""
+    found = []
+    for process in psutil.process_iter():
+        if process.pid == os.getpid():
+            continue
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(ENV_RANK_DIR) == rank_dir:
+                found.append(process)
+        except psutil.Error:  # gone, or another user's: not ours either way
+            continue
+    return found
+
+
+def kill_job(rank_dir: str, within: float = END_S) -> None:
+    """SIGKILL the job's processes until none is left (a dying torchrun may still be starting one)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        processes = job_processes(rank_dir)
+        if not processes:
+            return
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        # Not psutil.wait_procs: a killed rank stays a zombie until init reaps it, which it may not
+        # hurry to do; job_processes already leaves zombies out.
+        time.sleep(0.1)
+
+
+def remove_namespaces(namespaces: Sequence[str]) -> None:
+    """Kill what still runs inside each network namespace, then delete it (and its veth end)."""
+    for namespace in namespaces:
+        listing = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+        for pid in listing.stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+
+def end_job(owned: dict[str, list[str]]) -> None:
+    """Everything the launcher would have removed: processes, namespaces, rank directory, empty log."""
+    for rank_dir in owned.get("dir", []):
+        kill_job(rank_dir)
+    remove_namespaces(owned.get("netns", []))
+    for rank_dir in owned.get("dir", []):
+        shutil.rmtree(rank_dir, ignore_errors=True)
+    for log in owned.get("log", []):
+        with contextlib.suppress(OSError):
+            if os.path.getsize(log) == 0:  # a log with output in it is the only trace of what happened
+                os.unlink(log)
+
+
+def main() -> int:
+    # The launcher's Ctrl-C and SIGTERM are the launcher's to handle; this process waits for the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    owned: dict[str, list[str]] = {}
+    for line in sys.stdin:
+        kind, _, value = line.rstrip("\n").partition(" ")
+        if kind == DONE:
+            return 0
+        owned.setdefault(kind, []).append(value)
+    end_job(owned)  # end of file without "done": the launcher is gone
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
