@@ -5,19 +5,41 @@ and the run records it produces (:class:`RunRecord`, :class:`RunStore`), and the
 your own training loop (:class:`StageProfiler`), the per-layer profiler (:class:`LayerProfiler`, tables in
 :mod:`dnnperf.analysis.layers`), the memory profiler (:class:`MemoryProfiler`) and the calibrated machine
 (:func:`load_profile`, ``dnnperf hw``).
+
+Each name is imported on first use (PEP 562): ``import dnnperf`` does not import torch, so the command
+line answers Ctrl-C and SIGTERM in one line from its first moment, while torch is still loading.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from dnnperf.hardware import HardwareProfile, calibrate, load_profile
-from dnnperf.probes.layers import LayerProfile, LayerProfiler
-from dnnperf.probes.memory import StepMemory
-from dnnperf.probes.memory_loop import MemoryProfiler
-from dnnperf.probes.stages import StageBreakdown, StageProfiler
-from dnnperf.results import Point, RunRecord, RunStore, read_record
-from dnnperf.runner import BenchSettings, bench
-from dnnperf.stats import Samples
-from dnnperf.workloads import Task, Workload, all_workloads, get_workload
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "BenchSettings": "dnnperf.runner",
+    "HardwareProfile": "dnnperf.hardware",
+    "LayerProfile": "dnnperf.probes.layers",
+    "LayerProfiler": "dnnperf.probes.layers",
+    "MemoryProfiler": "dnnperf.probes.memory_loop",
+    "Point": "dnnperf.results",
+    "RunRecord": "dnnperf.results",
+    "RunStore": "dnnperf.results",
+    "Samples": "dnnperf.stats",
+    "StageBreakdown": "dnnperf.probes.stages",
+    "StageProfiler": "dnnperf.probes.stages",
+    "StepMemory": "dnnperf.probes.memory",
+    "Task": "dnnperf.workloads",
+    "Workload": "dnnperf.workloads",
+    "all_workloads": "dnnperf.workloads",
+    "bench": "dnnperf.runner",
+    "calibrate": "dnnperf.hardware",
+    "get_workload": "dnnperf.workloads",
+    "load_profile": "dnnperf.hardware",
+    "read_record": "dnnperf.results",
+}
 
 __all__ = [
     "BenchSettings",
@@ -42,3 +64,26 @@ __all__ = [
     "load_profile",
     "read_record",
 ]
+
+if TYPE_CHECKING:
+    from dnnperf.hardware import HardwareProfile, calibrate, load_profile
+    from dnnperf.probes.layers import LayerProfile, LayerProfiler
+    from dnnperf.probes.memory import StepMemory
+    from dnnperf.probes.memory_loop import MemoryProfiler
+    from dnnperf.probes.stages import StageBreakdown, StageProfiler
+    from dnnperf.results import Point, RunRecord, RunStore, read_record
+    from dnnperf.runner import BenchSettings, bench
+    from dnnperf.stats import Samples
+    from dnnperf.workloads import Task, Workload, all_workloads, get_workload
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dnnperf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,5 +1,9 @@
 """The ``dnnperf`` command line. Results go to stdout (a single JSON document with --json);
-logs, progress and errors go to stderr. Bad input: one line on stderr and exit code 2."""
+logs, progress and errors go to stderr. Bad input: one line on stderr and exit code 2.
+
+This module imports nothing heavy at its top (rich, numpy and torch load inside ``main``), so the
+console script reaches ``main``'s signal handling at once: Ctrl-C or SIGTERM while torch loads is the
+one line "interrupted" and exit code 130 or 143, not a traceback."""
 
 from __future__ import annotations
 
@@ -10,18 +14,19 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import dnnperf
-from dnnperf.errors import DnnperfError, UsageError
-from dnnperf.interrupts import stop_on_signals
+from dnnperf.errors import DnnperfError, UsageError, one_line
+from dnnperf.interrupts import interrupted_exit_code, stop_on_signals
 from dnnperf.paths import output_directory, output_file, path_argument
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: Ctrl-C's; a run stopped by SIGTERM exits with 143 (``interrupted_exit_code``).
 EXIT_INTERRUPTED = 130
 
 
@@ -29,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage dump) and exits with code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def positive_int(text: str) -> int:
@@ -414,7 +419,7 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
             out.error(f"interrupted: {measured} measured steps saved as a partial record: {path}")
             if args.json:
                 out.json({"record_path": str(store.path(record.id)), "record": record.to_dict()})
-            return EXIT_INTERRUPTED
+            return interrupted_exit_code()
     path = store.path(record.id)
     scaling = (
         _memory_scaling(record, settings, limit, store, out) if memory and len(record.points) > 1 else None
@@ -641,10 +646,18 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def cmd_runs(args: argparse.Namespace, out: Output) -> int:
+def existing_store(args: argparse.Namespace) -> Any:
+    """The run store to read: a ``--runs-dir`` given that does not exist is a typo to name, not an
+    empty store (the default directory, before any run made it, is one)."""
     from dnnperf.results.store import RunStore
 
-    store = RunStore(args.runs_dir, create=False)
+    if args.runs_dir is not None and not args.runs_dir.exists():
+        raise UsageError(f"--runs-dir {args.runs_dir}: no such directory")
+    return RunStore(args.runs_dir, create=False)
+
+
+def cmd_runs(args: argparse.Namespace, out: Output) -> int:
+    store = existing_store(args)
     records, skipped = store.scan()
     for item in skipped:
         out.warn(f"skipped {item.path.name}: {item.reason}")
@@ -742,9 +755,7 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf.results.store import RunStore
-
-    record = RunStore(args.runs_dir, create=False).load(args.run)
+    record = existing_store(args).load(args.run)
     if args.json:
         out.json(record.to_dict())
     else:
@@ -761,11 +772,10 @@ def write_html_report(record: Any, path: Path, out: Output) -> Path:
 
 def cmd_report(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.report.html import default_path
-    from dnnperf.results.store import RunStore
 
     if args.output is not None:
         output_file(args.output, "--output")
-    store = RunStore(args.runs_dir, create=False)
+    store = existing_store(args)
     record = store.load(args.run)
     # Beside the record: the file given, else the record's file in the store.
     source = Path(args.run) if os.sep in args.run or args.run.endswith(".json") else store.path(record.id)
@@ -780,7 +790,6 @@ def cmd_report(args: argparse.Namespace, out: Output) -> int:
 def cmd_export(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.report.export import csv_tables, write_csv
     from dnnperf.report.trace import write_trace
-    from dnnperf.results.store import RunStore
 
     if args.trace is None and args.csv is None:
         raise UsageError("export needs --trace PATH and/or --csv DIR")
@@ -791,7 +800,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
         output_directory(args.csv, "--csv")
     if args.trace is not None and args.csv is not None and args.trace.resolve() == args.csv.resolve():
         raise UsageError(f"--trace and --csv are one path, {args.trace}: a file and a directory")
-    record = RunStore(args.runs_dir, create=False).load(args.run)
+    record = existing_store(args).load(args.run)
     # Nothing written where there is nothing to write: an empty trace or CSV directory is no answer.
     if args.trace is not None and not any(p.step_s for p in record.points):
         raise UsageError(f"--trace: {record.id} has no measured step to trace")
@@ -812,14 +821,18 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_compare(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf.analysis.compare import CompareSettings, compare_runs
-    from dnnperf.results.store import RunStore
+    from dnnperf.analysis.compare import CompareSettings, comparable, compare_runs
 
     for name in ("min_change", "min_run_change"):
         if not 0 <= getattr(args, name) < 10:
             raise UsageError(f"--{name.replace('_', '-')} must be a fraction between 0 and 10")
-    store = RunStore(args.runs_dir, create=False)
+    store = existing_store(args)
     a, b = store.load(args.run_a), store.load(args.run_b)
+    if not comparable(a, b):
+        raise UsageError(
+            f"runs {a.id} ({a.kind}) and {b.id} ({b.kind}) measured their steps differently: "
+            "compare two bench or profile runs, or two runs of one other kind"
+        )
     settings = CompareSettings(min_relative=args.min_change, min_run_relative=args.min_run_change)
     frame = compare_runs(a, b, settings)
     if frame.empty:
@@ -858,12 +871,20 @@ class Output:
     """stdout carries results only; everything else goes to stderr (and --quiet/--json silence it)."""
 
     def __init__(self, json_mode: bool, quiet: bool) -> None:
+        from rich.console import Console
+
         self.json_mode, self.quiet = json_mode, quiet
         self.stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else _piped_width())
         self.stderr = Console(stderr=True)
 
     def print(self, renderable: Any) -> None:
+        """A table, or a line of text shown as it is (never read as markup: it may hold names from a
+        record or paths from the command line)."""
         if not self.json_mode and not self.quiet:
+            if isinstance(renderable, str):
+                from dnnperf.report.terminal import plain
+
+                renderable = plain(renderable, limit=len(renderable))
             self.stdout.print(renderable)
 
     def json(self, document: Any) -> None:
@@ -877,11 +898,13 @@ class Output:
 
     def error(self, message: str) -> None:
         # Plain write: a rich console would wrap a long message onto a second line.
-        sys.stderr.write(f"dnnperf: {' '.join(message.split())}\n")
+        sys.stderr.write(f"dnnperf: {one_line(message)}\n")
         sys.stderr.flush()
 
     def _bar(self, *counters: Any) -> Progress:
         """A transient progress bar on stderr, silent with --quiet, --json or no terminal."""
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
         return Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -895,6 +918,8 @@ class Output:
     @contextmanager
     def progress(self, description: str, total: int):
         """A progress bar counting steps; yields the function that advances it by one."""
+        from rich.progress import MofNCompleteColumn
+
         with self._bar(MofNCompleteColumn()) as progress:
             task = progress.add_task(description, total=total)
             yield lambda: progress.advance(task)
@@ -913,6 +938,19 @@ def command_line() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The stop signals are handled from here on, before the parser imports torch: a Ctrl-C or SIGTERM
+    # while it loads is one line and 130 or 143, as later (SIGTERM saves partial results like Ctrl-C).
+    with stop_on_signals():
+        try:
+            return run_command(argv)
+        except KeyboardInterrupt:
+            sys.stderr.write("dnnperf: interrupted\n")
+            sys.stderr.flush()
+            return interrupted_exit_code()
+
+
+def run_command(argv: Sequence[str] | None) -> int:
+    """Parse the command line and run its command; every error a user can fix is one line."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what ranks of a distributed run re-run
@@ -922,14 +960,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     out = Output(args.json, args.quiet)
     try:
-        with stop_on_signals():  # SIGTERM saves partial results like Ctrl-C
-            return handler(args, out)
+        return handler(args, out)
     except DnnperfError as error:
         out.error(f"error: {error}")
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        out.error("interrupted")
-        return EXIT_INTERRUPTED
     except MemoryError as error:  # asked for more than the host has (a batch of 10^13 samples)
         out.error(f"error: more memory than this host has was asked for ({error}): try a smaller batch")
         return EXIT_USAGE

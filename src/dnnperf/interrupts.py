@@ -16,11 +16,20 @@ from contextlib import contextmanager
 from typing import Any
 
 _requested = threading.Event()
+#: The stop signal that arrived last (Ctrl-C where none did: a KeyboardInterrupt of Python's own).
+_received = [signal.SIGINT]
 
 
 def _request_stop(signum: int, frame: Any) -> None:
     _requested.set()
+    _received[0] = signal.Signals(signum)
     raise KeyboardInterrupt
+
+
+def interrupted_exit_code() -> int:
+    """128 + the stop signal's number (130 for Ctrl-C, 143 for SIGTERM): how a shell reports a
+    process that signal ended, for a process that stopped cleanly after it."""
+    return 128 + int(_received[0])
 
 
 def stop_if_requested() -> None:
@@ -34,6 +43,7 @@ def stop_on_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise KeyboardInterrupt and are remembered; the previous handlers come back."""
     previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     _requested.clear()
+    _received[0] = signal.SIGINT
     try:
         yield
     finally:

@@ -29,7 +29,8 @@ class Samples:
         """Linear-interpolated quantile (numpy's default); NaN when there are no samples."""
         if not self.values:
             return float("nan")
-        return float(np.quantile(np.asarray(self.values), q))
+        with np.errstate(all="ignore"):  # values near a float's limit interpolate to inf, silently
+            return float(np.quantile(np.asarray(self.values), q))
 
     @property
     def median(self) -> float:
@@ -45,12 +46,18 @@ class Samples:
 
     @property
     def mean(self) -> float:
-        return float(np.mean(self.values)) if self.values else float("nan")
+        if not self.values:
+            return float("nan")
+        with np.errstate(all="ignore"):  # a sum past a float's limit is inf, not a warning
+            return float(np.mean(self.values))
 
     @property
     def std(self) -> float:
         """Sample standard deviation (ddof=1); NaN for fewer than two samples."""
-        return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else float("nan")
+        if len(self.values) < 2:
+            return float("nan")
+        with np.errstate(all="ignore"):
+            return float(np.std(self.values, ddof=1))
 
     @property
     def iqr(self) -> float:

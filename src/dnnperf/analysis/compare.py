@@ -34,6 +34,9 @@ A run on the CPU whose training process got less than ``min_cpu_share`` of the c
 on (``stages.cpu.process_cores`` per thread: other processes held them) mostly measured the
 scheduler; its rows are marked inconclusive, never flagged.
 
+Only runs whose steps were timed alike are compared (``comparable``): a bench or profile run with
+another, or two runs of one other kind.
+
 Points are paired by batch size; runs with no batch size in common are paired in order (a change of
 batch size: the rows then compare per-step times). The layer timer's own row, ``(profiler)``, is no
 work of the model and is left out.
@@ -127,6 +130,17 @@ def compare_samples(
         "flagged": bool(flagged),
         "change": ("slower" if excess > 0 else "faster") if flagged else "",
     }
+
+
+#: Kinds whose points time the same training steps the same way (a profile adds stage marks to a
+#: bench's steps). A memsave run's points are plain steps timed between its variants' steps: another
+#: measurement, comparable with another memsave run only.
+STEP_KINDS = ("bench", "profile")
+
+
+def comparable(a: RunRecord, b: RunRecord) -> bool:
+    """Whether A's and B's step times measure the same thing (see STEP_KINDS)."""
+    return a.kind == b.kind or (a.kind in STEP_KINDS and b.kind in STEP_KINDS)
 
 
 def paired_points(a: RunRecord, b: RunRecord) -> list[tuple[Point, Point]]:

@@ -4,14 +4,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
+from rich.table import Table as RichTable
+from rich.text import Text
 
+from dnnperf.errors import printable
 from dnnperf.hardware import HardwareProfile
 from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.record import RunRecord
+
+#: The most characters of one string a cell shows, and a title or caption.
+CELL_LIMIT, TITLE_LIMIT = 120, 2000
+
+
+def plain(value: Any, limit: int = CELL_LIMIT) -> Any:
+    """A string as rich Text (never read as markup or emoji codes: a stored name such as "[/bold]"
+    would stop rich), control characters made visible, cut to ``limit``; anything else as it is."""
+    return Text(printable(value, limit, newlines=True)) if isinstance(value, str) else value
+
+
+class Table(RichTable):
+    """A rich table that shows every string it is given as it is (see ``plain``): names from a record
+    or a command line reach these tables. Styled cells are passed as rich Text."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("title", "caption"):
+            value = plain(value, TITLE_LIMIT)
+        super().__setattr__(name, value)
+
+    def add_column(self, header: Any = "", *args: Any, **kwargs: Any) -> None:
+        super().add_column(plain(header), *args, **kwargs)
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(plain(cell) for cell in cells), **kwargs)
 
 
 def human_count(value: float | None, unit: str = "") -> str:
@@ -524,7 +550,7 @@ def compare_table(frame: Any, a: str, b: str, top: int = 10) -> Table:
             _percent(row["delta_rel"]),
             "" if row["kind"] == "step" else _percent(row["excess_rel"]),
             "" if row["p_value"] != row["p_value"] else f"{row['p_value']:.2g}",
-            f"[bold red]{flag}[/]" if row["flagged"] else flag,
+            Text(flag, style="bold red") if row["flagged"] else flag,
         )
     table.caption = (
         "change: B's median against A's; beyond common: against A x the common factor (what the whole "
@@ -565,19 +591,23 @@ def memsave_plan_table(
     reason: str = "",
 ) -> Table:
     """``dnnperf memsave``'s plan: per unit its policy, saved bytes and predicted cost."""
-    verdict = f"predicted peak {human_count(predicted_peak, 'B')}" if feasible else "[bold red]infeasible[/]"
-    table = Table(
-        title=f"memsave plan for a budget of {escape(budget_text)} = {human_count(budget, 'B')} "
-        f"(unoptimised peak {human_count(baseline_peak, 'B')}): {verdict}",
-        title_justify="left",
+    verdict = (
+        Text(f"predicted peak {human_count(predicted_peak, 'B')}")
+        if feasible
+        else Text("infeasible", style="bold red")
     )
+    heading = (
+        f"memsave plan for a budget of {budget_text} = {human_count(budget, 'B')} "
+        f"(unoptimised peak {human_count(baseline_peak, 'B')}): "
+    )
+    table = Table(title=Text.assemble(plain(heading, TITLE_LIMIT), verdict), title_justify="left")
     for name in ("unit", "policy", "saved for backward", "forward ms", "predicted cost ms"):
         table.add_column(name, justify="left" if name in ("unit", "policy") else "right")
     for row in rows:
         policy = str(row.get("policy", ""))
         table.add_row(
-            escape(_text(row.get("unit"))),
-            policy if policy == "keep" else f"[bold]{policy}[/]",
+            _text(row.get("unit")),
+            policy if policy == "keep" else Text(policy, style="bold"),
             human_count(row.get("saved_bytes"), "B"),
             _ms3(row.get("forward_s")),
             _ms3(row.get("predicted_cost_s")),
@@ -609,7 +639,7 @@ def memsave_variants_table(result: Any) -> Table:
         table.add_column(name, justify="left" if name == "variant" else "right")
     for v in result.variants:
         pairs = [s / p - 1 for s, p in zip(v.step_s, v.plain_s, strict=False)]
-        within = "yes" if v.peak <= result.budget else "[red]no[/]"
+        within = "yes" if v.peak <= result.budget else Text("no", style="red")
         table.add_row(
             v.name,
             human_count(v.peak, "B"),
@@ -685,7 +715,7 @@ def prediction_table(predictions: list[Any], refused: dict[str, str], best: Any 
             "yes" if p.fits else "NO",
         )
     for strategy, reason in refused.items():
-        table.add_row(strategy, "", "", "", "", "", "", "", "", escape(reason))
+        table.add_row(strategy, "", "", "", "", "", "", "", "", reason)
     return table
 
 
@@ -822,7 +852,7 @@ def distributed_memory_table(frame: Any, summary: dict[str, float]) -> Table:
             ""
             if row["predicted_bytes"] != row["predicted_bytes"]
             else human_count(row["predicted_bytes"], "B"),
-            escape(reason[:60]) if isinstance(reason, str) else f"{100 * row['error']:+.1f}%",
+            reason[:60] if isinstance(reason, str) else f"{100 * row['error']:+.1f}%",
             ", ".join(human_count(v, "B") for v in ranks) if isinstance(ranks, list) else "",
         )
     return table
@@ -857,7 +887,7 @@ def memory_validation_table(frame: Any, summary: dict[str, float]) -> Table:
                 "",
                 human_count(row["predicted_bytes"], "B"),
                 "",
-                escape(row["reason"][:60]),
+                row["reason"][:60],
                 *([""] * len(parts)),
             )
             continue
@@ -902,7 +932,7 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
     for row in frame.to_dict(orient="records"):
         first = [row["workload"], str(row["batch"]), *([str(row["link"])] if links else [])]
         if isinstance(row.get("reason"), str):
-            table.add_row(*first, row["strategy"], "", "", "", "", escape(row["reason"]))
+            table.add_row(*first, row["strategy"], "", "", "", "", row["reason"])
             continue
         table.add_row(
             *first,

@@ -20,6 +20,7 @@ from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.memory import StepMemory, step_memory_from_document
 from dnnperf.probes.stages import StageBreakdown
+from dnnperf.results.fields import FieldError, check_record_fields
 from dnnperf.stats import Samples
 
 if TYPE_CHECKING:
@@ -174,6 +175,10 @@ class RunRecord:
             raise RecordError(
                 f"schema_version {version!r} is not one this dnnperf reads (1 to {SCHEMA_VERSION})"
             )
+        try:  # every number and known field, before anything computes with them
+            check_record_fields(document)
+        except FieldError as error:
+            raise RecordError(str(error)) from None
         _expect(document, "id", str)
         _expect(document, "kind", str)
         if document["kind"] not in RUN_KINDS:
@@ -208,7 +213,7 @@ class RunRecord:
             status=document["status"],
             error=_optional_str(document, "error"),
             points=points,
-            pid=document.get("pid") if isinstance(document.get("pid"), int) else None,
+            pid=document.get("pid"),
             memsave=_memsave_from_dict(document.get("memsave")),
             prediction=_prediction_from_dict(document.get("prediction")),
             validation=_validation_from_dict(document.get("validation")),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +63,9 @@ class RunStore:
                 pass
         except OSError as error:
             reason = error.strerror or str(error)
-            raise UsageError(f"runs directory {self.root} is not writable: {reason}") from None
+            raise UsageError(
+                f"runs directory {self.root} is not writable: cannot make a file in it ({reason})"
+            ) from None
 
     def path(self, record_id: str) -> Path:
         return self.root / f"{record_id}.json"
@@ -83,7 +87,7 @@ class RunStore:
         if not ref.strip():
             raise UsageError("give a run id, id prefix or record path")
         if os.sep in ref or ref.endswith(".json"):  # a path, not an id
-            if not Path(ref).is_file():
+            if not Path(ref).exists():
                 raise UsageError(f"no record file {ref}")
             return read_record(Path(ref))
         if self.path(ref).is_file():
@@ -116,12 +120,29 @@ class RunStore:
         return records, skipped
 
 
+def read_regular_file(path: Path) -> str:
+    """A regular file's text; anything else (a FIFO, a device, a directory) is an OSError saying so.
+    Opened without blocking and checked on the open descriptor: opening a FIFO with no writer would
+    wait forever, and checking the path first would leave a window to swap the file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, encoding="utf-8") as file:
+            fd = -1  # the file object closes it
+            return file.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def read_json_file(path: Path | str, what: str) -> Any:
     """Parse a JSON file (nothing is executed); any problem reading or parsing it is a one-line
     UsageError naming the file and ``what`` it should have been."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path)
     except OSError as error:
         raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
