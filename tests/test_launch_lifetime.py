@@ -309,3 +309,31 @@ def test_a_lifeline_whose_launcher_is_gone_ends_the_job(tmp_path):
         for process in (rank, bystander):
             process.kill()
             process.wait()
+
+
+def test_a_record_whose_writer_is_a_zombie_reads_interrupted():
+    """A killed rank 0 stays a zombie until its parent reaps it: psutil.pid_exists says it exists,
+    but nothing will ever write the record again."""
+    import platform
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not yet reaped
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
+        assert psutil.pid_exists(child.pid)
+        record = RunRecord(
+            id="r1",
+            kind="bench",
+            workload={"name": "basic_cnn", "preset": "tiny"},
+            settings={"device": "cpu", "data": "memory"},
+            environment={"machine": {"hostname": platform.node()}, "software": {}},
+            status="running",
+            pid=child.pid,
+        )
+        assert record.effective_status() == "interrupted"
+        record.pid = os.getpid()
+        assert record.effective_status() == "running"
+    finally:
+        child.wait()

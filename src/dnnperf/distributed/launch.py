@@ -45,11 +45,11 @@ from dnnperf.distributed.heartbeat import FINAL_STATES, RUNNING_STATES, heartbea
 from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
 from dnnperf.distributed.worker import ENV_LAUNCHED, ENV_RUN_ID
 from dnnperf.errors import UsageError
+from dnnperf.interrupts import interrupted_exit_code
 from dnnperf.results.record import RunRecord, utc_now
 from dnnperf.results.store import RunStore
 
 POLL_S = 0.1
-EXIT_INTERRUPTED = 130
 #: After a crash or failure, how long torchrun gets to tear the other ranks down before we kill them.
 GRACE_S = 5.0
 #: Once every rank has reported a final state, how long its processes get to exit before they are
@@ -443,4 +443,4 @@ def _conclude(store: RunStore, run_id: str, code: int, fault: Fault | None, log:
             if point.status == "running":
                 point.status = "partial"
         store.save(record)
-    return Outcome(EXIT_INTERRUPTED if interrupted else 1, record, fault, log)
+    return Outcome(interrupted_exit_code() if interrupted else 1, record, fault, log)

@@ -161,7 +161,7 @@ class RunRecord:
             return self.status
         if self.environment.get("machine", {}).get("hostname") != platform.node():
             return self.status
-        return self.status if psutil.pid_exists(self.pid) else "interrupted"
+        return self.status if _process_alive(self.pid) else "interrupted"
 
     @classmethod
     def from_dict(cls, document: Any) -> RunRecord:
@@ -403,3 +403,11 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process runs: a zombie (killed, not yet reaped by its parent) does not."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
