@@ -39,7 +39,7 @@ test: install
 	exit $$status
 
 bench: install
-	$(BIN)/python benchmarks/run_benchmarks.py
+	$(BIN)/python benchmarks/run_benchmarks.py --json bench-results.json
 	$(BIN)/python benchmarks/layer_benchmarks.py
 	$(BIN)/python benchmarks/memory_benchmarks.py
 	$(BIN)/python benchmarks/distributed_benchmarks.py

@@ -5,7 +5,7 @@ the measured peak of a tracked step and the overhead from paired, interleaved pl
 
     .venv/bin/python benchmarks/memsave_benchmarks.py [--pairs 3] [--out results.json]
 
-Results go to docs/benchmarks-memsave.md by hand, with the machine and date.
+Its JSON holds the figures that docs/benchmarks-memsave.md shows, with their date, machine and commit.
 """
 
 from __future__ import annotations
