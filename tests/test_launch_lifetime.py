@@ -150,6 +150,21 @@ def test_pp_refuses_bad_micro_batches_before_any_rank_starts(args, needle, monke
     assert not runs.exists() or not list(runs.glob("*.ranks.log"))
 
 
+@pytest.mark.parametrize(("device", "gpus"), [("cuda", 1), ("auto", 1), ("cuda", 0)])
+def test_more_ranks_than_gpus_are_refused_before_any_rank_starts(device, gpus, monkeypatch, capsys):
+    """Rank r trains on cuda:r: with fewer GPUs than ranks the extra ranks would fail after starting."""
+    import torch
+
+    started: list[object] = []
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    code = cli.main(["profile", "basic_cnn", "--nproc", "2", "--device", device, "-b", "4", "--steps", "1"])
+    captured = capsys.readouterr()
+    assert code == 2 and started == [] and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert ("needs 2 GPUs" if gpus else "no CUDA GPU") in captured.err
+
+
 # --------------------------------------------------------------------------------------------------
 # SIGKILL of dnnperf: its ranks, torchrun and the lifeline go with it, and so do its temporary files
 # --------------------------------------------------------------------------------------------------

@@ -110,6 +110,23 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
     )
 
 
+def check_gpus(device_name: str, nproc: int) -> None:
+    """Each rank on CUDA gets a GPU of its own (``cuda:LOCAL_RANK``): refuse more ranks than GPUs
+    here, before any starts, rather than let the extra ranks fail on a device that does not exist."""
+    import torch
+
+    from dnnperf.devices import resolve_device
+
+    if resolve_device(device_name).type != "cuda":
+        return
+    gpus = torch.cuda.device_count()
+    if nproc > gpus:
+        raise UsageError(
+            f"--nproc {nproc} on CUDA needs {nproc} GPUs (one a rank) and this machine has {gpus}: "
+            "use --device cpu (gloo) or fewer ranks"
+        )
+
+
 def check_launch(config: DistributedSettings, settings: Any) -> None:
     """What can be refused before any rank starts."""
     from dnnperf.distributed.ddp import check_divisible, require_supervised
@@ -122,6 +139,7 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
             raise UsageError("--netns needs root (it creates network namespaces and shapes links with tc)")
         if nproc != 2:
             raise UsageError(f"--netns joins exactly 2 ranks with one veth pair; got --nproc {nproc}")
+    check_gpus(settings.device, nproc)
     workload = get_workload(settings.workload)
     sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
     if config.strategy == "dp":
