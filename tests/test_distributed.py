@@ -168,7 +168,8 @@ def test_ranks_section_round_trip_and_validation(dp_run):
         RunRecord.from_dict(broken)
     broken = json.loads(json.dumps(document))
     broken["points"][0]["ranks"]["per_rank"][1]["buckets"][0][0]["skew_s"] = -0.5
-    with pytest.raises(RecordError, match=r"per_rank\[1\].buckets holds -0.5"):
+    skew = r"per_rank\[1\]\.buckets\[0\]\[0\]\.skew_s is -0.5, not a non-negative number"
+    with pytest.raises(RecordError, match=skew):
         RunRecord.from_dict(broken)
     broken = json.loads(json.dumps(document))
     peak = broken["points"][0]["ranks"]["per_rank"][1]["memory"]["peak"]  # checked as a point's memory

@@ -1,4 +1,4 @@
-"""The performance model (issue 7): per-operator roofline compute, alpha-beta-gamma collectives and
+"""The performance model: per-operator roofline compute, alpha-beta-gamma collectives and
 data/pipeline/tensor parallel strategies, predicting step time, throughput and memory per device.
 
 See docs/performance-model.md. Entry points: :func:`dnnperf.model.predict.predict` and ``sweep``.

@@ -61,7 +61,7 @@ ROUNDS = 25
 #: The microbenchmark's own table (calibrate) compares a fit on medians with the medians: the
 #: typical call.
 STEP_STATISTIC = "mean_s"
-#: Messages at least this large are the model's target (issue 7: within 10%).
+#: Messages at least this large are the model's target (within 10%: docs/validation-distributed.md).
 TARGET_MIN_BYTES = 64 * 1024
 
 

@@ -1,27 +1,27 @@
 """Per-operator time on one device: a roofline with calibrated rates, plus a per-call overhead.
 
-For each (module, phase, operator) row of a :class:`~dnnperf.model.graph.StepGraph`, per call:
-``t = combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products,
+For each (module, phase, operator) row of a :class:`~dnnperf.model.graph.StepGraph`, per call: ``t =
+combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products,
 convolutions, attention and RNN kernels is the machine's peak, or on a calibrated machine the measured
-curve at the call's FLOPs; every other family computes at the float32 peak (it is
-memory-bound in practice). The bandwidth is the machine's, or the calibrated triad curve at the
-call's bytes (working sets in cache run faster), except for the optimizer's update: it streams every
-parameter, gradient and state tensor once a step, none of them touched since backward, so its rows
-take the bandwidth at the whole update's bytes (from memory, not cache); and except for kernels that
-compute per element (``PER_ELEMENT_OPS``: random numbers, GELU, softmax), whose time grows with their
-bytes at one rate whatever fits in cache: they take the bandwidth from memory, and their own
-efficiency, calibrated on the zoo, is their rate. The roofline time is
-divided by the machine's efficiency for the operator (``"family/phase/op"`` first, then
-``"family/phase"``, then ``"family"``; 1.0 when absent). ``combine`` is ``sum`` (a CPU core overlaps
-little of its memory traffic with arithmetic: session 6's ablation, docs/validation.md) or ``max`` (the
-roofline); overhead is the machine's dispatch cost per call plus its family's fixed cost per call
-(``Machine.call_s``: a convolution's reorders and set-up), views and metadata operators excluded (they
-cost no kernel). On a machine that is this host's device (``Machine.replay_device``), a row whose
-every call is a convolution the description kept (model/kernels.py) takes its replayed seconds instead
-of the roofline and the family's fixed cost (the replay includes both); the dispatch cost stays (the
-eager step's module and autograd calls around the kernel). On a host that counts them, each page
-fault the step takes (``StepGraph.page_faults``) costs the machine's ``page_fault_s`` on top
-(``faults_s``). The ablation of these choices is in docs/validation.md.
+curve at the call's FLOPs; every other family computes at the float32 peak (it is memory-bound in
+practice). The bandwidth is the machine's, or the calibrated triad curve at the call's bytes (working
+sets in cache run faster), except for the optimizer's update: it streams every parameter, gradient and
+state tensor once a step, none of them touched since backward, so its rows take the bandwidth at the
+whole update's bytes (from memory, not cache); and except for kernels that compute per element
+(``PER_ELEMENT_OPS``: random numbers, GELU, softmax), whose time grows with their bytes at one rate
+whatever fits in cache: they take the bandwidth from memory, and their own efficiency, calibrated on the
+zoo, is their rate. The roofline time is divided by the machine's efficiency for the operator
+(``"family/phase/op"`` first, then ``"family/phase"``, then ``"family"``; 1.0 when absent). ``combine``
+is ``sum`` (a CPU core overlaps little of its memory traffic with arithmetic: the ablation in
+docs/validation.md#single-process-on-the-cpu-step-time) or ``max`` (the roofline); overhead is the
+machine's dispatch cost per call plus its family's fixed cost per call (``Machine.call_s``: a
+convolution's reorders and set-up), views and metadata operators excluded (they cost no kernel). On a
+machine that is this host's device (``Machine.replay_device``), a row whose every call is a convolution
+the description kept (model/kernels.py) takes its replayed seconds instead of the roofline and the
+family's fixed cost (the replay includes both); the dispatch cost stays (the eager step's module and
+autograd calls around the kernel). On a host that counts them, each page fault the step takes
+(``StepGraph.page_faults``) costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of
+these choices is in docs/validation.md.
 """
 
 from __future__ import annotations

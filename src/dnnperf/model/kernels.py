@@ -12,16 +12,15 @@ Two parts of the model stand on these replays:
   distinct convolution call of the step is timed once in isolation and its median replaces the
   roofline of the rows whose every call was replayed.
 
-A replay evicts the core's private caches before each timed call and leaves the last level alone:
-in a step, a convolution's operands were last touched some layers earlier, and the small presets'
-working sets fit in this host's 260 MB L3. Flush sizes were compared on four workloads' steps
-(docs/validation.md, session 8): replayed warm, WGAN-GP batch 16 was predicted at 157 ms, with 8
-MiB written between calls (4x this core's L2) 171 ms, with 64 MiB (which also thrashes the L3 and
-the TLB) 239 ms, against 187 ms measured; small convolutions are the most sensitive. On a GPU
-the L2 is flushed whole (twice its size written), not yet checked against a step. These are
-microbenchmarks of the library on this device, never the step being predicted; their results are
-cached per host, device, thread count and torch version.
-"""
+A replay evicts the core's private caches before each timed call and leaves the last level alone: in a
+step, a convolution's operands were last touched some layers earlier, and the small presets' working
+sets fit in this host's 260 MB L3. Flush sizes were compared on four workloads' steps
+(docs/validation.md#why-convolutions-are-replayed-and-how-the-replays-are-flushed): replayed warm,
+WGAN-GP batch 16 was predicted at 157 ms, with 8 MiB written between calls (4x this core's L2) 171 ms,
+with 64 MiB (which also thrashes the L3 and the TLB) 239 ms, against 187 ms measured; small convolutions
+are the most sensitive. On a GPU the L2 is flushed whole (twice its size written), not yet checked
+against a step. These are microbenchmarks of the library on this device, never the step being predicted;
+their results are cached per host, device, thread count and torch version. """
 
 from __future__ import annotations
 

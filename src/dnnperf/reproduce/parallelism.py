@@ -222,7 +222,7 @@ def _accuracy_claim(measured: pd.DataFrame, ranking: pd.DataFrame, commands: lis
         measured=f"{len(ran)} 2-rank runs (gloo): median |error| {percent(errors.median())}, max "
         f"{percent(errors.max())}; the strategies' ranking agrees in {agree} of {len(ranking)}",
         verdict=verdict(len(ran) > 0 and errors.median() <= 0.15),
-        why="median error within 15% (issue 7's target)"
+        why="median error within 15% (the performance model's target for 2-rank runs)"
         if errors.median() <= 0.15
         else "median error above 15% on this shared 2-core CPU",
         commands=commands_of(commands),
