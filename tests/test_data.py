@@ -22,6 +22,8 @@ from dnnperf.data.formats import (
 )
 from dnnperf.data.sources import DiskDataset, DiskSource, MemorySource, ensure_dataset, open_source
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 FORMATS = [
     ImageFormat(image_size=24, num_classes=5),
     DetectionFormat(image_size=48, num_classes=3, boxes_per_image=2),

@@ -9,6 +9,8 @@ from dnnperf.analysis.opcount import TORCH_FAMILIES, count_step
 from dnnperf.cache import cache_dir
 from dnnperf.workloads import get_workload
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 def conv_flops(c_in: int, c_out: int, k: int, h: int, w: int) -> int:
     return 2 * c_in * c_out * k * k * h * w

@@ -16,6 +16,8 @@ from dnnperf.model.compute import ComputeOptions, op_times, queued_end, step_tim
 from dnnperf.model.graph import StepGraph
 from dnnperf.model.machine import PRESETS, Machine, from_dict, preset
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 LINK = c.Link(alpha=1e-5, beta=1e-9, gamma=5e-10)  # 10 us, 1 GB/s, 2 GB/s reduction
 
 

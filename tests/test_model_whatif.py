@@ -14,6 +14,8 @@ from dnnperf.cli import main
 from dnnperf.model.whatif import SweepResult, best_per_configuration, crossovers
 from dnnperf.results.record import RecordError, RunRecord
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 def _row(nodes: int, link: float, strategy: str, throughput: float, fits: bool = True) -> dict:
     step = 64 / throughput

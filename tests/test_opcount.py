@@ -19,6 +19,8 @@ from dnnperf.analysis.opcount import (
 from dnnperf.models.translation import MultiHeadAttention
 from dnnperf.workloads import all_workloads, count_parameters, get_workload
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 MATMUL = ("matmul",)
 
 

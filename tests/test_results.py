@@ -8,6 +8,8 @@ from dnnperf.errors import UsageError
 from dnnperf.results.record import SCHEMA_VERSION, Point, RecordError, RunRecord
 from dnnperf.results.store import RunStore, read_record
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 def make_record(**changes) -> RunRecord:
     record = RunRecord(

@@ -5,6 +5,8 @@ import pytest
 
 from dnnperf.stats import Samples
 
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
 
 def test_quantiles_match_hand_computed_values():
     samples = Samples.of([4.0, 1.0, 3.0, 2.0, 5.0])
