@@ -538,4 +538,9 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(
     assert not waits  # every wait belongs to a chain's step
     small, large = DDP_CHAINS
     waited = (per_step[1] - per_step[0]) / (2 * (large - small))
-    assert slow_param - param == pytest.approx(waited, rel=0.25)
+    # One-sided below (the calibration must find at least the work each tensor's hook did), looser
+    # above: 128 hooks that each spin 0.5 ms are preempted often on a busy machine, and the hooked
+    # chain's own work then runs on cold caches, whose extra CPU time no log records (+27% seen with a
+    # one-core load and other jobs beside it). A calibration that booked the hooks per step, per
+    # layer instead of per tensor, or not at all misses by 2x or more.
+    assert 0.8 * waited <= slow_param - param <= 1.6 * waited, (slow_param - param, waited)
