@@ -600,8 +600,8 @@ def test_the_largest_batch_caption_says_where_its_answer_came_from():
     from dnnperf.report.terminal import memory_scaling_table
 
     fit = pd.DataFrame([{"category": "peak", "fixed": 2000, "per_sample": 100, "max_rel_error": 0.0}])
-    caption = memory_scaling_table(fit, 1000, None, asked=True).caption
+    caption = str(memory_scaling_table(fit, 1000, None, asked=True).caption)
     assert caption.startswith("largest batch within 1 kB: none (predicted from the fit: even one sample")
-    assert "pass --memory-limit" in memory_scaling_table(fit, 10**6, 9980).caption
-    checked = memory_scaling_table(fit, 10**6, 9980, checked=999_000, asked=True).caption
+    assert "pass --memory-limit" in str(memory_scaling_table(fit, 10**6, 9980).caption)
+    checked = str(memory_scaling_table(fit, 10**6, 9980, checked=999_000, asked=True).caption)
     assert checked == "largest batch within 1 MB: 9980; ran it: peak 999 kB (within the limit)"
