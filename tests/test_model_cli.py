@@ -119,7 +119,8 @@ def test_validate_json_errors_follow_from_its_own_numbers(
     assert f"median |error| {100 * abs(row['err[model]']):.1f}%" in page
     broken = record.to_dict()
     broken["validation"]["runs"][0]["measured_s"] = -1.0
-    with pytest.raises(RecordError, match=r"validation\.runs\[0\]\.measured_s is -1.0, not a non-negative number"):
+    message = r"validation\.runs\[0\]\.measured_s is -1.0, not a non-negative number"
+    with pytest.raises(RecordError, match=message):
         RunRecord.from_dict(broken)
 
 
