@@ -1,4 +1,4 @@
-"""``dnnperf profile W --nproc N --strategy dp|pp|tp``: the command-line side of distributed runs.
+"""``dnnperf profile W --nproc N --strategy dp|fsdp|zero1|pp|tp``: the command-line side of distributed runs.
 
 Without RANK/WORLD_SIZE in the environment the command launches the ranks (``launch.py``) and prints
 what rank 0 recorded; under torchrun (ours or the user's, across machines) it runs as one rank."""
@@ -9,7 +9,7 @@ import argparse
 import os
 from typing import Any
 
-from dnnperf.distributed import DEFAULT_TIMEOUT_S, SCHEDULES, STRATEGIES, DistributedSettings
+from dnnperf.distributed import DATA_PARALLEL, DEFAULT_TIMEOUT_S, SCHEDULES, STRATEGIES, DistributedSettings
 from dnnperf.errors import UsageError
 from dnnperf.paths import output_file, path_argument
 
@@ -34,7 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     """The distributed options of ``dnnperf profile``."""
     group = parser.add_argument_group("distributed training (see docs/distributed.md)")
     group.add_argument("--nproc", type=positive_int, help="launch this many ranks on this machine (torchrun)")
-    group.add_argument("--strategy", choices=STRATEGIES, help="dp (DDP), pp (pipeline) or tp (tensor) (dp)")
+    group.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        help="dp (DDP), fsdp (FSDP2, ZeRO-3), zero1 (sharded optimizer state), pp (pipeline), tp (tensor)",
+    )
     # No argparse defaults where settings_from fills them in: an option given without --nproc is seen.
     group.add_argument("--schedule", choices=SCHEDULES, help="pp schedule (1f1b)")
     group.add_argument("--microbatches", type=positive_int, help="pp micro-batches per step (4)")
@@ -49,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
         type=_positive_float,
         help="dp bucket size in MiB (default: DDP's own: 25, the first bucket 1)",
     )
+    group.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        help="fsdp: free each block's gathered parameters after its forward, gather again for backward (yes)",
+    )
+    group.add_argument("--mixed-precision", choices=("bf16",), help="fsdp: all-gather and compute in bf16")
     group.add_argument("--netns", action="store_true", help="each rank in its own network namespace (root)")
     group.add_argument("--link-mbit", type=_positive_float, help="--netns: link bandwidth in Mbit/s")
     group.add_argument("--link-delay-ms", type=_non_negative_float, help="--netns: link delay")
@@ -60,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
 #: The options that mean something only for a distributed run (``profile --nproc N``).
 _DISTRIBUTED_ONLY = (
     "schedule", "microbatches", "rank_threads", "timeout", "bucket_cap_mb", "netns", "link_mbit",
-    "link_delay_ms", "save_params",
+    "link_delay_ms", "save_params", "reshard_after_forward", "mixed_precision",
 )  # fmt: skip
 
 
@@ -93,6 +103,20 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
     strategy = args.strategy or "dp"
     if args.save_params is not None and strategy != "dp":
         raise UsageError("--save-params writes a dp replica's parameters; pp and tp split them over ranks")
+    if strategy == "fsdp" and getattr(args, "memory", False):
+        # The memory probe reads storages of plain tensors; fsdp's parameters, gradients and optimizer
+        # state are DTensors (their shards are plain tensors inside).
+        raise UsageError("--memory with --strategy fsdp is not available yet (the probe reads no DTensors)")
+    fsdp_only = [
+        flag
+        for flag, given in (
+            ("--reshard-after-forward", args.reshard_after_forward is not None),
+            ("--mixed-precision", args.mixed_precision is not None),
+        )
+        if given
+    ]
+    if fsdp_only and strategy != "fsdp":
+        raise UsageError(f"{', '.join(fsdp_only)} applies to --strategy fsdp, not {strategy}")
     if args.save_params is not None:
         output_file(args.save_params, "--save-params")  # before any rank trains
     return DistributedSettings(
@@ -107,6 +131,8 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
         link_mbit=args.link_mbit,
         link_delay_ms=args.link_delay_ms or 0.0,
         save_params=args.save_params,
+        reshard_after_forward=args.reshard_after_forward is not False,
+        mixed_precision=args.mixed_precision,
     )
 
 
@@ -142,10 +168,15 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
     check_gpus(settings.device, nproc)
     workload = get_workload(settings.workload)
     sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
-    if config.strategy == "dp":
-        require_supervised(workload.build(settings.preset, "meta"), workload.name)
+    if config.strategy in DATA_PARALLEL:
+        require_supervised(workload.build(settings.preset, "meta"), workload.name, config.strategy)
         for size in sizes:
-            check_divisible(size, nproc)
+            check_divisible(size, nproc, config.strategy)
+        if config.mixed_precision is not None:
+            from dnnperf.devices import resolve_device
+            from dnnperf.distributed.sharded import check_mixed_precision
+
+            check_mixed_precision(config.mixed_precision, resolve_device(settings.device))
     elif not model_parallel_available(config.strategy):
         raise UsageError(f"--strategy {config.strategy} is not available yet (its module is missing)")
     elif config.strategy == "pp":

@@ -32,21 +32,22 @@ from dnnperf.errors import UsageError
 from dnnperf.workloads.base import Batch, Stages, SupervisedTask, Task, no_stages
 
 
-def require_supervised(task: Task, workload: str) -> SupervisedTask:
-    """DDP wraps the model a plain forward/backward/update step calls; other steps are refused."""
+def require_supervised(task: Task, workload: str, strategy: str = "dp") -> SupervisedTask:
+    """DDP (and FSDP) wraps the model a plain forward/backward/update step calls; other steps are
+    refused."""
     if not isinstance(task, SupervisedTask):
         raise UsageError(
-            f"--strategy dp runs workloads with a plain forward/backward/update step; {workload} has its "
-            "own step (several optimizers or an environment)"
+            f"--strategy {strategy} runs workloads with a plain forward/backward/update step; "
+            f"{workload} has its own step (several optimizers or an environment)"
         )
     return task
 
 
-def check_divisible(batch_size: int, world: int) -> None:
-    """dp splits the global batch evenly over the ranks."""
+def check_divisible(batch_size: int, world: int, strategy: str = "dp") -> None:
+    """dp (and the sharded strategies) split the global batch evenly over the ranks."""
     if batch_size % world:
         raise UsageError(
-            f"dp splits the global batch {batch_size} over {world} ranks: "
+            f"{strategy} splits the global batch {batch_size} over {world} ranks: "
             f"give a batch size divisible by {world}"
         )
 

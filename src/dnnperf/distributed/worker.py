@@ -6,9 +6,9 @@ the task is wrapped for the strategy, dp ranks take their shard of the global ba
 step each rank's measurements are gathered on rank 0, which alone writes the run record.
 
 Batch semantics: ``--batch-size`` is the global batch, the batch single-process training would take.
-dp: every rank makes the same global batch (same seed) and trains on its contiguous 1/N slice; the
-averaged gradients then equal the single-process gradient of the global batch's mean loss. pp and tp:
-every rank gets the whole global batch (the model is split, not the data).
+dp, fsdp and zero1: every rank makes the same global batch (same seed) and trains on its contiguous
+1/N slice; the averaged gradients then equal the single-process gradient of the global batch's mean
+loss. pp and tp: every rank gets the whole global batch (the model is split, not the data).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from dnnperf.data.sources import BatchSource
 from dnnperf.devices import resolve_device
-from dnnperf.distributed import DistributedSettings
+from dnnperf.distributed import DATA_PARALLEL, DistributedSettings
 from dnnperf.distributed.ddp import DataParallelTask, check_divisible
 from dnnperf.distributed.gather import gather_json
 from dnnperf.distributed.heartbeat import Heartbeat
@@ -70,6 +70,15 @@ def strategy_task(task: Task, workload: Workload, config: DistributedSettings, d
     """The task as this rank runs it under the strategy."""
     if config.strategy == "dp":
         return DataParallelTask(task, workload.name, device, config.bucket_cap_mb)
+    if config.strategy == "fsdp":
+        from dnnperf.distributed.sharded import FullyShardedTask, check_mixed_precision
+
+        check_mixed_precision(config.mixed_precision, device)
+        return FullyShardedTask(task, workload.name, config.reshard_after_forward, config.mixed_precision)
+    if config.strategy == "zero1":
+        from dnnperf.distributed.sharded import ZeroOneTask
+
+        return ZeroOneTask(task, workload.name, device, config.bucket_cap_mb)
     module_name, function = _MODEL_PARALLEL[config.strategy]
     if not model_parallel_available(config.strategy):
         raise UsageError(f"--strategy {config.strategy} is not available yet ({module_name} is missing)")
@@ -82,7 +91,7 @@ def strategy_task(task: Task, workload: Workload, config: DistributedSettings, d
 
 
 class ShardSource(BatchSource):
-    """dp: this rank's contiguous slice of every global batch (dim 0 of each tensor)."""
+    """dp, fsdp, zero1: this rank's contiguous slice of every global batch (dim 0 of each tensor)."""
 
     def __init__(self, source: BatchSource, rank: int, world: int) -> None:
         self.source, self.rank, self.world = source, rank, world
@@ -148,7 +157,19 @@ class RankHooks:
             "batch": "global",  # batch_sizes are global batches; see docs/distributed.md
             "rank_threads": torch.get_num_threads(),
             "timeout_s": self.config.timeout_s,
-            **({"bucket_cap_mb": self.config.bucket_cap_mb} if self.config.strategy == "dp" else {}),
+            **(
+                {"bucket_cap_mb": self.config.bucket_cap_mb}
+                if self.config.strategy in ("dp", "zero1")
+                else {}
+            ),
+            **(
+                {
+                    "reshard_after_forward": self.config.reshard_after_forward,
+                    "mixed_precision": self.config.mixed_precision,
+                }
+                if self.config.strategy == "fsdp"
+                else {}
+            ),
             **(
                 {"schedule": self.config.schedule, "microbatches": self.config.microbatches}
                 if self.config.strategy == "pp"
@@ -168,10 +189,10 @@ class RankHooks:
         return self.task
 
     def on_source(self, source: BatchSource, batch_size: int) -> BatchSource:
-        if self.config.strategy != "dp":
+        if self.config.strategy not in DATA_PARALLEL:
             return source
         try:
-            check_divisible(batch_size, self.world)
+            check_divisible(batch_size, self.world, self.config.strategy)
         except UsageError:
             source.close()
             raise
@@ -199,7 +220,7 @@ class RankHooks:
             self.heartbeat.step_done()
         if reports is not None:
             losses = [r["loss"] for r in reports]
-            if self.config.strategy == "dp":  # each rank's loss is its shard's mean: average them
+            if self.config.strategy in DATA_PARALLEL:  # each rank's loss is its shard's mean: average them
                 point.loss[-1] = None if None in losses else sum(losses) / len(losses)
             if measured:
                 if point.ranks is None:
