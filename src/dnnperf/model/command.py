@@ -41,8 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
     parser.add_argument(
         "--strategy",
         default="auto",
-        choices=("auto", "single", "dp", "pp", "tp"),
-        help="auto: single on one device, else dp, pp and tp side by side",
+        type=_strategy_list,
+        metavar="auto|STRATEGY[,STRATEGY...]",
+        help=(
+            "single, dp, fsdp, zero1, zero2, pp or tp, several side by side with commas "
+            "(auto: single on one device, else dp,pp,tp)"
+        ),
     )
     parser.add_argument(
         "--micro-batches", type=positive_int, help="pipeline micro-batches (default: up to 4 per stage)"
@@ -66,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
         action="store_true",
         help="a sweep: no HTML report (throughput along each axis, crossovers) beside its record",
     )
+
+
+def _strategy_list(text: str) -> str:
+    """``auto`` or strategies of the performance model separated by commas (checked here)."""
+    from dnnperf.model.predict import STRATEGIES
+
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if text != "auto" and (unknown or not names):
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {', '.join(unknown) or text!r}: use auto or {', '.join(STRATEGIES)}"
+        )
+    return text
 
 
 def parse_sweep(items: list[str]) -> dict[str, list[float]]:
@@ -197,7 +214,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
         "algorithm": args.algorithm,
     }
     if args.strategy != "auto":
-        chosen: tuple[str, ...] = (args.strategy,)
+        chosen: tuple[str, ...] = tuple(dict.fromkeys(n.strip() for n in args.strategy.split(",")))
     else:
         chosen = ("single",) if machine.devices == 1 and not axes else ("dp", "pp", "tp")
     if "pp" not in chosen and (args.micro_batches is not None or args.schedule is not None):

@@ -32,7 +32,9 @@ from dnnperf.model.graph import StepGraph, workload_graph
 from dnnperf.model.kernels import split_kernels
 from dnnperf.model.machine import AXES, Machine
 
-STRATEGIES = ("single", "dp", "pp", "tp")
+STRATEGIES = ("single", "dp", "fsdp", "zero1", "zero2", "pp", "tp")
+#: Data parallelism that shards the training state over the ranks (the ZeRO stages; fsdp is ZeRO-3).
+SHARDED = ("fsdp", "zero1", "zero2")
 DEFAULT_OPTIONS = ComputeOptions()
 
 
@@ -141,6 +143,7 @@ def memory_estimate(
     param_share: float = 1.0,
     activation_share: float = 1.0,
     segment_shares: Sequence[float] | None = None,
+    sharded: strategies.ShardedMemory | None = None,
 ) -> MemoryEstimate:
     """The peak of one step's memory on one device, from the description alone (docs/performance-model.md).
 
@@ -159,13 +162,21 @@ def memory_estimate(
     micro-batches a stage holds in flight), and ``segment_shares`` (one per segment of the memory walk)
     each segment's own activations (a tensor-parallel rank's share inside a split region). The
     transient terms are not scaled (one micro-batch's gradient flow; the largest parameter's update
-    buffers): an upper side.
+    buffers): an upper side. ``sharded`` (a ZeRO stage) replaces ``param_share`` with its own shares
+    per category and adds the unsharded parameters and gradients it holds at once.
     """
+    grad_share, extra_grads = param_share, 0.0
     fixed = {
         "parameters": (graph.param_bytes + graph.frozen_param_bytes) * param_share,
         "optimizer_state": graph.optimizer_state_bytes * param_share,
         "input": float(graph.batch_bytes),
     }
+    if sharded is not None:
+        grad_share, extra_grads = sharded.gradient_share, sharded.gathered_gradients
+        fixed["parameters"] = (
+            graph.param_bytes + graph.frozen_param_bytes
+        ) * sharded.param_share + sharded.gathered_params
+        fixed["optimizer_state"] = graph.optimizer_state_bytes * sharded.state_share
     cycles: dict[int, list[Any]] = {}
     shares: dict[int, list[float]] = {}
     own = segment_shares if segment_shares is not None else [1.0] * len(graph.memory_walk)
@@ -175,7 +186,7 @@ def memory_estimate(
     updated = max((sum(s.grads for s in c) for c in cycles.values()), default=graph.param_bytes)
     best = MemoryEstimate(
         **fixed,
-        gradients=updated * param_share,
+        gradients=updated * grad_share + extra_grads,
         activations=0.0,
         temporaries=float(graph.update_temp_bytes),
         phase="update",
@@ -183,7 +194,7 @@ def memory_estimate(
     if not cycles:  # a description from before the walk: every activation beside every gradient
         walked = MemoryEstimate(
             **fixed,
-            gradients=graph.param_bytes * param_share,
+            gradients=graph.param_bytes * grad_share + extra_grads,
             activations=graph.saved_bytes * activation_share,
             temporaries=0.0,
             phase="backward",
@@ -192,7 +203,7 @@ def memory_estimate(
     for cycle, segments in cycles.items():
         saved = np.cumsum([s.saved * part for s, part in zip(segments, shares[cycle], strict=True)])
         saved = saved * activation_share
-        grads = np.cumsum([s.grads for s in segments][::-1])[::-1] * param_share
+        grads = np.cumsum([s.grads for s in segments][::-1])[::-1] * grad_share + extra_grads
         flow = np.array([s.flow + s.workspace for s in segments], dtype=float)
         k = int(np.argmax(saved + grads + flow))
         if saved[k] + grads[k] + flow[k] > best.gradients + best.activations + best.temporaries:
@@ -264,7 +275,7 @@ def predict(
         batch_size=batch_size,
         memory_capacity=machine.memory_bytes,
     )
-    if strategy in ("single", "dp"):
+    if strategy in ("single", "dp", *SHARDED):
         graph = _graph_for(
             source,
             preset,
@@ -278,8 +289,12 @@ def predict(
         if machine.asynchronous:  # host and device overlap (compute.step_time); the copy is "other"
             step = step_time(graph, machine, options)
             compute = step.forward_s + step.backward_s + step.update_s
-        exposed, detail = 0.0, {}
-        if devices > 1:
+        exposed, detail, memory = 0.0, {}, None
+        if strategy == "fsdp" and devices > 1:
+            compute, exposed, detail, memory = _fully_sharded(
+                graph, times, machine, devices, compute, _units(source, preset)
+            )
+        elif devices > 1:
             link = _link(machine, devices)
             ready, sizes, backward_s = strategies.gradient_buckets(times, graph.module_param_bytes)
             if machine.nodes > 1 and machine.devices_per_node > 1:
@@ -290,6 +305,8 @@ def predict(
                     )
                     for n in sizes
                 ]
+            elif strategy == "zero2":  # each bucket reduce-scattered: a rank keeps its share's sum
+                costs = [collectives.reduce_scatter(n, devices, link) for n in sizes]
             else:
                 costs = [collectives.allreduce(n, devices, link, algorithm) for n in sizes]
             exposed = strategies.bucket_overlap(ready, costs, backward_s)
@@ -311,7 +328,12 @@ def predict(
                 cpu_s = sum(collectives.allreduce(n, devices, cpu_link, algorithm) for n in sizes)
                 exposed = max(exposed, cpu_s)
                 detail["allreduce_cpu_s"] = cpu_s
-        memory = memory_estimate(graph)
+            if strategy in SHARDED:
+                compute, tail, memory = _zero_update(graph, times, machine, devices, compute, strategy)
+                exposed += tail
+                detail["update_collective_s"] = tail
+        if memory is None:
+            memory = memory_estimate(graph)
         return Prediction(
             **common,
             compute_s=compute,
@@ -528,6 +550,100 @@ def _tp_collectives(
         + collectives.allreduce(r["input_bytes"], ways, reduce_link, algorithm)
         for r in regions
     )
+
+
+def _units(source: str | StepGraph, preset: str) -> list[str]:
+    """The units fsdp shards a suite workload by (``distributed.sharded.shard_units``); none for a
+    described model (every parameter is then the root's: one all-gather of everything)."""
+    if isinstance(source, StepGraph):
+        return []
+    from dnnperf.distributed.sharded import shard_units
+    from dnnperf.workloads import get_workload
+
+    return shard_units(get_workload(source).build(preset, "meta").model)
+
+
+def _update_share(times: pd.DataFrame, share: float) -> float:
+    """Seconds the update no longer takes when a rank updates ``share`` of the parameters: its kernels'
+    work shrinks, their calls do not (every parameter tensor keeps its shard)."""
+    update = times[times["phase"] == "update"]
+    work = update["compute_s"] if "compute_s" in update else update["seconds"]
+    return float(work.sum()) * (1.0 - share)
+
+
+def _zero_update(
+    graph: StepGraph, times: pd.DataFrame, machine: Machine, ranks: int, compute: float, stage: str
+) -> tuple[float, float, MemoryEstimate]:
+    """zero1/zero2 on top of dp: the update on the heaviest rank's share, then the updated parameters
+    sent to every rank (zero1: ``ZeroRedundancyOptimizer`` broadcasts each rank's share; zero2: one
+    all-gather), exposed after the update. Returns compute, that collective's seconds and memory."""
+    shares = strategies.zero_partition(list(graph.module_param_bytes.values()), ranks)
+    heaviest = max(shares) / max(graph.param_bytes, 1)
+    if stage == "zero1":
+        link = _link(machine, ranks, "broadcast")
+        tail = sum(collectives.broadcast(n, ranks, link) for n in shares)
+    else:
+        heaviest = 1.0 / ranks
+        tail = collectives.allgather(graph.param_bytes, ranks, _link(machine, ranks, "allgather"))
+    sharded = strategies.sharded_memory(stage, ranks, [], 0, graph.param_bytes, heaviest)
+    return compute - _update_share(times, heaviest), tail, memory_estimate(graph, sharded=sharded)
+
+
+def _fully_sharded(
+    graph: StepGraph, times: pd.DataFrame, machine: Machine, ranks: int, compute: float, units: list[str]
+) -> tuple[float, float, dict[str, Any], MemoryEstimate]:
+    """fsdp (ZeRO-3): per unit an all-gather of its parameters before its forward and again before its
+    backward (resharded after forward), a reduce-scatter of its gradients after its backward; the
+    root's gathered once for forward and backward, reduced at the end. Their copies in and out are
+    memory passes added to compute, the update runs on 1/ranks of the parameters. On an asynchronous
+    device the collectives overlap compute one unit ahead (:func:`strategies.shard_overlap`); on the
+    CPU (gloo, no streams) FSDP waits for each where it issues it: all exposed.
+    Returns compute, exposed communication, detail and memory."""
+    unit_bytes, root_bytes = strategies.unit_param_bytes(graph.module_param_bytes, units)
+    gather_link, reduce_link = _link(machine, ranks, "allgather"), _link(machine, ranks, "allreduce")
+
+    def gather(n: int) -> float:
+        return collectives.allgather(n, ranks, gather_link)
+
+    def scatter(n: int) -> float:
+        return collectives.reduce_scatter(n, ranks, reduce_link)
+
+    phase = {p: times[times["phase"] == p] for p in ("forward", "backward")}
+    forward = [float(phase["forward"]["seconds"].sum()), *strategies.layer_seconds(phase["forward"], units)]
+    backward = [
+        float(phase["backward"]["seconds"].sum()),
+        *strategies.layer_seconds(phase["backward"], units),
+    ]
+    forward[0] -= sum(forward[1:])  # the root's own work: what no unit holds
+    backward[0] -= sum(backward[1:])
+    sizes = [root_bytes, *unit_bytes]
+    gathers = [gather(n) for n in sizes]
+    scatters = [scatter(n) for n in sizes]
+    # Forward: the root first (its all-gather), then the units. Backward: the units in reverse, each
+    # gathered again, then the root (still gathered) whose reduce-scatter ends the step.
+    backward_order = [*range(len(sizes) - 1, 0, -1), 0]
+    regather = [0.0 if i == 0 else gathers[i] for i in backward_order]
+    collective_s = sum(gathers) + sum(regather) + sum(scatters)
+    if machine.asynchronous:
+        exposed = strategies.shard_overlap(forward, gathers, [0.0] * len(sizes)) + strategies.shard_overlap(
+            [backward[i] for i in backward_order], regather, [scatters[i] for i in backward_order]
+        )
+    else:
+        exposed = collective_s
+    # Copies: each all-gather copies the shard in (read and write n/ranks) and the result out (n); each
+    # reduce-scatter copies the gradients in (n) and divides its output (n/ranks).
+    gathered = sum(sizes) + sum(sizes[1:])
+    copy_bytes = 2 * (gathered + sum(sizes)) * (1 + 1 / ranks)
+    copy_s = _streamed_s(copy_bytes, machine)
+    sharded = strategies.sharded_memory("fsdp", ranks, unit_bytes, root_bytes, graph.param_bytes)
+    detail = {
+        "units": len(units),
+        "allgather_s": sum(gathers) + sum(regather),
+        "reduce_scatter_s": sum(scatters),
+        "fsdp_copy_s": copy_s,
+    }
+    compute = compute + copy_s - _update_share(times, 1.0 / ranks)
+    return compute, exposed, detail, memory_estimate(graph, sharded=sharded)
 
 
 def best_strategy(predictions: Sequence[Prediction]) -> Prediction | None:

@@ -14,6 +14,13 @@
   and its compute-library time divided by ``t``, everything else replicated); per split module one
   allgather of its output in forward and one allreduce of its input gradient in backward, and the
   split's own copies around them (:func:`split_copy_ops`).
+* sharded data parallel (ZeRO): dp's compute on each rank's share of the batch. zero1 splits the
+  optimizer state (``ZeroRedundancyOptimizer``'s greedy partition, :func:`zero_partition`), each rank
+  updates its share and broadcasts it; zero2 also the gradients (reduce-scatter instead of
+  all-reduce, the parameters all-gathered after the update); fsdp (ZeRO-3) also the parameters, per
+  unit: an all-gather before each unit's forward and backward, a reduce-scatter after its backward,
+  overlapped with compute one unit ahead as FSDP prefetches (:func:`shard_overlap`). Memory:
+  :func:`sharded_memory`.
 """
 
 from __future__ import annotations
@@ -250,3 +257,91 @@ def split_modules(times: pd.DataFrame) -> list[str]:
     """Modules whose work includes matrix products, convolutions, attention or RNN kernels."""
     mask = times["family"].isin(tuple(COMPUTE_FAMILIES)) & (times["flops"] > 0)
     return sorted(set(times.loc[mask, "module"]) - {"(none)", "(root)", "(unattributed)"})
+
+
+def unit_param_bytes(module_param_bytes: Mapping[str, int], units: Sequence[str]) -> tuple[list[int], int]:
+    """Parameter bytes of each fsdp unit (its modules at any depth, ``distributed.sharded.shard_units``)
+    and of the root (every parameter no unit holds)."""
+    owners = _owners(list(module_param_bytes), units)
+    per_unit = dict.fromkeys(units, 0)
+    root = 0
+    for module, nbytes in module_param_bytes.items():
+        owner = owners[module]
+        if owner is None:
+            root += nbytes
+        else:
+            per_unit[owner] += nbytes
+    return [per_unit[u] for u in units], root
+
+
+def shard_overlap(compute_s: Sequence[float], before_s: Sequence[float], after_s: Sequence[float]) -> float:
+    """Exposed seconds of per-unit collectives beside per-unit compute, units in execution order, as
+    FSDP prefetches: unit ``i`` needs ``before_s[i]`` (its all-gather) done before its compute, issued
+    when unit ``i - 1`` starts computing (the first at the start); ``after_s[i]`` (its reduce-scatter)
+    is issued when its compute ends. One lane runs the collectives one at a time in the order they
+    were issued; compute runs one unit at a time. Exposed: the end of both less the compute."""
+    n = len(compute_s)
+    if n == 0:
+        return 0.0
+    lane = before_s[0]
+    gathered = [0.0] * n
+    gathered[0] = lane
+    clock = 0.0
+    for i in range(n):
+        start = max(clock, gathered[i])
+        if i + 1 < n:  # the next unit's all-gather, issued now, goes before this unit's reduce-scatter
+            lane = max(lane, start) + before_s[i + 1]
+            gathered[i + 1] = lane
+        clock = start + compute_s[i]
+        if after_s[i]:
+            lane = max(lane, clock) + after_s[i]
+    return max(clock, lane) - float(sum(compute_s))
+
+
+def zero_partition(param_bytes: Sequence[int], ranks: int) -> list[int]:
+    """Bytes of parameters each rank updates under ``ZeroRedundancyOptimizer``: the tensors, largest
+    first, each to the rank with the fewest bytes so far (its greedy partition)."""
+    shares = [0] * ranks
+    for nbytes in sorted(param_bytes, reverse=True):
+        shares[shares.index(min(shares))] += nbytes
+    return shares
+
+
+@dataclass(frozen=True)
+class ShardedMemory:
+    """How a ZeRO stage scales one rank's memory: shares of the parameters, gradients and optimizer
+    state it holds, and the unsharded bytes held beside them at the peak."""
+
+    param_share: float
+    gradient_share: float
+    state_share: float
+    #: Parameters all-gathered at once: the root's (kept gathered from its forward to its backward)
+    #: and the largest unit's.
+    gathered_params: float = 0.0
+    #: The largest unit's gradients before its reduce-scatter (fsdp), or one bucket (zero2).
+    gathered_gradients: float = 0.0
+
+
+def sharded_memory(
+    stage: str,
+    ranks: int,
+    unit_bytes: Sequence[int],
+    root_bytes: int,
+    param_bytes: int,
+    heaviest_share: float | None = None,
+    reshard_after_forward: bool = True,
+) -> ShardedMemory:
+    """``stage``: zero1 (optimizer state split: ``heaviest_share`` of it on the heaviest rank, else
+    1/ranks), zero2 (and the gradients, one ``BUCKET`` unsharded at a time), fsdp (ZeRO-3: and the
+    parameters; the root and the largest unit gathered at once, every unit when not resharded after
+    forward; the largest unit's gradients before their reduce-scatter)."""
+    share = 1.0 / ranks
+    if stage == "zero1":
+        return ShardedMemory(1.0, 1.0, heaviest_share if heaviest_share is not None else share)
+    if stage == "zero2":
+        return ShardedMemory(1.0, share, share, gathered_gradients=float(min(BUCKET, param_bytes)))
+    largest = float(max(unit_bytes, default=0))
+    held = float(sum(unit_bytes)) if not reshard_after_forward else largest
+    return ShardedMemory(
+        share, share, share, gathered_params=root_bytes + held, gathered_gradients=max(largest, root_bytes)
+    )

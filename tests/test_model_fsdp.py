@@ -1,0 +1,101 @@
+"""The performance model's sharded data parallelism (fsdp = ZeRO-3, zero1, zero2) against hand
+computation: the overlap of per-unit collectives, the memory shares, ZeroRedundancyOptimizer's
+partition, a prediction's memory by category, and a sweep that fits with fsdp where dp does not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dnnperf.model import strategies
+from dnnperf.model.machine import preset
+from dnnperf.model.predict import predict, sweep
+from dnnperf.model.whatif import best_per_configuration, crossovers
+from dnnperf.workloads import get_workload
+
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
+
+@pytest.mark.parametrize(
+    ("compute", "before", "after", "exposed"),
+    [
+        # Nothing to hide behind: every collective is exposed.
+        ([0.0, 0.0], [1.0, 2.0], [0.5, 0.25], 3.75),
+        # The first all-gather waits; the later ones run during the unit before.
+        ([1.0, 1.0, 1.0], [0.5, 0.5, 0.5], [0.0, 0.0, 0.0], 0.5),
+        # All-gathers longer than compute: 0-2 the first, 2-4 the second (issued when unit 0 starts at
+        # 2), unit 1 computes 4-5: 5 - 2 of compute.
+        ([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], 3.0),
+        # Reduce-scatters: unit 0 computes 0-1, its 0.5 runs 1-1.5 beside unit 1 (1-2); unit 1's 3 runs
+        # 2-5 after its compute: 5 - 2.
+        ([1.0, 1.0], [0.0, 0.0], [0.5, 3.0], 3.0),
+    ],
+)
+def test_shard_overlap_against_hand_schedules(compute, before, after, exposed):
+    assert strategies.shard_overlap(compute, before, after) == pytest.approx(exposed)
+
+
+def test_sharded_memory_shares_by_hand():
+    fsdp = strategies.sharded_memory("fsdp", 4, [100, 300], 50, 450)
+    assert (fsdp.param_share, fsdp.gradient_share, fsdp.state_share) == (0.25, 0.25, 0.25)
+    assert fsdp.gathered_params == 50 + 300  # the root, and the largest unit
+    assert fsdp.gathered_gradients == 300
+    kept = strategies.sharded_memory("fsdp", 4, [100, 300], 50, 450, reshard_after_forward=False)
+    assert kept.gathered_params == 50 + 100 + 300  # every unit stays gathered until its backward
+    zero1 = strategies.sharded_memory("zero1", 4, [], 0, 450, heaviest_share=0.3)
+    assert (zero1.param_share, zero1.gradient_share, zero1.state_share) == (1.0, 1.0, 0.3)
+    zero2 = strategies.sharded_memory("zero2", 4, [], 0, 450)
+    assert (zero2.gradient_share, zero2.state_share, zero2.gathered_gradients) == (0.25, 0.25, 450)
+
+
+def test_zero_partition_is_greedy_largest_first():
+    # 5 to rank 0, 4 to rank 1, 3 to rank 1 (4 < 5), 3 to rank 0 (5 < 7).
+    assert strategies.zero_partition([3, 5, 3, 4], 2) == [8, 7]
+
+
+def test_unit_param_bytes_counts_submodules_in_their_unit():
+    sizes = {"embed": 10, "blocks.0.attn": 4, "blocks.0.mlp": 6, "blocks.1.attn": 4, "(root)": 2}
+    assert strategies.unit_param_bytes(sizes, ["blocks.0", "blocks.1"]) == ([10, 4], 12)
+
+
+def _machine(devices: int):
+    return preset("a100-ib").with_axis("devices_per_node", devices)
+
+
+def test_fsdp_prediction_memory_by_hand():
+    """basic_cnn on 2 devices. By hand from its layers: every parameter is in a unit (conv1, conv2,
+    fc1, fc2; no root parameters), so a rank holds half the parameters, its shard of the gradients and
+    of SGD's momentum, plus fc1 (the largest unit) gathered whole; dp holds everything."""
+    model = get_workload("basic_cnn").build("tiny", "meta").model
+    total = 4 * sum(p.numel() for p in model.parameters())
+    fc1 = 4 * (64 * 256 + 64)
+    fsdp = predict("basic_cnn", _machine(2), 8, "fsdp", preset="tiny", exact=False)
+    dp = predict("basic_cnn", _machine(2), 8, "dp", preset="tiny", exact=False)
+    assert fsdp.memory["parameters"] == pytest.approx(total / 2 + fc1)
+    assert fsdp.memory["optimizer_state"] == pytest.approx(dp.memory["optimizer_state"] / 2)
+    assert dp.memory["parameters"] == total and dp.memory["optimizer_state"] == total
+    assert fsdp.memory["activations"] == dp.memory["activations"]  # the same per-rank batch
+    assert fsdp.detail["units"] == 4
+    # On the CPU-less preset (asynchronous GPUs) the collectives overlap compute: no more is exposed
+    # than they take.
+    assert 0 <= fsdp.communication_s <= fsdp.detail["allgather_s"] + fsdp.detail["reduce_scatter_s"]
+
+
+def test_a_sweep_says_fsdp_fits_where_dp_does_not():
+    """A device whose memory lies between fsdp's and dp's per-device peak at 8 devices: there fsdp is
+    the best that fits; on 1 device nothing fits (both hold everything), and the crossover names it."""
+    dp = predict("basic_cnn", _machine(8), 64, "dp", preset="tiny", exact=False)
+    fsdp = predict("basic_cnn", _machine(8), 64, "fsdp", preset="tiny", exact=False)
+    assert fsdp.memory_bytes < dp.memory_bytes
+    machine = dataclasses.replace(preset("a100-ib"), memory_bytes=(fsdp.memory_bytes + dp.memory_bytes) / 2)
+    axes = {"devices_per_node": [1.0, 8.0]}
+    frame = sweep("basic_cnn", machine, 64, axes, strategies_=("dp", "fsdp"), preset="tiny")
+    at8 = frame[frame["devices_per_node"] == 8.0].set_index("strategy")
+    assert not at8.loc["dp", "fits"] and at8.loc["fsdp", "fits"]
+    best = best_per_configuration(frame, ["devices_per_node"]).set_index("devices_per_node")["best"]
+    assert best.loc[8.0] == "fsdp" and not isinstance(best.loc[1.0], str)
+    changes = crossovers(frame, ["devices_per_node"]).to_dict("records")
+    assert changes == [
+        {"axis": "devices_per_node", "held": "", "below": 1.0, "above": 8.0, "before": None, "after": "fsdp"}
+    ]
