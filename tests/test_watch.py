@@ -417,7 +417,7 @@ def test_a_result_survives_its_json_form(document: dict) -> None:
         (lambda d: d.__setitem__("t", list(reversed(d["t"]))), "backwards"),
         (lambda d: d.pop("cost"), "watch.cost is missing"),
         (lambda d: d["processes"][0].__setitem__("first", 10**6), "past the"),
-        (lambda d: d.__setitem__("signal", 9), "exactly one of exit_code and signal"),
+        (lambda d: d.__setitem__("signal", 9), "both an exit_code and a signal"),
         (lambda d: d["marks"]["step"].append(1), "watch.marks.step holds"),
         (lambda d: d["config"].__setitem__("argv", "python"), "not a list"),
     ],

@@ -4,7 +4,7 @@ The Python API: workloads of the suite (:func:`get_workload`), the measuring run
 and the run records it produces (:class:`RunRecord`, :class:`RunStore`), and the stage profiler for
 your own training loop (:class:`StageProfiler`), the per-layer profiler (:class:`LayerProfiler`, tables in
 :mod:`dnnperf.analysis.layers`), the memory profiler (:class:`MemoryProfiler`) and the calibrated machine
-(:func:`load_profile`, ``dnnperf hw``).
+(:func:`load_profile`, ``dnnperf hw``); :func:`mark_step` marks a training step for ``dnnperf watch``.
 
 Each name is imported on first use (PEP 562): ``import dnnperf`` does not import torch, so the command
 line answers Ctrl-C and SIGTERM in one line from its first moment, while torch is still loading.
@@ -38,6 +38,7 @@ _EXPORTS = {
     "calibrate": "dnnperf.hardware",
     "get_workload": "dnnperf.workloads",
     "load_profile": "dnnperf.hardware",
+    "mark_step": "dnnperf.watch.marks",
     "read_record": "dnnperf.results",
 }
 
@@ -62,6 +63,7 @@ __all__ = [
     "calibrate",
     "get_workload",
     "load_profile",
+    "mark_step",
     "read_record",
 ]
 
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from dnnperf.results import Point, RunRecord, RunStore, read_record
     from dnnperf.runner import BenchSettings, bench
     from dnnperf.stats import Samples
+    from dnnperf.watch.marks import mark_step
     from dnnperf.workloads import Task, Workload, all_workloads, get_workload
 
 

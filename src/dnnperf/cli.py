@@ -284,6 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_validate_arguments(validate, positive_int)
     _common(validate, runs=True)
     validate.set_defaults(handler=cmd_validate)
+
+    watch = commands.add_parser(
+        "watch",
+        help="run any command and sample its process tree and GPUs: CPU, memory, I/O, GPU, step marks",
+        usage="dnnperf watch [options] -- COMMAND ...",
+    )
+    from dnnperf.watch.command import add_arguments as watch_arguments
+
+    watch_arguments(watch)
+    _common(watch, runs=True)
+    watch.set_defaults(handler=cmd_watch)
     return parser
 
 
@@ -532,6 +543,12 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
     """The terminal tables of a run: steps, then per batch size its stages and layers."""
     from dnnperf.report.terminal import layers_tables, memory_tables, points_table, stages_table
 
+    if record.watch is not None:
+        from dnnperf.report.terminal import watch_tables
+
+        for table in watch_tables(record):
+            out.print(table)
+        return
     if record.prediction is not None:
         from dnnperf.model.whatif import crossovers
         from dnnperf.report.terminal import crossover_table, sweep_table
@@ -752,6 +769,12 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.model.command import run_validate
 
     return run_validate(args, out)
+
+
+def cmd_watch(args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.watch.command import run
+
+    return run(args, out, command_line())
 
 
 def cmd_show(args: argparse.Namespace, out: Output) -> int:

@@ -24,6 +24,10 @@ class UsageError(DnnperfError):
     """Bad arguments: unknown names, out-of-range numbers, unavailable devices."""
 
 
+class RecordError(ValueError):
+    """A document that is not a valid run record; the message says what is wrong."""
+
+
 def shortened(text: str, limit: int) -> str:
     """``text``, cut to ``limit`` characters with an ellipsis when longer."""
     return text if len(text) <= limit else f"{text[: limit - 1]}…"

@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM that stop a run even when the first KeyboardInterrupt is swallowed.
+"""Ctrl-C and SIGTERM that stop a run even when the first KeyboardInterrupt is swallowed; children that
+die with the process that started them (:func:`die_with_this_process`).
 
 Python raises a signal's exception in whatever Python code runs when the handler fires. If that is a
 garbage-collector callback, a weakref callback or a ``__del__`` (the stage clock and the disk tier
@@ -8,12 +9,18 @@ not stop. The handler here also records the request, and the runner checks it be
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+#: prctl(2) options (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 _requested = threading.Event()
 #: The stop signal that arrived last (Ctrl-C where none did: a KeyboardInterrupt of Python's own).
@@ -81,3 +88,26 @@ def run_child(
             process.communicate()
         raise
     return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)
+
+
+def libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl (Linux), or None where there is none."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for the processes we start: the child gets SIGKILL when this process dies,
+    however it dies (the parent-death signal, kept across exec). Linux only; elsewhere a no-op."""
+    prctl, parent = libc_prctl(), os.getpid()  # looked up before the fork: the child only calls it
+
+    def arm() -> None:
+        if prctl is None:
+            return
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm

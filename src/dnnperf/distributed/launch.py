@@ -24,11 +24,9 @@ whose ranks were killed with the launcher stays "running" with rank 0's pid gone
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,7 +43,12 @@ from dnnperf.distributed.heartbeat import FINAL_STATES, RUNNING_STATES, heartbea
 from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
 from dnnperf.distributed.worker import ENV_LAUNCHED, ENV_RUN_ID
 from dnnperf.errors import UsageError
-from dnnperf.interrupts import interrupted_exit_code
+from dnnperf.interrupts import (
+    PR_SET_CHILD_SUBREAPER,
+    die_with_this_process,
+    interrupted_exit_code,
+    libc_prctl,
+)
 from dnnperf.results.record import RunRecord, utc_now
 from dnnperf.results.store import RunStore
 
@@ -60,8 +63,6 @@ STALE_BEAT_S = 3.0
 #: Before every rank has finished a step (imports, rendezvous, building the model) the timeout is
 #: at least this long.
 STARTUP_S = 60.0
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -203,35 +204,12 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl (Linux), or None where there is none."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
 def become_subreaper() -> None:
     """Orphaned descendants (a rank whose torchrun died) are re-parented to us, not to init, so they
     stay in the tree we watch and kill. Linux only; elsewhere the remembered pids must do."""
-    prctl = _prctl()
+    prctl = libc_prctl()
     if prctl is not None:
-        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def die_with_this_process() -> Callable[[], None]:
-    """A ``preexec_fn`` for the processes we start: the child gets SIGKILL when this process dies,
-    however it dies (the parent-death signal, kept across exec). Linux only; elsewhere a no-op."""
-    prctl, parent = _prctl(), os.getpid()  # looked up before the fork: the child only calls it
-
-    def arm() -> None:
-        if prctl is None:
-            return
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before the signal was armed
-            os._exit(1)
-
-    return arm
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def rank_environment(run_id: str, rank_dir: Path, threads: int) -> dict[str, str]:

@@ -1,15 +1,17 @@
-"""The lifeline: a small process that ends a launch's job when the launcher dies without ending it.
+"""The lifeline: a small process that ends a job when the process that started it (a launch of ranks,
+``dnnperf watch``) dies without ending it.
 
-The launcher starts it before anything else and holds the write end of a pipe that is the lifeline's
+The starter starts it before anything else and holds the write end of a pipe that is the lifeline's
 standard input; it tells the lifeline, line by line, what the job owns (``dir PATH``, ``log PATH``,
-``netns NAME``) before creating it. A launcher that ends normally writes ``done`` and closes the pipe:
-the lifeline exits at once. A launcher that dies (SIGKILL, the OOM killer) closes the pipe without
-``done``: the lifeline kills every process of the job, then removes the rank directory, the ranks log
-if nothing was written to it, and the network namespaces.
+``netns NAME``, ``env NAME=VALUE``) before creating it. A starter that ends normally writes ``done``
+and closes the pipe: the lifeline exits at once. A starter that dies (SIGKILL, the OOM killer) closes
+the pipe without ``done``: the lifeline kills every process of the job, then removes the rank
+directory, the ranks log if nothing was written to it, and the network namespaces.
 
-The job's processes are found by the rank directory in their environment (``DNNPERF_RANK_DIR``):
-torchrun, the ranks and their own children (data loader workers) all inherit it, whatever session or
-namespace they run in, and an unrelated process that reuses a pid does not carry it.
+The job's processes are found by a variable in their environment: the rank directory
+(``DNNPERF_RANK_DIR``, for a ``dir``) or the one an ``env`` line names. torchrun, the ranks, a
+watched command and all their children (a shell's, data loader workers) inherit it, whatever session
+or namespace they run in, and an unrelated process that reuses a pid does not carry it.
 
 The lifeline runs as a script (``python -I lifeline.py``) and imports neither torch nor dnnperf, so
 it starts in a fraction of a second and costs little memory.
@@ -51,7 +53,8 @@ class Lifeline:
         )
 
     def announce(self, kind: str, value: str | Path) -> None:
-        """Tell the lifeline about something the job is about to own (dir, log or netns)."""
+        """Tell the lifeline about something the job is about to own (dir, log, netns, or env: the
+        ``NAME=VALUE`` in the environment of every process of the job)."""
         assert self.process.stdin is not None
         self.process.stdin.write(f"{kind} {value}\n".encode())
         self.process.stdin.flush()
@@ -75,25 +78,26 @@ class Lifeline:
         self.release()
 
 
-def job_processes(rank_dir: str) -> list[psutil.Process]:
-    """The live processes whose environment names ``rank_dir`` as their rank directory."""
+def job_processes(variable: str, value: str) -> list[psutil.Process]:
+    """The live processes (this one aside) whose environment sets ``variable`` to ``value``."""
     found = []
     for process in psutil.process_iter():
         if process.pid == os.getpid():
             continue
         try:
-            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(ENV_RANK_DIR) == rank_dir:
+            if process.status() != psutil.STATUS_ZOMBIE and process.environ().get(variable) == value:
                 found.append(process)
         except psutil.Error:  # gone, or another user's: not ours either way
             continue
     return found
 
 
-def kill_job(rank_dir: str, within: float = END_S) -> None:
-    """SIGKILL the job's processes until none is left (a dying torchrun may still be starting one)."""
+def kill_job(variable: str, value: str, within: float = END_S) -> None:
+    """SIGKILL the processes whose environment sets ``variable`` to ``value`` until none is left (a
+    dying torchrun or shell may still be starting one)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        processes = job_processes(rank_dir)
+        processes = job_processes(variable, value)
         if not processes:
             return
         for process in processes:
@@ -115,9 +119,12 @@ def remove_namespaces(namespaces: Sequence[str]) -> None:
 
 
 def end_job(owned: dict[str, list[str]]) -> None:
-    """Everything the launcher would have removed: processes, namespaces, rank directory, empty log."""
+    """Everything the starter would have removed: processes, namespaces, rank directory, empty log."""
     for rank_dir in owned.get("dir", []):
-        kill_job(rank_dir)
+        kill_job(ENV_RANK_DIR, rank_dir)
+    for assignment in owned.get("env", []):
+        variable, _, value = assignment.partition("=")
+        kill_job(variable, value)
     remove_namespaces(owned.get("netns", []))
     for rank_dir in owned.get("dir", []):
         shutil.rmtree(rank_dir, ignore_errors=True)
@@ -128,7 +135,7 @@ def end_job(owned: dict[str, list[str]]) -> None:
 
 
 def main() -> int:
-    # The launcher's Ctrl-C and SIGTERM are the launcher's to handle; this process waits for the pipe.
+    # The starter's Ctrl-C and SIGTERM are the starter's to handle; this process waits for the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     owned: dict[str, list[str]] = {}
     for line in sys.stdin:
@@ -136,7 +143,7 @@ def main() -> int:
         if kind == DONE:
             return 0
         owned.setdefault(kind, []).append(value)
-    end_job(owned)  # end of file without "done": the launcher is gone
+    end_job(owned)  # end of file without "done": the starter is gone
     return 0
 
 

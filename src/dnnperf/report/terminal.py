@@ -944,3 +944,175 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
             milliseconds(row["bubble_s"]),
         )
     return table
+
+
+def mebibytes(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def last_known(values: list[Any]) -> Any:
+    """The last value that is not None (a counter some samples could not read), None if none is."""
+    return next((v for v in reversed(values) if v is not None), None)
+
+
+def signal_name(number: int | None) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name if number is not None else "none"
+    except ValueError:
+        return f"signal {number}"
+
+
+def how_it_ended(result: Any) -> str:
+    """"exited with code 0", "killed by SIGKILL", "interrupted (SIGINT), exited with code 130"."""
+    ending = (
+        f"exited with code {result.exit_code}"
+        if result.exit_code is not None
+        else f"killed by {signal_name(result.signal)}"
+    )
+    if result.end == "interrupted":
+        return f"interrupted ({signal_name(result.stop_signal)} to the watcher), then {ending}"
+    return ending
+
+
+def watch_tables(record: RunRecord) -> list[Table]:
+    """A watch record: the summary, its processes, its GPUs (or why none), its steps, what outlived it."""
+    result = record.watch
+    if result is None:
+        return []
+    tables = [watch_summary_table(record), watch_processes_table(result), watch_gpus_table(result)]
+    steps = watch_steps_table(result)
+    if steps is not None:
+        tables.append(steps)
+    if result.outlived:
+        outlived = Table(title="processes that outlived the command", title_justify="left")
+        for name in ("pid", "name", "command line", "fate"):
+            outlived.add_column(name)
+        for process in result.outlived:
+            outlived.add_row(str(process.pid), process.name, " ".join(process.cmdline), process.fate)
+        tables.append(outlived)
+    return tables
+
+
+def watch_summary_table(record: RunRecord) -> Table:
+    result = record.watch
+    assert result is not None
+    summary, total = result.summary(), result.total
+    table = Table(
+        title=f"watch {record.id}: {record.effective_status()}", title_justify="left", show_header=False
+    )
+    table.add_column("")
+    table.add_column("")
+    share = summary["sampling_share_of_core"]
+    # Switches are those of the processes alive at each sample: the most the tree held at once.
+    pairs = zip(total.voluntary_switches, total.involuntary_switches, strict=True)
+    switches = max((a + b for a, b in pairs), default=None)
+    rows = [
+        ("program", str(record.workload.get("name", "?"))),
+        ("command", printable(" ".join(result.config.argv), CELL_LIMIT)),
+        ("ended", how_it_ended(result)),
+        ("wall time", f"{result.wall_s:.2f} s"),
+        ("samples", f"{summary['samples']} every {result.config.interval_s:g} s"),
+        (
+            "sampling cost",
+            f"{milliseconds(summary['sampling_cpu_per_sample_s'])} ms per sample, "
+            + ("n/a" if share is None else f"{share * 100:.1f}% of a core"),
+        ),
+        ("peak RSS (sampled)", mebibytes(summary["peak_rss_bytes"])),
+        ("peak RSS (kernel: the largest process)", mebibytes(result.kernel_peak_rss_bytes)),
+        ("peak PSS", mebibytes(max((v for v in total.pss_bytes if v is not None), default=None))),
+        (
+            "busy cores (mean / peak)",
+            " / ".join(_cores(summary[k]) for k in ("mean_cpu_cores", "peak_cpu_cores")),
+        ),
+        (
+            "CPU time (kernel: the command and what it reaped)",
+            "n/a" if result.kernel_cpu_s is None else f"{result.kernel_cpu_s:.2f} s",
+        ),
+        (
+            "page faults (minor / major)",
+            " / ".join(human_count(last_known(s)) for s in (total.minor_faults, total.major_faults)),
+        ),
+        (
+            "disk read / written",
+            " / ".join(human_count(last_known(s), "B") for s in (total.read_bytes, total.write_bytes)),
+        ),
+        ("context switches (most at once)", human_count(switches)),
+        ("threads (max)", str(max(total.threads, default=0))),
+        ("processes (max)", str(max(total.processes, default=0))),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _cores(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def watch_processes_table(result: Any) -> Table:
+    table = Table(title="processes", title_justify="left")
+    for name, justify in (
+        ("pid", "right"),
+        ("name", "left"),
+        ("CPU s", "right"),
+        ("mean cores", "right"),
+        ("peak RSS", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for process in result.processes:
+        cores = [c for c in result.cpu_cores(process) if c is not None]
+        table.add_row(
+            str(process.pid),
+            process.name,
+            f"{last_known(process.cpu_s) or 0.0:.2f}",
+            _cores(sum(cores) / len(cores) if cores else None),
+            mebibytes(max(process.rss_bytes, default=None)),
+        )
+    return table
+
+
+def watch_gpus_table(result: Any) -> Table:
+    """Per GPU: peak memory, mean utilisation, peak PCIe traffic, mean power; or why there is none."""
+    table = Table(title="GPUs", title_justify="left", show_header=bool(result.gpus))
+    if not result.gpus:
+        table.add_column("")
+        table.add_row(result.gpu_note or "no GPU series")
+        return table
+    for name in ("GPU", "name", "peak memory", "mean util", "peak PCIe rx", "peak PCIe tx", "mean power"):
+        table.add_column(name)
+    for gpu in result.gpus:
+        util = [v for v in gpu.utilization_pct if v is not None]
+        power = [v for v in gpu.power_w if v is not None]
+        table.add_row(
+            str(gpu.index),
+            gpu.name,
+            mebibytes(max((v for v in gpu.memory_used_bytes if v is not None), default=None)),
+            "n/a" if not util else f"{sum(util) / len(util):.0f}%",
+            *(
+                human_count(max((v for v in series if v is not None), default=None), "B/s")
+                for series in (gpu.pcie_rx_bytes_per_s, gpu.pcie_tx_bytes_per_s)
+            ),
+            "n/a" if not power else f"{sum(power) / len(power):.0f} W",
+        )
+    return table
+
+
+def watch_steps_table(result: Any) -> Table | None:
+    """Count, median and p90 step time and the median RSS growth per step; None without two marks."""
+    from dnnperf.stats import Samples
+
+    steps = result.step_s()
+    if not steps:
+        return None
+    times = Samples.of(steps)
+    growth = Samples.of([float(g) for g in result.step_rss_growth_bytes()])
+    table = Table(title="steps (mark_step)", title_justify="left")
+    for name in ("steps", "median step", "p90 step", "median RSS growth per step"):
+        table.add_column(name, justify="right")
+    table.add_row(
+        str(len(steps)), f"{milliseconds(times.median)} ms", f"{milliseconds(times.p90)} ms",
+        mebibytes(growth.median),
+    )
+    return table

@@ -226,6 +226,57 @@ _VALIDATION_ROW = {
 }
 VALIDATION = Maybe({"runs": [_VALIDATION_ROW], "collectives": [_VALIDATION_ROW], "memory": [_VALIDATION_ROW]})
 
+#: The per-sample fields a process and the whole tree share, and the kind of each value.
+SERIES_KINDS = {
+    "cpu_s": AMOUNT,
+    "rss_bytes": COUNT,
+    "pss_bytes": nullable(COUNT),
+    "uss_bytes": nullable(COUNT),
+    "minor_faults": nullable(COUNT),
+    "major_faults": nullable(COUNT),
+    "read_bytes": nullable(COUNT),
+    "write_bytes": nullable(COUNT),
+    "voluntary_switches": COUNT,
+    "involuntary_switches": COUNT,
+    "threads": COUNT,
+}
+GPU_KINDS = {
+    "utilization_pct": nullable(AMOUNT),
+    "memory_used_bytes": nullable(COUNT),
+    "pcie_rx_bytes_per_s": nullable(AMOUNT),
+    "pcie_tx_bytes_per_s": nullable(AMOUNT),
+    "power_w": nullable(AMOUNT),
+}
+
+
+def series_lists(kinds: dict[str, Any]) -> dict[str, Any]:
+    return {name: [kind] for name, kind in kinds.items()}
+
+
+#: ``dnnperf watch``'s section of a run record (``dnnperf.results.watch``).
+WATCH = {
+    "config": {"argv": [TEXT], "interval_s": AMOUNT},
+    "started_at": AMOUNT,
+    "wall_s": AMOUNT,
+    "t": [AMOUNT],
+    "total": {**series_lists(SERIES_KINDS), "processes": [COUNT]},
+    "processes": [
+        {"pid": POSITIVE_COUNT, "ppid": nullable(COUNT), "name": TEXT, "cmdline": [TEXT], "first": COUNT}
+        | series_lists(SERIES_KINDS)
+    ],
+    "gpus": [{"index": COUNT, "name": TEXT} | series_lists(GPU_KINDS)],
+    "gpu_note": nullable(TEXT),
+    "marks": {"t": [NUMBER], "step": [nullable(COUNT)], "ignored": COUNT},
+    "end": TEXT,
+    "exit_code": nullable(COUNT),
+    "signal": nullable(POSITIVE_COUNT),
+    "stop_signal": nullable(POSITIVE_COUNT),
+    "outlived": [{"pid": POSITIVE_COUNT, "name": TEXT, "cmdline": [TEXT], "fate": TEXT}],
+    "cost": {"cpu_s": [AMOUNT]},
+    "kernel": Maybe({"cpu_s": nullable(AMOUNT), "peak_rss_bytes": nullable(COUNT)}),
+}
+
+
 #: The record's known fields (docs/run-record.md); others are checked by the first pass only.
 RECORD = {
     "pid": nullable(COUNT),
@@ -291,6 +342,7 @@ RECORD = {
     "memsave": MEMSAVE,
     "prediction": PREDICTION,
     "validation": VALIDATION,
+    "watch": Maybe(WATCH),
 }
 
 

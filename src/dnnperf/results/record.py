@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from dnnperf.distributed.ranks import RankBreakdown
+from dnnperf.errors import RecordError
 from dnnperf.probes.layers import LayerProfile
 from dnnperf.probes.memory import StepMemory, step_memory_from_document
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.fields import FieldError, check_record_fields
+from dnnperf.results.watch import WatchResult
 from dnnperf.stats import Samples
 
 if TYPE_CHECKING:
@@ -31,15 +33,11 @@ if TYPE_CHECKING:
 SCHEMA = "dnnperf.run"
 SCHEMA_VERSION = 1
 #: What made the record: bench (step times), profile (with stages, layers or memory), memsave,
-#: predict (a sweep), validate.
-RUN_KINDS = ("bench", "profile", "memsave", "predict", "validate")
+#: predict (a sweep), validate, watch (any command's process tree, sampled).
+RUN_KINDS = ("bench", "profile", "memsave", "predict", "validate", "watch")
 
 RUN_STATUSES = ("running", "complete", "partial", "failed")
 POINT_STATUSES = ("running", "complete", "partial", "oom", "failed")
-
-
-class RecordError(ValueError):
-    """A document that is not a valid run record; the message says what is wrong."""
 
 
 def utc_now() -> str:
@@ -114,6 +112,8 @@ class RunRecord:
     prediction: SweepResult | None = None
     #: ``dnnperf validate``: every run and collective, measured beside predicted.
     validation: ValidationResult | None = None
+    #: ``dnnperf watch``: the command's process tree and GPUs, sampled until it ended.
+    watch: WatchResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         points = []
@@ -151,6 +151,7 @@ class RunRecord:
             **({"memsave": self.memsave.to_dict()} if self.memsave is not None else {}),
             **({"prediction": self.prediction.to_dict()} if self.prediction is not None else {}),
             **({"validation": self.validation.to_dict()} if self.validation is not None else {}),
+            **({"watch": self.watch.to_dict()} if self.watch is not None else {}),
         }
         return json_safe(document)
 
@@ -201,6 +202,11 @@ class RunRecord:
         if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
             raise RecordError("field 'command' is not a list of strings")
         points = [_point_from_dict(p, i) for i, p in enumerate(document["points"])]
+        watch = WatchResult.from_dict(document["watch"]) if document.get("watch") is not None else None
+        if document["kind"] == "watch" and watch is None:
+            raise RecordError("a watch record needs its 'watch' section")
+        if watch is not None and document["status"] in ("complete", "partial") and not watch.ended:
+            raise RecordError(f"a {document['status']} watch needs watch.exit_code or watch.signal")
         return cls(
             id=document["id"],
             kind=document["kind"],
@@ -217,6 +223,7 @@ class RunRecord:
             memsave=_memsave_from_dict(document.get("memsave")),
             prediction=_prediction_from_dict(document.get("prediction")),
             validation=_validation_from_dict(document.get("validation")),
+            watch=watch,
         )
 
 

@@ -14,19 +14,16 @@ from dataclasses import dataclass, field, fields
 from itertools import pairwise
 from typing import Any
 
+from dnnperf.errors import RecordError
 from dnnperf.results.fields import (
-    AMOUNT,
-    COUNT,
-    NUMBER,
-    POSITIVE_COUNT,
-    TEXT,
+    GPU_KINDS,
+    SERIES_KINDS,
+    WATCH,
     FieldError,
     Maybe,
     check_fields,
     check_numbers,
-    nullable,
 )
-from dnnperf.results.record import RecordError
 
 #: How the watched command ended: on its own, killed by a signal it did not forward, or stopped
 #: because the watcher was asked to stop (Ctrl-C, SIGTERM), whatever the command then did.
@@ -34,57 +31,6 @@ ENDS = ("exited", "signalled", "interrupted")
 #: What became of a process that outlived the command: it ended on its own within the grace period,
 #: or the watcher ended it with SIGTERM, or with SIGKILL.
 FATES = ("exited", "terminated", "killed")
-
-#: The per-sample fields a process and the whole tree share, and the kind of each value.
-SERIES_KINDS = {
-    "cpu_s": AMOUNT,
-    "rss_bytes": COUNT,
-    "pss_bytes": nullable(COUNT),
-    "uss_bytes": nullable(COUNT),
-    "minor_faults": nullable(COUNT),
-    "major_faults": nullable(COUNT),
-    "read_bytes": nullable(COUNT),
-    "write_bytes": nullable(COUNT),
-    "voluntary_switches": COUNT,
-    "involuntary_switches": COUNT,
-    "threads": COUNT,
-}
-GPU_KINDS = {
-    "utilization_pct": nullable(AMOUNT),
-    "memory_used_bytes": nullable(COUNT),
-    "pcie_rx_bytes_per_s": nullable(AMOUNT),
-    "pcie_tx_bytes_per_s": nullable(AMOUNT),
-    "power_w": nullable(AMOUNT),
-}
-
-
-def _lists(kinds: dict[str, Any]) -> dict[str, Any]:
-    return {name: [kind] for name, kind in kinds.items()}
-
-
-#: The ``watch`` section of a run record, for :func:`dnnperf.results.fields.check_fields`.
-WATCH = {
-    "config": {"argv": [TEXT], "interval_s": AMOUNT},
-    "started_at": AMOUNT,
-    "wall_s": AMOUNT,
-    "t": [AMOUNT],
-    "total": {**_lists(SERIES_KINDS), "processes": [COUNT]},
-    "processes": [
-        {"pid": POSITIVE_COUNT, "ppid": nullable(COUNT), "name": TEXT, "cmdline": [TEXT], "first": COUNT}
-        | _lists(SERIES_KINDS)
-    ],
-    "gpus": [{"index": COUNT, "name": TEXT} | _lists(GPU_KINDS)],
-    "gpu_note": nullable(TEXT),
-    "marks": {"t": [NUMBER], "step": [nullable(COUNT)], "ignored": COUNT},
-    "end": TEXT,
-    "exit_code": nullable(COUNT),
-    "signal": nullable(POSITIVE_COUNT),
-    "stop_signal": nullable(POSITIVE_COUNT),
-    "outlived": [{"pid": POSITIVE_COUNT, "name": TEXT, "cmdline": [TEXT], "fate": TEXT}],
-    "cost": {"cpu_s": [AMOUNT]},
-    "kernel": Maybe({"cpu_s": nullable(AMOUNT), "peak_rss_bytes": nullable(COUNT)}),
-}
-
 
 @dataclass
 class WatchConfig:
@@ -207,7 +153,7 @@ class WatchResult:
     marks: StepMarks = field(default_factory=StepMarks)
     #: One of ENDS.
     end: str = "exited"
-    #: The command's exit status when it exited; None when a signal ended it.
+    #: The command's exit status when it exited; None when a signal ended it (both None: still running).
     exit_code: int | None = None
     #: The signal that ended the command, when one did.
     signal: int | None = None
@@ -221,6 +167,11 @@ class WatchResult:
     #: descendant it reaped, and the largest resident size any one of them reached (exact, not sampled).
     kernel_cpu_s: float | None = None
     kernel_peak_rss_bytes: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the command has ended (an exit code or a signal is known)."""
+        return self.exit_code is not None or self.signal is not None
 
     @property
     def shell_exit_code(self) -> int:
@@ -337,8 +288,8 @@ class WatchResult:
             raise RecordError(f"watch.config.interval_s is {data['config']['interval_s']!r}, not positive")
         if data["end"] not in ENDS:
             raise RecordError(f"watch.end {data['end']!r} is not one of {', '.join(ENDS)}")
-        if (data["exit_code"] is None) == (data["signal"] is None):
-            raise RecordError("watch needs exactly one of exit_code and signal")
+        if data["exit_code"] is not None and data["signal"] is not None:
+            raise RecordError("watch holds both an exit_code and a signal: at most one ended the command")
         if data["end"] == "interrupted" and data["stop_signal"] is None:
             raise RecordError("watch.end is 'interrupted' but no stop_signal says what asked it to stop")
         _lengths(data["total"], [*SERIES_KINDS, "processes"], samples, "watch.total")

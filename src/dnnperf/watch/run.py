@@ -9,9 +9,12 @@ ends, so the result holds everything sampled, and ends "interrupted". A command 
 ``grace_s`` after the request is killed.
 
 Processes the command leaves behind are reported, then given ``outlive_grace_s`` to end on their
-own (sampled meanwhile), then SIGTERM, then SIGKILL: ``watch`` leaves nothing running. The command
-gets SIGKILL if the watcher dies (the parent-death signal); the marks file is an anonymous memory
-file where Linux offers one, so a killed watcher leaves no file either.
+own (sampled meanwhile), then SIGTERM, then SIGKILL: ``watch`` leaves nothing running. If the
+watcher dies (SIGKILL, the OOM killer), the command gets SIGKILL (the parent-death signal) and a
+lifeline process (``dnnperf.distributed.lifeline``) kills every other process that carries this
+watch's DNNPERF_WATCH_ID in its environment: the command's whole tree, grandchildren of a shell
+too. The marks file is an anonymous memory file where Linux offers one, so a killed watcher leaves
+no file either.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import math
 import os
 import resource
+import secrets
 import select
 import signal
 import subprocess
@@ -31,8 +35,9 @@ from typing import Any
 
 import psutil
 
-from dnnperf.distributed.launch import die_with_this_process
+from dnnperf.distributed.lifeline import Lifeline
 from dnnperf.errors import UsageError
+from dnnperf.interrupts import die_with_this_process
 from dnnperf.results.watch import SERIES_KINDS, OutlivedProcess, StepMarks, WatchConfig, WatchResult
 from dnnperf.watch.gpu import GpuSampler, open_gpus
 from dnnperf.watch.marks import ENV_MARKS
@@ -40,6 +45,8 @@ from dnnperf.watch.sampler import TreeSampler
 
 #: Seconds a leftover process gets after SIGTERM before SIGKILL.
 TERMINATE_S = 5.0
+#: The environment variable, unique to one watch, that marks every process of the command's tree.
+ENV_WATCH_ID = "DNNPERF_WATCH_ID"
 
 
 class MarksFile:
@@ -144,10 +151,22 @@ def check_arguments(argv: Sequence[str], interval_s: float) -> None:
         raise UsageError(f"the sampling interval must be between 0.001 and 3600 seconds, not {interval_s!r}")
 
 
-def start(argv: Sequence[str], marks: MarksFile, env: dict[str, str] | None) -> subprocess.Popen:
-    environment = {**(os.environ if env is None else env), ENV_MARKS: marks.path}
+def start(
+    argv: Sequence[str],
+    marks: MarksFile,
+    env: dict[str, str] | None,
+    lifeline: Lifeline,
+    stdout: int | None = None,
+) -> subprocess.Popen:
+    """The command, started with the marks file and a watch id in its environment (announced to the
+    lifeline first: the command's tree may outlive a killed watcher only until the lifeline sees it)."""
+    watch_id = secrets.token_hex(8)
+    lifeline.announce("env", f"{ENV_WATCH_ID}={watch_id}")
+    environment = {**(os.environ if env is None else env), ENV_MARKS: marks.path, ENV_WATCH_ID: watch_id}
     try:
-        return subprocess.Popen(list(argv), env=environment, preexec_fn=die_with_this_process())
+        return subprocess.Popen(
+            list(argv), env=environment, stdout=stdout, preexec_fn=die_with_this_process()
+        )
     except OSError as error:  # not found, not executable
         raise UsageError(f"cannot run {argv[0]!r}: {error.strerror or error}") from None
 
@@ -159,15 +178,18 @@ def watch(
     grace_s: float = 30.0,
     outlive_grace_s: float = 5.0,
     env: dict[str, str] | None = None,
+    stdout: int | None = None,
 ) -> WatchResult:
     """Run ``argv`` and sample its process tree (and NVIDIA GPUs) every ``interval_s`` seconds until
     it ends; ``on_sample`` sees the result so far after each sample. Stops as the module says;
-    leftover processes get ``outlive_grace_s``, a command asked to stop gets ``grace_s``."""
+    leftover processes get ``outlive_grace_s``, a command asked to stop gets ``grace_s``. ``stdout``:
+    a descriptor for the command's standard output (default: this process's)."""
     check_arguments(argv, interval_s)
     marks = MarksFile()
     gpus, gpu_note = open_gpus()
+    lifeline = Lifeline()
     try:
-        process = start(argv, marks, env)
+        process = start(argv, marks, env, lifeline, stdout)
         result = WatchResult(config=WatchConfig(list(argv), float(interval_s)), started_at=time.time())
         result.gpu_note = gpu_note
         stop = StopRequests(process.pid)
@@ -192,6 +214,7 @@ def watch(
         result.processes = sampler.process_series()
         return result
     finally:
+        lifeline.release()  # the tree is ended (or never started): nothing left for it to kill
         marks.close()
         if gpus is not None:
             gpus.close()

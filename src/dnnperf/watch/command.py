@@ -1,0 +1,173 @@
+"""``dnnperf watch [options] -- COMMAND ...``: run a command, sample its process tree, keep a record.
+
+The record (kind "watch") is saved once the command has started, then at most once a second while it
+runs and once at the end, atomically each time: a watcher killed outright leaves a "running" record
+with its samples so far, which ``dnnperf runs`` shows as interrupted.
+
+The record's status is about the measurement, not the command: "complete" when the command ended on
+its own, whatever its exit code or signal (``watch.end``, ``watch.exit_code`` and ``watch.signal``
+say how it ended); "partial" when the watcher was asked to stop (Ctrl-C, SIGTERM) and ended it;
+"failed" when the watcher itself failed. ``dnnperf watch`` exits with the command's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dnnperf.errors import UsageError
+from dnnperf.results.watch import WatchResult
+
+#: The most often a running watch rewrites its record.
+SAVE_EVERY_S = 1.0
+#: Interpreters whose first argument that is not an option is the program being run.
+INTERPRETERS = ("python", "python3", "bash", "sh", "node", "ruby", "perl")
+
+
+def seconds_argument(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """watch's own arguments (the CLI adds --json, -q and --runs-dir as for every command)."""
+    parser.add_argument(
+        "--interval", type=seconds_argument, default=0.1, help="seconds between samples (0.1)"
+    )
+    parser.add_argument(
+        "--grace",
+        type=seconds_argument,
+        default=30.0,
+        help="seconds a command asked to stop (Ctrl-C, SIGTERM) gets before it is killed (30)",
+    )
+    parser.add_argument(
+        "--leftover-grace",
+        type=seconds_argument,
+        default=5.0,
+        help="seconds processes left behind by the command get to end before SIGTERM (5)",
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="do not write the HTML report beside the record"
+    )
+    parser.add_argument(
+        "watched", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run and watch"
+    )
+
+
+def program_name(argv: list[str]) -> str:
+    """What a record calls the command: the program, or the script an interpreter runs
+    (``python train.py`` -> ``train.py``, ``bash -c "..."`` -> ``bash``)."""
+    program = os.path.basename(argv[0]) or argv[0]
+    interpreter = program.rstrip("0123456789.") if program.startswith("python") else program
+    if interpreter in INTERPRETERS or program.startswith("python"):
+        for argument in argv[1:]:
+            if argument == "-c" or argument == "-m":
+                break
+            if not argument.startswith("-"):
+                return os.path.basename(argument) or argument
+    return program
+
+
+def new_record(argv: list[str], interval_s: float, command: list[str]) -> Any:
+    """The record of a watch that is about to start ("running", this process its writer)."""
+    from dnnperf import environment
+    from dnnperf.results.record import RunRecord, new_run_id
+
+    name = program_name(argv)
+    return RunRecord(
+        id=new_run_id(name, "watch"),
+        kind="watch",
+        command=command,
+        workload={"name": name, "preset": "watch"},
+        settings={"device": "cpu", "data": "external", "interval_s": interval_s},
+        environment=environment.describe(),
+        pid=os.getpid(),
+    )
+
+
+def record_status(result: WatchResult) -> str:
+    """The measurement's status (see the module): partial when the watcher was asked to stop."""
+    return "partial" if result.end == "interrupted" else "complete"
+
+
+def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
+    """Watch the command, keep the record, report; the command's exit status."""
+    from dnnperf.results.record import utc_now
+    from dnnperf.results.store import RunStore
+    from dnnperf.watch.run import check_arguments, watch
+
+    argv = list(args.watched)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    check_arguments(argv, args.interval)
+    store = RunStore(args.runs_dir)
+    record = new_record(argv, args.interval, command)
+    last_save = -math.inf
+
+    def keep(result: WatchResult) -> None:
+        nonlocal last_save
+        record.watch = result
+        if not result.ended and result.t:  # the wall time so far, for a record the watcher never ends
+            result.wall_s = result.t[-1]
+        if result.gpus:
+            record.settings["device"] = "cuda"
+        if time.monotonic() - last_save >= SAVE_EVERY_S:
+            store.save(record)
+            last_save = time.monotonic()
+
+    # With --json the command's own output goes to stderr: stdout carries the one JSON document.
+    stdout = sys.stderr.fileno() if args.json else None
+    try:
+        result = watch(
+            argv,
+            interval_s=args.interval,
+            on_sample=keep,
+            grace_s=args.grace,
+            outlive_grace_s=args.leftover_grace,
+            stdout=stdout,
+        )
+    except UsageError:  # the command could not start: no sample, no record
+        store.path(record.id).unlink(missing_ok=True)
+        raise
+    except BaseException as error:
+        if record.watch is not None:
+            record.status, record.finished = "failed", utc_now()
+            record.error = f"{type(error).__name__}: {error}"
+            store.save(record)
+        raise
+    keep(result)
+    record.status, record.finished = record_status(result), utc_now()
+    path = store.save(record)
+    finish(args, out, record, path)
+    return result.shell_exit_code
+
+
+def finish(args: argparse.Namespace, out: Any, record: Any, path: Path) -> None:
+    """The HTML report beside the record (unless --no-report), then the JSON document or the summary."""
+    from dnnperf.cli import write_html_report
+    from dnnperf.report.html import default_path
+
+    html = None if args.no_report else write_html_report(record, default_path(path), out)
+    if args.json:
+        out.json(
+            {"record_path": str(path), "record": record.to_dict(), "report_path": str(html) if html else None}
+        )
+        return
+    from dnnperf.report.terminal import watch_tables
+
+    for table in watch_tables(record):
+        out.print(table)
+    out.print(f"record: {path}")
+    if html is not None:
+        out.print(f"report: {html}")

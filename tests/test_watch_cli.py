@@ -1,0 +1,194 @@
+"""``dnnperf watch`` end to end: the record, the exit code, bad input, show, report, export, compare and
+a SIGKILLed watcher, each checked against what the watched command did (a known allocation, a known
+exit code, marks at known steps) or against what it must leave (no process, an interrupted record)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
+MIB = 1024 * 1024
+ALLOCATED = 300 * MIB
+PYTHON = sys.executable
+
+#: Allocates ALLOCATED bytes page by page (resident, not just reserved), holds them, marks 6 steps.
+ALLOCATE = f"""
+import time
+from dnnperf import mark_step
+time.sleep(0.4)
+block = bytearray({ALLOCATED})
+for i in range(0, len(block), 4096):
+    block[i] = 1
+for step in range(6):
+    time.sleep(0.2)
+    mark_step(step)
+del block
+time.sleep(0.4)
+"""
+
+
+def dnnperf(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "dnnperf", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def record_of(runs: Path) -> dict:
+    (path,) = runs.glob("*.json")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    """One watch of the allocating command: its runs directory, its record and the finished process."""
+    runs = tmp_path_factory.mktemp("runs")
+    done = dnnperf(
+        "watch", "--interval", "0.05", "--runs-dir", str(runs), "--json", "--", PYTHON, "-c", ALLOCATE
+    )
+    assert done.returncode == 0, done.stderr
+    return runs, json.loads(done.stdout), done
+
+
+def rise(record: dict) -> int:
+    rss = record["watch"]["total"]["rss_bytes"]
+    return max(rss) - rss[0]
+
+
+def test_the_record_holds_the_allocation_and_how_the_command_ended(watched) -> None:
+    runs, document, _ = watched
+    record = document["record"]
+    assert record == record_of(runs) and document["record_path"].endswith(".json")
+    assert (record["kind"], record["status"], record["workload"]) == (
+        "watch",
+        "complete",
+        {"name": Path(PYTHON).name, "preset": "watch"},
+    )
+    assert record["settings"]["data"] == "external" and record["settings"]["interval_s"] == 0.05
+    assert abs(rise(record) - ALLOCATED) <= 0.10 * ALLOCATED, rise(record) / MIB
+    assert (record["watch"]["end"], record["watch"]["exit_code"]) == ("exited", 0)
+    assert record["watch"]["marks"]["step"] == list(range(6))
+    assert Path(document["report_path"]).is_file()
+
+
+def test_show_prints_the_figures_of_the_record(watched) -> None:
+    runs, document, _ = watched
+    shown = dnnperf("show", document["record_path"])
+    assert shown.returncode == 0, shown.stderr
+    watch = document["record"]["watch"]
+    peak = max(watch["total"]["rss_bytes"])
+    assert f"{peak / MIB:.1f} MiB" in shown.stdout
+    assert "exited with code 0" in shown.stdout
+    assert "steps (mark_step)" in shown.stdout and "\u2502     5 \u2502" in shown.stdout  # 6 marks, 5 steps
+    assert "pynvml" in shown.stdout or "GPU" in shown.stdout
+    listed = dnnperf("runs", "--runs-dir", str(runs), "--json")
+    assert [r["status"] for r in json.loads(listed.stdout)["runs"]] == ["complete"]
+
+
+def test_the_command_exit_code_passes_through(tmp_path: Path) -> None:
+    done = dnnperf(
+        "watch",
+        "--runs-dir",
+        str(tmp_path),
+        "--no-report",
+        "-q",
+        "--",
+        PYTHON,
+        "-c",
+        "import sys; sys.exit(3)",
+    )
+    assert done.returncode == 3, done.stderr
+    record = record_of(tmp_path)
+    assert (record["status"], record["watch"]["exit_code"], record["watch"]["end"]) == (
+        "complete",
+        3,
+        "exited",
+    )
+    assert not list(tmp_path.glob("*.html"))  # --no-report
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--interval", "0", "--", "true"], "--interval"),
+        (["--interval", "nan", "--", "true"], "--interval"),
+        (["--interval", "-1", "--", "true"], "--interval"),
+        (["--"], "needs a command"),
+        ([], "needs a command"),
+        (["--", "/nonexistent/dnnperf-no-such-program"], "cannot run"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, args: list[str], message: str) -> None:
+    done = dnnperf("watch", "--runs-dir", str(tmp_path), *args)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.json"))  # nothing measured, no record
+
+
+def test_markup_in_the_command_name_is_shown_literally(tmp_path: Path) -> None:
+    script = tmp_path / "[bold red]train[blink].py"
+    script.write_text("print('ran')\n")
+    runs = tmp_path / "runs"
+    done = dnnperf("watch", "--runs-dir", str(runs), "--no-report", "--", PYTHON, str(script))
+    assert done.returncode == 0, done.stderr
+    assert "[bold red]train[blink].py" in done.stdout
+    record = record_of(runs)
+    assert record["workload"]["name"] == "[bold red]train[blink].py"
+    shown = dnnperf("show", str(next(runs.glob("*.json"))))
+    assert "[bold red]train[blink].py" in shown.stdout
+
+
+GRANDCHILD = """
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_watcher_takes_the_whole_tree_and_leaves_an_interrupted_record(tmp_path: Path) -> None:
+    """bash runs python as a grandchild of the watcher (bash does not exec it: a command follows)."""
+    pid_file, runs = tmp_path / "pid", tmp_path / "runs"
+    script = tmp_path / "child.py"
+    script.write_text(GRANDCHILD)
+    shell = f"{PYTHON} {script} {pid_file}; echo done"
+    watcher = subprocess.Popen(
+        [PYTHON, "-m", "dnnperf", "watch", "--runs-dir", str(runs), "--", "bash", "-c", shell],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    grandchild = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.05)
+        grandchild = psutil.Process(int(pid_file.read_text()))
+        while time.monotonic() < deadline and not list(runs.glob("*.json")):
+            time.sleep(0.05)
+        assert grandchild.is_running() and list(runs.glob("*.json"))
+        watcher.kill()
+        watcher.wait()
+        _, alive = psutil.wait_procs([grandchild], timeout=60)
+        assert not alive, "the grandchild outlived its SIGKILLed watcher"
+        listed = dnnperf("runs", "--runs-dir", str(runs), "--json")
+        assert [r["status"] for r in json.loads(listed.stdout)["runs"]] == ["interrupted"]
+    finally:
+        watcher.kill()
+        watcher.wait()
+        if grandchild is not None:  # a failed test must not leave it sleeping
+            with contextlib.suppress(psutil.Error):
+                grandchild.kill()
+
+
+def test_importing_the_watch_record_module_loads_no_torch() -> None:
+    code = "import sys, dnnperf.results.watch, dnnperf.keras, dnnperf; dnnperf.mark_step; "
+    code += "print(sorted(m for m in ('torch', 'keras') if m in sys.modules))"
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
