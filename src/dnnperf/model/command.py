@@ -350,7 +350,7 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
     )
     parser.add_argument(
         "--distributed",
-        metavar="dp,pp,tp",
+        metavar="dp,fsdp,zero1,pp,tp",
         help="instead of single-process runs, these strategies on 2 local ranks (gloo, one thread each: "
         "the profile must be calibrated at one thread, OMP_NUM_THREADS=1 dnnperf hw)",
     )
@@ -554,10 +554,11 @@ def _links(text: str | None) -> list[float | None] | None:
 def _strategies(text: str | None) -> list[str]:
     if text is None:
         return []
+    known = ("dp", "pp", "tp", "fsdp", "zero1")  # what `dnnperf profile --nproc 2` measures
     chosen = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = sorted(set(chosen) - {"dp", "pp", "tp"})
+    unknown = sorted(set(chosen) - set(known))
     if not chosen or unknown:
-        raise UsageError(f"--distributed takes strategies among dp, pp, tp, got {text!r}")
+        raise UsageError(f"--distributed takes strategies among {', '.join(known)}, got {text!r}")
     return chosen
 
 
