@@ -91,6 +91,54 @@ def test_show_prints_the_figures_of_the_record(watched) -> None:
     assert [r["status"] for r in json.loads(listed.stdout)["runs"]] == ["complete"]
 
 
+def test_the_report_draws_the_timelines_and_the_step_histogram(watched) -> None:
+    _, document, _ = watched
+    page = Path(document["report_path"]).read_text()
+    assert '<section id="watch">' in page
+    # 7 tree timelines (no GPU here) and the histogram of the 5 steps between the 6 marks.
+    assert page.count('<figure class="chart"><svg') == 8
+    assert "5 steps, median" in page and "ms of CPU per sample" in page
+
+
+def test_the_trace_counters_and_marks_are_the_allocation_and_the_steps(watched, tmp_path: Path) -> None:
+    _, document, _ = watched
+    trace, tables = tmp_path / "t.json", tmp_path / "csv"
+    done = dnnperf("export", document["record_path"], "--trace", str(trace), "--csv", str(tables))
+    assert done.returncode == 0, done.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    tree = [
+        e["args"]["rss_bytes"]
+        for e in events
+        if e["ph"] == "C" and e["pid"] == 0 and e["name"] == "rss_bytes"
+    ]
+    assert abs(max(tree) - tree[0] - ALLOCATED) <= 0.10 * ALLOCATED
+    assert [e["name"] for e in events if e["ph"] == "i"] == [f"step {i}" for i in range(6)]
+    watch = document["record"]["watch"]
+    child = watch["processes"][0]["pid"]
+    assert any(e["ph"] == "C" and e["pid"] == child for e in events)  # the process's own tracks
+    samples = (tables / "samples.csv").read_text().splitlines()
+    assert len(samples) == 1 + len(watch["t"])
+    column = samples[0].split(",").index("rss_bytes")
+    assert max(int(line.split(",")[column]) for line in samples[1:]) == max(watch["total"]["rss_bytes"])
+
+
+def test_compare_states_the_figures_and_refuses_a_bench_record(watched, tmp_path: Path) -> None:
+    _, document, _ = watched
+    path = document["record_path"]
+    done = dnnperf("compare", path, path, "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)["rows"]}
+    step = rows["median step time (s)"]
+    assert (step["n_a"], step["delta_rel"], step["flagged"]) == (5, 0.0, False)  # a run against itself
+    assert rows["peak RSS (bytes)"]["a"] == max(document["record"]["watch"]["total"]["rss_bytes"])
+    bench = dict(document["record"], kind="bench", id="bench-like")
+    del bench["watch"]
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    refused = dnnperf("compare", path, str(tmp_path / "bench.json"))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "measured their steps differently" in refused.stderr
+
+
 def test_the_command_exit_code_passes_through(tmp_path: Path) -> None:
     done = dnnperf(
         "watch",

@@ -235,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run", help="run id, unique id prefix, or path to a record file")
     export.add_argument("--trace", type=path_argument, help="write the trace (Trace Event Format JSON) here")
     export.add_argument(
-        "--csv", type=path_argument, help="write stages.csv and layers.csv into this directory"
+        "--csv",
+        type=path_argument,
+        help="write stages.csv and layers.csv (a watch: samples.csv, processes.csv) into this directory",
     )
     _common(export, runs=True)
     export.set_defaults(handler=cmd_export)
@@ -825,7 +827,7 @@ def cmd_export(args: argparse.Namespace, out: Output) -> int:
         raise UsageError(f"--trace and --csv are one path, {args.trace}: a file and a directory")
     record = existing_store(args).load(args.run)
     # Nothing written where there is nothing to write: an empty trace or CSV directory is no answer.
-    if args.trace is not None and not any(p.step_s for p in record.points):
+    if args.trace is not None and record.watch is None and not any(p.step_s for p in record.points):
         raise UsageError(f"--trace: {record.id} has no measured step to trace")
     tables = csv_tables(record) if args.csv is not None else {}
     if args.csv is not None and not tables:
@@ -857,6 +859,8 @@ def cmd_compare(args: argparse.Namespace, out: Output) -> int:
             "compare two bench or profile runs, or two runs of one other kind"
         )
     settings = CompareSettings(min_relative=args.min_change, min_run_relative=args.min_run_change)
+    if a.watch is not None and b.watch is not None:
+        return compare_watch_runs(a, b, settings, args, out)
     frame = compare_runs(a, b, settings)
     if frame.empty:
         raise UsageError(f"runs {a.id} and {b.id} have no measured steps to compare")
@@ -874,6 +878,18 @@ def cmd_compare(args: argparse.Namespace, out: Output) -> int:
             summary = f"{flagged} change(s)" if flagged else "no change"
             unjudged = f" ({int(starved.sum())} rows inconclusive)" if starved.any() else ""
             out.print(f"{summary} beyond the runs' noise{unjudged}")
+    return 0
+
+
+def compare_watch_runs(a: Any, b: Any, settings: Any, args: argparse.Namespace, out: Output) -> int:
+    from dnnperf.analysis.compare import compare_watches
+    from dnnperf.report.terminal import watch_compare_table
+
+    frame = compare_watches(a, b, settings)
+    if args.json:
+        out.json({"a": a.id, "b": b.id, "settings": settings.to_dict(), "rows": frame.to_dict("records")})
+    else:
+        out.print(watch_compare_table(frame, a.id, b.id))
     return 0
 
 

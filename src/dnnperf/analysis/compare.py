@@ -37,6 +37,11 @@ scheduler; its rows are marked inconclusive, never flagged.
 Only runs whose steps were timed alike are compared (``comparable``): a bench or profile run with
 another, or two runs of one other kind.
 
+Two watch records (``compare_watches``) compare their median step time between ``mark_step`` calls
+by the same rule as a step (Mann–Whitney, ``min_run_relative``) when both have steps, and state peak
+RSS, mean busy cores and each GPU's peak memory side by side (one value per run: no noise to judge
+them against, so never flagged).
+
 Points are paired by batch size; runs with no batch size in common are paired in order (a change of
 batch size: the rows then compare per-step times). The layer timer's own row, ``(profiler)``, is no
 work of the model and is left out.
@@ -229,3 +234,44 @@ def compare_runs(a: RunRecord, b: RunRecord, settings: CompareSettings | None = 
             for row in rows[-len(parts) - 1 :]:
                 row["flagged"], row["change"] = False, starved
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+WATCH_COLUMNS = ["kind", "name", "a", "b", "delta_rel", "p_value", "n_a", "n_b", "flagged", "change"]
+
+
+def compare_watches(a: RunRecord, b: RunRecord, settings: CompareSettings | None = None) -> pd.DataFrame:
+    """Two watch records: the step time row (seconds; judged as the module says) when both have steps,
+    then peak RSS (bytes), mean busy cores and each GPU's peak memory (bytes), unjudged."""
+    settings = settings or CompareSettings()
+    wa, wb = a.watch, b.watch
+    assert wa is not None and wb is not None
+    rows = []
+    steps_a, steps_b = wa.step_s(), wb.step_s()
+    if steps_a and steps_b:
+        row = compare_samples(
+            steps_a, steps_b, float(np.median(steps_a)), settings, min_relative=settings.min_run_relative
+        )
+        rows.append(
+            {"kind": "step", "name": "median step time (s)", "a": row["a_median_s"], "b": row["b_median_s"]}
+            | {k: row[k] for k in ("delta_rel", "p_value", "n_a", "n_b", "flagged", "change")}
+        )
+    summary_a, summary_b = wa.summary(), wb.summary()
+    values = [
+        ("memory", "peak RSS (bytes)", summary_a["peak_rss_bytes"], summary_b["peak_rss_bytes"]),
+        ("cpu", "mean busy cores", summary_a["mean_cpu_cores"], summary_b["mean_cpu_cores"]),
+    ]
+    gpus_b = {g.index: g for g in wb.gpus}
+    for gpu in wa.gpus:
+        if gpu.index in gpus_b:
+            peaks = [
+                max((v for v in g.memory_used_bytes if v is not None), default=None)
+                for g in (gpu, gpus_b[gpu.index])
+            ]
+            values.append(("gpu", f"GPU {gpu.index} peak memory (bytes)", *peaks))
+    for kind, name, value_a, value_b in values:
+        relative = (value_b - value_a) / value_a if value_a and value_b is not None else np.nan
+        rows.append(
+            {"kind": kind, "name": name, "a": value_a, "b": value_b, "delta_rel": relative, "p_value": np.nan}
+            | {"n_a": 1, "n_b": 1, "flagged": False, "change": ""}
+        )
+    return pd.DataFrame(rows, columns=WATCH_COLUMNS)

@@ -308,3 +308,43 @@ def predicted_vs_measured(
         ax.set_ylabel(f"predicted ({unit})")
         _legend_outside(ax)
         return to_svg(fig)
+
+
+#: The most processes drawn as lines of their own in a watch timeline (the largest by peak).
+TIMELINE_PROCESSES = 8
+
+
+def timeline(
+    lines: Mapping[str, tuple[Sequence[float], Sequence[float | None]]],
+    ylabel: str,
+    marks: Sequence[float] = (),
+    in_bytes: bool = False,
+) -> str:
+    """Values against seconds since the start, one line per series (None: a gap), and the step marks
+    as thin vertical lines."""
+    colors = color_map(list(lines))
+    with figure(height=2.8) as fig:
+        ax = fig.add_subplot()
+        for mark in marks:
+            ax.axvline(mark, color="#bbbbbb", lw=0.6, zorder=0)
+        for name, (times, values) in lines.items():
+            ys = [np.nan if v is None else v for v in values]
+            ax.plot(times, ys, lw=1.2, label=name, color=colors[name])
+        ax.set_xlabel("seconds since the command started" + (" (grey: step marks)" if marks else ""))
+        ax.set_ylabel(ylabel)
+        if in_bytes:
+            _bytes(ax.yaxis)
+        if len(lines) > 1:
+            _legend_outside(ax)
+        return to_svg(fig)
+
+
+def histogram(values: Sequence[float], xlabel: str) -> str:
+    """How many values fall in each of up to 30 bins (times in seconds, shown in ms)."""
+    with figure(height=2.8) as fig:
+        ax = fig.add_subplot()
+        ax.hist(values, bins=min(30, max(len(values), 1)), color=PALETTE[0])
+        _milliseconds(ax.xaxis)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("steps")
+        return to_svg(fig)

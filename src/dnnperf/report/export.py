@@ -1,5 +1,7 @@
 """Tables of a run as plain data: the stage and layer tables as DataFrames (the Python API) and as CSV
-files (one per table, every batch size in one file with a ``batch_size`` column)."""
+files (one per table, every batch size in one file with a ``batch_size`` column); a watch's samples
+(the tree's totals and GPUs, one row per sample) and its processes' samples (one row per process and
+sample)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from dnnperf.analysis import layers
+from dnnperf.results.fields import GPU_KINDS
 from dnnperf.results.record import RunRecord
 
 
@@ -71,9 +74,40 @@ def layer_table(record: RunRecord) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def samples_table(record: RunRecord) -> pd.DataFrame:
+    """A watch's samples: ``t`` (seconds since the start), the tree's totals, its busy cores, and
+    ``gpuN_METRIC`` per GPU; empty for other records."""
+    result = record.watch
+    if result is None:
+        return pd.DataFrame()
+    columns = {"t": result.t, **result.total.series_dict(), "processes": result.total.processes}
+    columns["cpu_cores"] = result.cpu_cores()
+    for gpu in result.gpus:
+        for kind in GPU_KINDS:
+            columns[f"gpu{gpu.index}_{kind}"] = getattr(gpu, kind)
+    return pd.DataFrame(columns)
+
+
+def process_samples_table(record: RunRecord) -> pd.DataFrame:
+    """A watch's per-process samples: one row per (process, sample it was alive at)."""
+    result = record.watch
+    if result is None:
+        return pd.DataFrame()
+    frames = []
+    for process in result.processes:
+        series = process.series_dict() | {"cpu_cores": result.cpu_cores(process)}
+        frame = pd.DataFrame({"t": result.t[process.first : process.first + len(process)], **series})
+        frame.insert(0, "name", process.name)
+        frame.insert(0, "pid", process.pid)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def csv_tables(record: RunRecord) -> dict[str, pd.DataFrame]:
-    """The record's tables that have rows, by file name: ``stages`` and ``layers``."""
+    """The record's tables that have rows, by file name: ``stages`` and ``layers``; ``samples`` and
+    ``processes`` for a watch."""
     tables = {"stages": stage_table(record), "layers": layer_table(record)}
+    tables |= {"samples": samples_table(record), "processes": process_samples_table(record)}
     return {name: frame for name, frame in tables.items() if not frame.empty}
 
 

@@ -28,7 +28,7 @@ from dnnperf.errors import UsageError
 from dnnperf.probes.memory import CATEGORIES
 from dnnperf.report import charts
 from dnnperf.report.export import write_text_atomic
-from dnnperf.report.terminal import human_count
+from dnnperf.report.terminal import how_it_ended, human_count
 from dnnperf.results.record import RunRecord
 
 #: Layer phases drawn as bars per batch size (the rest are in the table).
@@ -152,7 +152,7 @@ def summary_section(report: Report) -> Section:
             ("device", settings.get("device")),
             *(
                 []
-                if record.kind in ("predict", "validate")  # no steps of its own in the record
+                if record.kind in ("predict", "validate", "watch")  # no steps of dnnperf's own
                 else [
                     ("data", f"{settings.get('data')}, {settings.get('workers')} workers"),
                     ("steps", f"{settings.get('steps')} measured after {settings.get('warmup')} warm-up"),
@@ -681,6 +681,141 @@ def _memory_validation(frame: pd.DataFrame, band: float = 0.10) -> str:
 
 
 #: The page, in order. Later capabilities append theirs (each returns None without its data).
+def watch_section(report: Report) -> Section | None:
+    """A watch: how the command ended and what sampling cost, then a timeline per metric (the tree's
+    total; per process for RSS and cores), per GPU, the step marks as vertical lines, and the
+    step-time histogram."""
+    result = report.record.watch
+    if result is None:
+        return None
+    summary, total, t = result.summary(), result.total, result.t
+    marks = list(result.marks.t)
+    share = summary["sampling_share_of_core"]
+    about = definitions(
+        [
+            ("command", " ".join(result.config.argv)),
+            ("ended", how_it_ended(result)),
+            ("wall time", f"{result.wall_s:.2f} s"),
+            ("samples", f"{summary['samples']}, every {result.config.interval_s:g} s"),
+            (
+                "sampling cost",
+                f"{ms(summary['sampling_cpu_per_sample_s'])} ms of CPU per sample, "
+                + ("n/a" if share is None else f"{100 * share:.1f}% of one core"),
+            ),
+            ("GPUs", ", ".join(g.name for g in result.gpus) or result.gpu_note or "none"),
+        ]
+    )
+    biggest = sorted(result.processes, key=lambda p: max(p.rss_bytes, default=0), reverse=True)
+    shown = biggest[: charts.TIMELINE_PROCESSES]
+
+    def own(process: Any, values: list[Any]) -> tuple[list[float], list[Any]]:
+        return t[process.first : process.first + len(values)], values
+
+    def label(process: Any) -> str:
+        return f"{process.pid} {process.name}"
+
+    figures = [
+        chart(
+            charts.timeline(
+                {"total": (t, total.rss_bytes)} | {label(p): own(p, p.rss_bytes) for p in shown},
+                "resident size",
+                marks,
+                in_bytes=True,
+            ),
+            "Resident size (RSS): the tree's total and its largest processes.",
+        ),
+        chart(
+            charts.timeline(
+                {"total": (t, result.cpu_cores())} | {label(p): own(p, result.cpu_cores(p)) for p in shown},
+                "busy cores",
+                marks,
+            ),
+            "Busy cores over the last interval: the tree's total and its largest processes.",
+        ),
+        chart(
+            charts.timeline({"PSS": (t, total.pss_bytes), "USS": (t, total.uss_bytes)}, "bytes", marks, True),
+            "Proportional and unique set size of the tree (each holds its last value between reads).",
+        ),
+        chart(
+            charts.timeline(
+                {"minor": (t, total.minor_faults), "major": (t, total.major_faults)}, "page faults", marks
+            ),
+            "Page faults, cumulative (ended descendants included).",
+        ),
+        chart(
+            charts.timeline(
+                {"read": (t, total.read_bytes), "written": (t, total.write_bytes)}, "disk bytes", marks, True
+            ),
+            "Bytes read from and written to storage, cumulative (ended descendants included).",
+        ),
+        chart(
+            charts.timeline(
+                {
+                    "voluntary": (t, total.voluntary_switches),
+                    "involuntary": (t, total.involuntary_switches),
+                },
+                "context switches",
+                marks,
+            ),
+            "Context switches of the processes alive at each sample, cumulative.",
+        ),
+        chart(
+            charts.timeline(
+                {"threads": (t, total.threads), "processes": (t, total.processes)}, "count", marks
+            ),
+            "Threads and processes in the tree.",
+        ),
+    ]
+    for gpu in result.gpus:
+        name = f"GPU {gpu.index} ({gpu.name})"
+        figures += [
+            chart(
+                charts.timeline({"used": (t, gpu.memory_used_bytes)}, "GPU memory", marks, True),
+                f"{name}: memory used (all processes on the device).",
+            ),
+            chart(
+                charts.timeline({"utilisation": (t, gpu.utilization_pct)}, "%", marks),
+                f"{name}: utilisation (share of time a kernel ran).",
+            ),
+            chart(
+                charts.timeline(
+                    {"rx": (t, gpu.pcie_rx_bytes_per_s), "tx": (t, gpu.pcie_tx_bytes_per_s)},
+                    "PCIe bytes/s",
+                    marks,
+                    True,
+                ),
+                f"{name}: PCIe traffic (rx: host to device).",
+            ),
+            chart(charts.timeline({"power": (t, gpu.power_w)}, "W", marks), f"{name}: power."),
+        ]
+    steps = result.step_s()
+    if steps:
+        figures.append(
+            chart(
+                charts.histogram(steps, "step time (ms), between consecutive mark_step calls"),
+                f"{len(steps)} steps, median {ms(sorted(steps)[len(steps) // 2])} ms.",
+            )
+        )
+    rows = [
+        {
+            "pid": p.pid,
+            "name": p.name,
+            "cmdline": " ".join(p.cmdline),
+            "cpu": next((v for v in reversed(p.cpu_s) if v is not None), None),
+            "peak": max(p.rss_bytes, default=None),
+        }
+        for p in result.processes
+    ]
+    columns = [
+        Column("pid", "pid", numeric=True),
+        Column("name", "name"),
+        Column("command line", "cmdline"),
+        Column("CPU s", "cpu", lambda v: f"{v:.2f}", numeric=True),
+        Column("peak RSS", "peak", lambda v: human_count(v, "B"), numeric=True),
+    ]
+    return Section("watch", "Process tree", about + "".join(figures) + table(rows, columns))
+
+
 SECTIONS: list[Renderer] = [
     summary_section,
     stages_section,
@@ -692,6 +827,7 @@ SECTIONS: list[Renderer] = [
     memsave_section,
     prediction_section,
     validation_section,
+    watch_section,
 ]
 
 

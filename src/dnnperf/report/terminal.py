@@ -1116,3 +1116,35 @@ def watch_steps_table(result: Any) -> Table | None:
         mebibytes(growth.median),
     )
     return table
+
+
+def watch_compare_table(frame: Any, a: str, b: str) -> Table:
+    """``analysis.compare.compare_watches``: the step time (flagged beyond the runs' noise), then
+    peak RSS, mean cores and GPU peak memory side by side."""
+    table = Table(title=f"A = {a}\nB = {b}", title_justify="left")
+    for name, justify in (("", "left"), ("A", "right"), ("B", "right"), ("change", "right"), ("p", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("flag")
+    for row in frame.to_dict("records"):
+
+        def shown(value: Any, kind: str = row["kind"]) -> str:
+            if value is None or value != value:
+                return "n/a"
+            if kind == "step":
+                return f"{milliseconds(value)} ms"
+            return _cores(value) if kind == "cpu" else mebibytes(value)
+
+        flag = row["change"].upper() if row["flagged"] else row["change"]
+        table.add_row(
+            row["name"],
+            shown(row["a"]),
+            shown(row["b"]),
+            _percent(row["delta_rel"]),
+            "" if row["p_value"] != row["p_value"] else f"{row['p_value']:.2g}",
+            Text(flag, style="bold red") if row["flagged"] else flag,
+        )
+    table.caption = (
+        "The step time is flagged only beyond both runs' noise (docs/reports.md); one value per run "
+        "for memory, cores and GPU memory: stated, not judged."
+    )
+    return table

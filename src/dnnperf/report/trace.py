@@ -6,6 +6,10 @@ own time inside. A record keeps per-step durations, not clock readings, so steps
 and, within a step, stages in data-flow order and layers in the model's order (backward reversed):
 every span has its measured duration, the gaps between steps are not shown. Times are whole
 nanoseconds written as microseconds, so nesting is exact.
+
+A watch record is a different trace: counter tracks ("C" events) at the sample instants, one process
+per watched process (its pid) with a counter per metric, the tree's totals as process 0, one process
+per GPU, and an instant event per step mark.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from typing import Any
 
 from dnnperf.analysis.layers import LAYER_PHASES
 from dnnperf.probes.layers import LayerProfile
+from dnnperf.results.fields import GPU_KINDS, SERIES_KINDS
 from dnnperf.results.record import RunRecord
 from dnnperf.results.store import write_json_atomic
+from dnnperf.results.watch import WatchResult
 
 STEPS_TID, LAYERS_TID = 1, 2
+#: A watch trace's process for the tree's totals, and the first of its GPUs' (above any Linux pid).
+TREE_PID, GPU_PID = 0, 10_000_000
 
 
 @dataclass
@@ -188,8 +196,54 @@ def trace_events(tracks: Sequence[Track]) -> list[dict]:
     return events
 
 
+def counter_events(pid: int, times: Sequence[float], series: dict[str, list[Any]]) -> Iterator[dict]:
+    """One counter track per metric of ``series`` on process ``pid``; values that are None left out."""
+    for metric, values in series.items():
+        for at, value in zip(times, values, strict=False):
+            if value is not None:
+                yield {"name": metric, "ph": "C", "pid": pid, "ts": _ns(at) / 1e3, "args": {metric: value}}
+
+
+def process_name(pid: int, name: str) -> dict:
+    return {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}}
+
+
+def watch_events(result: WatchResult) -> list[dict]:
+    """A watch's counter tracks and step marks (see the module)."""
+    t = result.t
+    totals = result.total.series_dict() | {
+        "processes": result.total.processes,
+        "cpu_cores": result.cpu_cores(),
+    }
+    events = [process_name(TREE_PID, "process tree (total)"), *counter_events(TREE_PID, t, totals)]
+    for process in result.processes:
+        times = t[process.first : process.first + len(process)]
+        series = process.series_dict() | {"cpu_cores": result.cpu_cores(process)}
+        events.append(process_name(process.pid, f"{process.name} ({process.pid})"))
+        events += counter_events(process.pid, times, series)
+    for gpu in result.gpus:
+        pid = GPU_PID + gpu.index
+        events.append(process_name(pid, f"GPU {gpu.index} ({gpu.name})"))
+        events += counter_events(pid, t, {kind: getattr(gpu, kind) for kind in GPU_KINDS})
+    for at, step in zip(result.marks.t, result.marks.step, strict=True):
+        name = "step" if step is None else f"step {step}"
+        events.append({"name": name, "ph": "i", "s": "g", "pid": TREE_PID, "tid": 0, "ts": _ns(at) / 1e3})
+    return events
+
+
 def trace_document(record: RunRecord, tracks: Sequence[Track] | None = None) -> dict[str, Any]:
     """The whole trace file: events plus what it was made from."""
+    if record.watch is not None:
+        return {
+            "traceEvents": watch_events(record.watch),
+            "displayTimeUnit": "ms",
+            "otherData": {
+                "record": record.id,
+                "command": list(record.watch.config.argv),
+                "layout": "counters at the sample instants, seconds since the command started; "
+                f"metrics {', '.join(SERIES_KINDS)}, cpu_cores",
+            },
+        }
     tracks = tracks_of(record) if tracks is None else tracks
     return {
         "traceEvents": trace_events(tracks),
