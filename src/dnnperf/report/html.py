@@ -28,7 +28,7 @@ from dnnperf.errors import UsageError
 from dnnperf.probes.memory import CATEGORIES
 from dnnperf.report import charts
 from dnnperf.report.export import write_text_atomic
-from dnnperf.report.terminal import how_it_ended, human_count
+from dnnperf.report.terminal import how_it_ended, human_count, sampling_cost
 from dnnperf.results.record import RunRecord
 
 #: Layer phases drawn as bars per batch size (the rest are in the table).
@@ -690,18 +690,13 @@ def watch_section(report: Report) -> Section | None:
         return None
     summary, total, t = result.summary(), result.total, result.t
     marks = list(result.marks.t)
-    share = summary["sampling_share_of_core"]
     about = definitions(
         [
             ("command", " ".join(result.config.argv)),
             ("ended", how_it_ended(result)),
             ("wall time", f"{result.wall_s:.2f} s"),
             ("samples", f"{summary['samples']}, every {result.config.interval_s:g} s"),
-            (
-                "sampling cost",
-                f"{ms(summary['sampling_cpu_per_sample_s'])} ms of CPU per sample, "
-                + ("n/a" if share is None else f"{100 * share:.1f}% of one core"),
-            ),
+            ("sampling cost", sampling_cost(result)),
             ("GPUs", ", ".join(g.name for g in result.gpus) or result.gpu_note or "none"),
         ]
     )

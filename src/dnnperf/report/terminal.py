@@ -976,6 +976,14 @@ def how_it_ended(result: Any) -> str:
     return ending
 
 
+def sampling_cost(result: Any) -> str:
+    """What the watcher's sampling cost: CPU milliseconds per sample and the share of one core."""
+    share = result.sampling_share
+    per_sample = milliseconds(result.cost.per_sample_s)
+    shown = "n/a" if share is None else f"{share * 100:.1f}% of a core"
+    return f"{per_sample} ms of CPU per sample, {shown}"
+
+
 def watch_tables(record: RunRecord) -> list[Table]:
     """A watch record: the summary, its processes, its GPUs (or why none), its steps, what outlived it."""
     result = record.watch
@@ -1004,7 +1012,6 @@ def watch_summary_table(record: RunRecord) -> Table:
     )
     table.add_column("")
     table.add_column("")
-    share = summary["sampling_share_of_core"]
     # Switches are those of the processes alive at each sample: the most the tree held at once.
     pairs = zip(total.voluntary_switches, total.involuntary_switches, strict=True)
     switches = max((a + b for a, b in pairs), default=None)
@@ -1014,11 +1021,7 @@ def watch_summary_table(record: RunRecord) -> Table:
         ("ended", how_it_ended(result)),
         ("wall time", f"{result.wall_s:.2f} s"),
         ("samples", f"{summary['samples']} every {result.config.interval_s:g} s"),
-        (
-            "sampling cost",
-            f"{milliseconds(summary['sampling_cpu_per_sample_s'])} ms per sample, "
-            + ("n/a" if share is None else f"{share * 100:.1f}% of a core"),
-        ),
+        ("sampling cost", sampling_cost(result)),
         ("peak RSS (sampled)", mebibytes(summary["peak_rss_bytes"])),
         ("peak RSS (kernel: the largest process)", mebibytes(result.kernel_peak_rss_bytes)),
         ("peak PSS", mebibytes(max((v for v in total.pss_bytes if v is not None), default=None))),
