@@ -242,3 +242,23 @@ def test_bad_sharded_input_is_one_line(args, needles, refused):
 @pytest.mark.parametrize("argv", OWN_STEP)
 def test_sharding_refuses_a_workload_with_its_own_step(argv, refused):
     assert_one_line_error(refused[argv], "wgan_gp", "own step", argv[-1])
+
+
+def test_zero1_keeps_the_workloads_optimizer_and_its_hyper_parameters(tmp_path):
+    """gpt2's AdamW (lr 1e-3, betas 0.9/0.95, weight decay 0.1, as the workload builds it): its groups
+    carry a key AdamW's constructor refuses (decoupled_weight_decay), which zero1 must not pass on.
+    One gloo rank in this process."""
+    import torch
+    import torch.distributed as dist
+
+    from dnnperf.distributed.sharded import ZeroOneTask
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        task = ZeroOneTask(get_workload("gpt2").build("tiny", "cpu"), "gpt2", torch.device("cpu"))
+        (inner,) = task.optimizers()
+        assert type(inner) is torch.optim.AdamW
+        group = inner.param_groups[0]
+        assert (group["lr"], group["betas"], group["weight_decay"]) == (1e-3, (0.9, 0.95), 0.1)
+    finally:
+        dist.destroy_process_group()

@@ -28,6 +28,7 @@ step is in ``update``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from typing import Any
@@ -204,8 +205,13 @@ class ZeroOneTask(DataParallelTask):
         original = self.optimizer
         groups = [{**group, "params": list(group["params"])} for group in original.param_groups]
         first, *rest = groups
+        # A group holds keys its class's constructor does not take (AdamW's decoupled_weight_decay,
+        # which AdamW sets itself): only the constructor's own go to it, the groups keep every key.
+        accepted = inspect.signature(type(original)).parameters
         self.optimizer = ZeroRedundancyOptimizer(
-            first.pop("params"), optimizer_class=type(original), **{k: v for k, v in first.items()}
+            first["params"],
+            optimizer_class=type(original),
+            **{k: v for k, v in first.items() if k in accepted and k != "params"},
         )
         for group in rest:
             self.optimizer.add_param_group(group)
