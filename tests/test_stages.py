@@ -106,14 +106,20 @@ def median(breakdown: StageBreakdown, stage: str) -> float:
 )
 def test_an_injected_delay_lands_in_its_stage(injected, known_delay, tmp_path, where, stage, delay):
     injected(None)
-    baseline = median(profile("injected", tmp_path), stage)
+    baseline = profile("injected", tmp_path).steps[stage]
     delay = known_delay(delay)
     injected(where, delay)
     measured = profile("injected", tmp_path).steps[stage]
     assert len(delay.durations()) == 7  # once per step: 2 warm-up + 5 measured
-    # Per step, the stage minus the delay that step really had is the undelayed stage again.
+    # Every step's stage holds the whole delay that step had: a boundary in the wrong place leaves
+    # part of it to a neighbouring stage. (One-sided: load only lengthens a stage.)
     rest = [m - d for m, d in zip(measured, delay.per_step(5), strict=True)]
-    assert statistics.median(rest) - baseline == pytest.approx(0, abs=0.10 * delay.seconds)
+    assert min(rest) >= -1e-4, (measured, delay.per_step(5))
+    # And nothing else: less the delay, the stage is the undelayed stage again. Compared on each run's
+    # quickest step, which another process's load leaves alone where a median (of a separate run) does
+    # not: a busy machine moved the two runs' medians 8 ms apart. Half the delay still catches a delay
+    # counted twice or a neighbouring stage's work booked here.
+    assert abs(min(rest) - min(baseline)) <= 0.5 * delay.seconds, (rest, baseline)
 
 
 def test_an_injected_decode_delay_lands_in_preprocess(injected, known_delay, tmp_path):
@@ -130,8 +136,12 @@ def test_an_injected_decode_delay_lands_in_preprocess(injected, known_delay, tmp
     delay = known_delay(DECODE_DELAY_S, spin=False)
     inline, worker = preprocess_times("decode", delay)  # plus 2 samples x 25 ms
     assert len(delay.durations()) >= 2 * 2 * 9  # 2 samples x 9 steps, inline and in the worker
-    assert inline - baseline_inline == pytest.approx(2 * delay.median(), rel=0.10)
-    assert worker - baseline_worker == pytest.approx(2 * delay.median(), rel=0.10)
+    # The logged sleeps are the truth. At least 90% of them is found (a sample's delay lost or booked
+    # elsewhere misses 50%); above, a process that wakes from a sleep on a busy machine waits for a
+    # core before its clock reads the end (+6 ms on 50 ms seen in a worker), so the bound is looser
+    # there, and still catches a delay counted twice.
+    for found in (inline - baseline_inline, worker - baseline_worker):
+        assert 0.9 * 2 * delay.median() <= found <= 1.4 * 2 * delay.median(), (found, delay.median())
 
 
 def test_a_failing_dataset_keeps_the_steps_before_it(monkeypatch, tmp_path):
