@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -137,6 +138,74 @@ def test_compare_states_the_figures_and_refuses_a_bench_record(watched, tmp_path
     refused = dnnperf("compare", path, str(tmp_path / "bench.json"))
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "measured their steps differently" in refused.stderr
+
+
+GIB = 1024 * MIB
+
+
+def with_a_gpu(record: dict) -> dict:
+    """The record with one GPU series: memory rising from 1 GiB to 5 GiB (a 4 GiB allocation), 50%
+    utilisation, PCIe rx peaking at 50 GB/s, 300 W; one value left unread (None)."""
+    samples = len(record["watch"]["t"])
+    memory = [GIB] * (samples // 2) + [5 * GIB] * (samples - samples // 2)
+    gpu = {
+        "index": 0,
+        "name": "Fake GPU",
+        "utilization_pct": [50.0] * samples,
+        "memory_used_bytes": memory,
+        "pcie_rx_bytes_per_s": [None] + [50e9] * (samples - 1),
+        "pcie_tx_bytes_per_s": [1e9] * samples,
+        "power_w": [300.0] * samples,
+    }
+    watch = dict(record["watch"], gpus=[gpu], gpu_note=None)
+    return dict(record, watch=watch, settings=dict(record["settings"], device="cuda"))
+
+
+def test_gpu_series_are_shown_drawn_traced_and_compared(watched, tmp_path: Path) -> None:
+    _, document, _ = watched
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(with_a_gpu(document["record"])))
+    shown = dnnperf("show", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert "5120.0 MiB" in shown.stdout and "50%" in shown.stdout and "50 GB/s" in shown.stdout
+    assert "300 W" in shown.stdout
+    report = tmp_path / "gpu.html"
+    assert dnnperf("report", str(path), "-o", str(report)).returncode == 0
+    assert report.read_text().count('<figure class="chart"><svg') == 8 + 4  # four per GPU
+    trace = tmp_path / "t.json"
+    assert dnnperf("export", str(path), "--trace", str(trace)).returncode == 0
+    memory = [
+        e["args"]["memory_used_bytes"]
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e["ph"] == "C" and e["name"] == "memory_used_bytes"
+    ]
+    assert max(memory) - min(memory) == 4 * GIB
+    compared = dnnperf("compare", str(path), str(path), "--json")
+    rows = {r["name"]: r for r in json.loads(compared.stdout)["rows"]}
+    assert rows["GPU 0 peak memory (bytes)"]["a"] == 5 * GIB
+
+
+def test_a_stopped_watch_is_partial_and_exits_as_its_command(tmp_path: Path) -> None:
+    """SIGTERM to the watcher: forwarded to the command, which dies of it; the record is partial."""
+    sleeper = [PYTHON, "-c", "import time; time.sleep(600)"]
+    watcher = subprocess.Popen(
+        [PYTHON, "-m", "dnnperf", "watch", "--runs-dir", str(tmp_path), "--no-report", "-q", "--", *sleeper]
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(tmp_path.glob("*.json")):
+            time.sleep(0.05)
+        watcher.send_signal(signal.SIGTERM)
+        assert watcher.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        watcher.kill()
+        watcher.wait()
+    record = record_of(tmp_path)
+    assert (record["status"], record["watch"]["end"], record["watch"]["signal"]) == (
+        "partial",
+        "interrupted",
+        signal.SIGTERM,
+    )
 
 
 def test_the_command_exit_code_passes_through(tmp_path: Path) -> None:
