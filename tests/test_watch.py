@@ -493,3 +493,19 @@ def test_without_nvidia_ml_py_there_are_no_gpu_series_and_the_result_says_why(
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails, as when the package is absent
     sampler, note = open_gpus()
     assert sampler is None and "nvidia-ml-py" in note
+
+
+EXEC_ITSELF = """
+import os, sys, time
+time.sleep(0.3)
+os.execv("/bin/sleep", ["/bin/sleep", "0.5"])
+"""
+
+
+@pytest.mark.concurrent
+def test_a_process_that_execs_is_named_by_the_program_it_became() -> None:
+    """A launcher that execs its program (a pyenv shim, ``bash -c``, ``exec`` in a script): the
+    process's name and command line are those of the program it ran last."""
+    result = watch([PYTHON, "-c", EXEC_ITSELF], interval_s=0.05)
+    (process,) = result.processes
+    assert (process.name, process.cmdline) == ("sleep", ["/bin/sleep", "0.5"])

@@ -194,6 +194,8 @@ class TreeSampler:
             self.series[key] = ProcessSeries(
                 pid=process.pid, ppid=ppid, name=name, cmdline=cmdline, first=index
             )
+        else:
+            renamed(process, self.series[key])
         return self.series[key]
 
     def forget(self, pid: int) -> None:
@@ -213,3 +215,17 @@ class TreeSampler:
 
     def process_series(self) -> list[ProcessSeries]:
         return sorted(self.series.values(), key=lambda s: (s.first, s.pid))
+
+
+def renamed(process: psutil.Process, series: ProcessSeries) -> None:
+    """A process that ran another program (exec: a shim, ``bash -c``, ``exec`` in a script) is named
+    by the program it runs now: its command line is read again at every sample, and on a change its
+    name too (psutil keeps a process's first name; a new handle reads it afresh)."""
+    try:
+        cmdline = process.cmdline()
+        if cmdline and cmdline != series.cmdline:
+            fresh = psutil.Process(process.pid)
+            if fresh.create_time() == process.create_time():  # the same process, not a reused pid
+                series.name, series.cmdline = fresh.name(), cmdline
+    except psutil.Error:  # gone or a zombie: it keeps the name it had
+        pass
