@@ -208,6 +208,36 @@ def test_a_stopped_watch_is_partial_and_exits_as_its_command(tmp_path: Path) -> 
     )
 
 
+def test_a_process_left_behind_is_shown_with_its_fate(tmp_path: Path) -> None:
+    """The shell starts a 60 s sleep in the background and exits; the sleep outlives it, gets
+    --leftover-grace to end, does not, and is terminated (sleep ends on SIGTERM)."""
+    shell = "sleep 60 & sleep 3"  # 3 s: sampled many times before the shell exits
+    done = dnnperf(
+        "watch",
+        "--runs-dir",
+        str(tmp_path),
+        "--no-report",
+        "--leftover-grace",
+        "0.2",
+        "--",
+        "bash",
+        "-c",
+        shell,
+    )
+    assert done.returncode == 0, done.stderr
+    (outlived,) = record_of(tmp_path)["watch"]["outlived"]
+    assert (outlived["name"], outlived["cmdline"], outlived["fate"]) == (
+        "sleep",
+        ["sleep", "60"],
+        "terminated",
+    )
+    assert "processes that outlived the command" in done.stdout and "terminated" in done.stdout
+    assert not psutil.pid_exists(outlived["pid"]) or psutil.Process(outlived["pid"]).cmdline() != [
+        "sleep",
+        "60",
+    ]
+
+
 def test_the_command_exit_code_passes_through(tmp_path: Path) -> None:
     done = dnnperf(
         "watch",
