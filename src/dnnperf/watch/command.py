@@ -13,6 +13,7 @@ say how it ended); "partial" when the watcher was asked to stop (Ctrl-C, SIGTERM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -137,13 +138,12 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
             outlive_grace_s=args.leftover_grace,
             stdout=stdout,
         )
-    except UsageError:  # the command could not start: no sample, no record
-        store.path(record.id).unlink(missing_ok=True)
-        raise
     except BaseException as error:
-        if record.watch is not None:
-            record.status, record.finished = "failed", utc_now()
-            record.error = f"{type(error).__name__}: {error}"
+        if record.watch is None:  # the command never started (not found): nothing measured, no record
+            raise
+        record.status, record.finished = "failed", utc_now()
+        record.error = f"{type(error).__name__}: {error}"
+        with contextlib.suppress(UsageError):  # a record that cannot be saved keeps its last save
             store.save(record)
         raise
     keep(result)
