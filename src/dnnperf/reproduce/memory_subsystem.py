@@ -164,7 +164,7 @@ def _framework_growth_claim(table: pd.DataFrame, commands: list[str]) -> Claim:
         parts.append(
             f"{name}: peak RSS {rss[0]:.0f} -> {rss[-1]:.0f} MiB from batch {rows['batch'].iloc[0]} to "
             f"{rows['batch'].iloc[-1]} ({slope:+.2f} MiB per sample), minor faults per batch size "
-            f"{_count(faults[0])} -> {_count(faults[-1])}"
+            f"{_count(faults[0])} (with the framework's import) -> {_count(faults[-1])}"
         )
     both = len(groups) == len(FRAMEWORKS) and growing == len(groups)
     return Claim(
