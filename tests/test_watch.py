@@ -97,9 +97,9 @@ time.sleep(0.5)
 SPAWN = """
 import os, subprocess, sys, time
 n, directory = int(sys.argv[1]), sys.argv[2]
-start_at = time.time() + 1.0
+start_at = time.time() + 2.0  # every worker started (interpreter up) before any spins, even when busy
 workers = [
-    subprocess.Popen([sys.executable, "-c", sys.argv[3], str(start_at), "1.5", f"{directory}/{i}"])
+    subprocess.Popen([sys.executable, "-c", sys.argv[3], str(start_at), "2.0", f"{directory}/{i}"])
     for i in range(n)
 ]
 for worker in workers:
