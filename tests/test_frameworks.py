@@ -17,16 +17,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 
 from dnnperf.errors import UsageError
 from dnnperf.frameworks import KERAS_FRAMEWORKS, KERAS_WORKLOADS
+from dnnperf.frameworks import bench as frameworks_bench
 from dnnperf.frameworks.bench import bench_framework, check_request, missing_packages, system_figures
 from dnnperf.frameworks.command import refuse_unsupported
 from dnnperf.reproduce.memory_subsystem import framework_claims
 from dnnperf.results.record import Point, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.results.watch import StepMarks, WatchConfig, WatchResult
+from dnnperf.runner import RunFailed
 from dnnperf.workloads import get_workload
 from dnnperf.workloads.base import count_parameters
 
@@ -180,6 +183,28 @@ def test_short_bench_gives_a_valid_record_with_watch_figures(tmp_path: Path, fra
     for row in figures:
         assert 0 < row["peak_rss_bytes"] <= watched.peak_rss_bytes
     assert figures[0]["minor_faults"] > 0  # importing a framework faults its pages in
+
+
+@pytest.mark.parametrize("framework", BACKENDS[:1])
+def test_a_failing_child_leaves_a_failed_record_and_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, framework: str
+) -> None:
+    # Injected: the data handed to the child lacks the batch size's images.
+    def wrong_data(*args: object) -> None:
+        with open(str(args[-1]), "wb") as file:
+            np.savez(file, other=np.zeros(1))
+
+    monkeypatch.setattr(frameworks_bench, "write_data", wrong_data)
+    store = RunStore(tmp_path)
+    with pytest.raises(RunFailed, match="image_4") as failure:
+        bench_framework("basic_cnn", framework, "tiny", [4, 8], steps=1, warmup=0, store=store)
+    loaded = store.load(failure.value.record.id)
+    assert loaded.status == "failed" and "image_4" in (loaded.error or "")
+    assert [p.status for p in loaded.points] == ["failed"]  # the sweep stopped at the failure
+    assert loaded.watch is not None and loaded.watch.exit_code == 0 and not loaded.watch.outlived
+    assert not [
+        p for p in psutil.Process().children(recursive=True) if "dnnperf.frameworks.child" in p.cmdline()
+    ]
 
 
 def test_requests_that_cannot_run_are_refused() -> None:

@@ -198,6 +198,11 @@ def bench_framework(
         argv = [sys.executable, "-m", "dnnperf.frameworks.child", json.dumps(spec)]
         record.watch = watch(argv, interval_s, env=env, stdout=subprocess.DEVNULL)
         conclude(record, read_result(result_file), record.watch)
+    except BaseException as error:  # before the child's end was known: the record says why it stopped
+        if record.status == "running":
+            record.status = "partial" if isinstance(error, KeyboardInterrupt) else "failed"
+            record.error = f"{type(error).__name__}: {error}"
+        raise
     finally:
         data.close()
         result_file.close()
