@@ -139,14 +139,18 @@ def test_memory_source_cycles_its_pool():
 
 def test_disk_source_runs_past_an_epoch_and_close_stops_its_workers(tmp_path):
     fmt = ImageFormat(image_size=16, num_classes=3)
+    # Children from before, not ours to stop: multiprocessing's resource tracker, which an earlier test
+    # in this process may have started, lives as long as the process.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     source = open_source(fmt, "disk", batch_size=4, workers=2, data_dir=tmp_path, min_samples=8)
     assert isinstance(source, DiskSource)
     for _ in range(5):  # 8 samples, 2 batches per epoch: crosses two epoch boundaries
         assert next(source)["image"].shape == (4, 3, 16, 16)
-    assert len(psutil.Process().children(recursive=True)) >= 2
+    workers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert len(workers) >= 2
     source.close()
     source.close()  # idempotent
-    _gone, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
+    _gone, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
 
 

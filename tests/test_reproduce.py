@@ -22,6 +22,9 @@ pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers
 
 
 @pytest.mark.slow
+# Every paper's commands in fresh processes: about 2 minutes on 2 idle cores, past 5 with a busy loop
+# and other jobs beside it. The timeout is there to catch a hang, not to time the run.
+@pytest.mark.timeout(1200)
 def test_every_paper_reproduces_at_smoke_size(tmp_path):
     # Two lanes at once (the suite's time on 2 cores): the parallelism paper (its 2-rank validation is
     # most of its time) beside the other four in turn, each lane with its summary and runs directory.
