@@ -352,3 +352,37 @@ def test_a_record_whose_writer_is_a_zombie_reads_interrupted():
         assert record.effective_status() == "running"
     finally:
         child.wait()
+
+
+def test_sigkill_of_a_collective_calibration_leaves_no_rank_or_scratch_directory(tmp_path):
+    """The gloo microbenchmark's ranks are dnnperf's processes too: they and their scratch directory go
+    with the process that started them, however it dies."""
+    import glob
+    import tempfile
+
+    scratch = f"{tempfile.gettempdir()}/dnnperf-collectives-*"
+    before = set(glob.glob(scratch))
+    code = "from dnnperf.model.collective_calibration import measure; measure(rounds=100000, timeout_s=600)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[psutil.Process] = []
+        while len(ranks) < 2 or set(glob.glob(scratch)) == before:  # both ranks started, scratch made
+            assert time.monotonic() < deadline and parent.poll() is None, "the ranks never started"
+            time.sleep(0.1)
+            children = psutil.Process(parent.pid).children(recursive=True)
+            ranks = [p for p in children if "dnnperf.model.collective_calibration" in " ".join(_cmdline(p))]
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 120
+    while any(_alive(p) for p in ranks) or set(glob.glob(scratch)) - before:
+        assert time.monotonic() < deadline, ([p.pid for p in ranks if _alive(p)], glob.glob(scratch))
+        time.sleep(0.2)
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []

@@ -41,8 +41,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
 from dnnperf.distributed.netns import LinkShape, NetnsPair, burst_bytes
 from dnnperf.errors import DnnperfError
+from dnnperf.interrupts import die_with_this_process
 from dnnperf.model import collectives
 from dnnperf.model.calibrate import page_fault_cost
 from dnnperf.model.machine import GLOO_SEGMENT
@@ -133,12 +135,30 @@ def measure(
 def _measure(
     world: int, sizes: Sequence[int], rounds: int, timeout_s: float, pair: NetnsPair | None
 ) -> pd.DataFrame:
+    """The ranks' samples. Nothing outlives this process, even a SIGKILL of it: the ranks get the
+    parent-death signal, and a lifeline kills what is left (by the scratch directory in their
+    environment) and removes the scratch directory and the namespaces."""
+    with Lifeline() as lifeline:
+        for namespace in pair.namespaces if pair is not None else ():
+            lifeline.announce("netns", namespace)
+        return _measure_ranks(world, sizes, rounds, timeout_s, pair, lifeline)
+
+
+def _measure_ranks(
+    world: int,
+    sizes: Sequence[int],
+    rounds: int,
+    timeout_s: float,
+    pair: NetnsPair | None,
+    lifeline: Lifeline,
+) -> pd.DataFrame:
     scratch = Path(tempfile.mkdtemp(prefix="dnnperf-collectives-"))
+    lifeline.announce("dir", scratch)
     ranks: list[subprocess.Popen] = []
     try:
         out = scratch / "samples.json"
         settings = json.dumps([world, str(scratch / "store"), str(out), list(sizes), rounds])
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_RANK_DIR: str(scratch)}
         for rank in range(world):
             argv = [sys.executable, "-m", __name__, str(rank), settings]
             rank_env = env
@@ -152,6 +172,7 @@ def _measure(
                     stderr=subprocess.PIPE,
                     text=True,
                     env=rank_env,
+                    preexec_fn=die_with_this_process(),
                 )
             )
         deadline = time.monotonic() + timeout_s
