@@ -324,3 +324,21 @@ def test_a_huge_argument_is_not_echoed_in_full(capsys):
 def test_a_record_error_is_a_record_error():
     with pytest.raises(RecordError, match="points"):
         RunRecord.from_dict(document() | {"points": [{"batch_size": True, "status": "complete"}]})
+
+
+def test_a_reproduction_table_shows_its_verdict_styled_and_its_sentences_whole():
+    """dnnperf's own sentences are not cut like stored names, and its styling is not shown as text."""
+    from rich.console import Console
+
+    from dnnperf.report.terminal import reproduction_table
+    from dnnperf.reproduce.base import Claim, Reproduction
+
+    long = "measured " + " ".join(f"figure{i}" for i in range(40)) + " END"
+    claim = Claim("a [bold]claim[/bold]", long, "holds", "because " + long, ["dnnperf bench x"])
+    table = reproduction_table(Reproduction("k", "000", "t", "smoke", claims=[claim]))
+    console = Console(width=400, record=True, color_system="truecolor", force_terminal=True)
+    console.print(table)
+    text = console.export_text(clear=False)
+    assert "[green]" not in text and "holds: because measured" in text
+    assert text.count("END") == 2 and "a [bold]claim[/bold]" in text  # whole, and markup literal
+    assert "\x1b[32m" in console.export_text(styles=True)  # the verdict is green

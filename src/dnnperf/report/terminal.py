@@ -569,7 +569,9 @@ def reproduction_table(reproduction: Any) -> Table:
         table.add_column(name, overflow="fold")
     for claim in reproduction.claims:
         style = "green" if claim.verdict == "holds" else "yellow"
-        table.add_row(claim.claim, claim.measured, f"[{style}]{claim.verdict}[/{style}]: {claim.why}")
+        # Sentences, not names: shown whole (as Text, so never read as markup), folded by the columns.
+        verdict = Text(claim.verdict, style=style) + Text(printable(f": {claim.why}"))
+        table.add_row(Text(printable(claim.claim)), Text(printable(claim.measured)), verdict)
     return table
 
 
