@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="train a workload and time its steps, at one or more batch sizes"
     )
     _training_arguments(bench)
+    from dnnperf.frameworks.command import add_arguments as framework_arguments
+
+    framework_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
 
     profile = commands.add_parser(
@@ -372,6 +375,10 @@ def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> in
 
     workload = get_workload(args.workload)
     workload.config(args.preset)  # validates the preset before anything else happens
+    if getattr(args, "framework", None) is not None:  # one child process per framework, under watch
+        from dnnperf.frameworks import command as frameworks
+
+        return frameworks.run(args, out, RunStore(args.runs_dir))
     from dnnperf.distributed import command as distributed
 
     if distributed.wanted(args):
@@ -548,6 +555,8 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
     if record.watch is not None:
         from dnnperf.report.terminal import watch_tables
 
+        if record.kind != "watch":  # bench --framework: its steps first, then its process tree
+            out.print(points_table(record))
         for table in watch_tables(record):
             out.print(table)
         return
