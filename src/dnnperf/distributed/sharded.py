@@ -29,7 +29,6 @@ step is in ``update``.
 from __future__ import annotations
 
 import inspect
-import math
 from collections import Counter
 from typing import Any
 
@@ -68,15 +67,6 @@ def shard_units(model: nn.Module) -> list[str]:
         if all(inside(owner, name) for p in params for owner in owners[id(p)]):
             chosen.append(name)
     return chosen
-
-
-def shard_bytes(shape: torch.Size | tuple[int, ...], world: int, element_size: int) -> int:
-    """Bytes one rank holds of a tensor sharded on dim 0 with padding (FSDP2's layout): every rank's
-    shard is ceil(dim0 / world) rows."""
-    if not shape:
-        return element_size  # a scalar is one element on every rank
-    rows = math.ceil(shape[0] / world)
-    return rows * math.prod(shape[1:]) * element_size
 
 
 class ExposedComm:
