@@ -302,3 +302,25 @@ def test_framework_claims_differ_without_a_second_framework() -> None:
     table = framework_table([800, 820, 860, 940], [350, 360, 380, 420])
     grows, alike = framework_claims(table[table["framework"] == "torch"], ["cmd"])
     assert grows.verdict == "differs" and alike.verdict == "differs"
+
+
+@pytest.mark.skipif(bool(missing_packages("jax")), reason="the frameworks extra is not installed")
+def test_the_command_line_runs_a_framework_and_refuses_what_it_cannot_run(tmp_path: Path, capsys) -> None:
+    """`dnnperf bench --framework` end to end: a record whose steps are the child's marks, and one-line
+    refusals (exit 2) before any child starts."""
+    from dnnperf import cli
+
+    runs = tmp_path / "runs"
+    argv = ["bench", "basic_cnn", "--framework", "jax", "--preset", "tiny", "-b", "4", "--steps", "2"]
+    assert cli.main([*argv, "--warmup", "1", "--runs-dir", str(runs), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    record = RunRecord.from_dict(document.get("record", document))
+    assert record.settings["framework"] == "jax" and record.watch is not None
+    assert len(record.points[0].step_s) == 2 and len(record.watch.marks.t) == 3  # 1 warm-up + 2 steps
+    for refused, needle in [
+        (["bench", "resnet50", "--framework", "tensorflow"], "resnet50 has no Keras version"),
+        (["bench", "basic_cnn", "--framework", "jax", "--data", "disk"], "--data disk does not apply"),
+    ]:
+        assert cli.main([*refused, "--runs-dir", str(runs)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and needle in err, err
