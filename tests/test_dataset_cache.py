@@ -117,6 +117,31 @@ def test_damage_that_keeps_sizes_and_times_is_found_by_a_full_verify(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("name", ["/dev/zero", "../../outside.jpg", "images/../../outside.jpg"])
+def test_a_forged_manifest_naming_files_outside_the_dataset_is_damage(tmp_path, name):
+    """Its own checksum is unkeyed, so whoever can write the cache can forge one: a name outside the
+    dataset is refused unread (hashing /dev/zero would never end) and a non-regular file unhashed."""
+    directory = ensure_dataset(IMAGES, COUNT, root=tmp_path)
+    (tmp_path / "outside.jpg").write_bytes(b"x")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"][name] = {"size": 0, "mtime_ns": 1, "sha256": "0" * 64}
+    content = {key: value for key, value in manifest.items() if key != "checksum"}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    manifest["checksum"] = hashlib.sha256(canonical).hexdigest()  # forged the way the format is defined
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    assert verify_dataset(directory, full=True) == [
+        f"manifest.json names {name!r}, which is not a file inside the dataset"
+    ]
+
+
+def test_a_device_in_place_of_a_dataset_file_is_damage(tmp_path):
+    directory = ensure_dataset(IMAGES, COUNT, root=tmp_path)
+    image = directory / "images" / "0000001.jpg"
+    image.unlink()
+    os.mkfifo(image)  # reading it would block for ever
+    assert verify_dataset(directory, full=True) == ["images/0000001.jpg is not a regular file"]
+
+
 def test_a_manifest_for_another_dataset_is_damage(tmp_path):
     directory = ensure_dataset(IMAGES, COUNT, root=tmp_path)
     description = {**IMAGES.describe(), "count": COUNT + 1, "seed": 0}

@@ -30,7 +30,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 from typing import Any
 
 from dnnperf.errors import UsageError
@@ -127,10 +128,15 @@ def verify_dataset(
     retimed = False
     base = str(directory)
     for name, entry in manifest["files"].items():
+        if not _inside(name):  # a forged manifest must not make us read /dev/zero or ../../elsewhere
+            problems.append(f"{MANIFEST} names {name!r}, which is not a file inside the dataset")
+            continue
         path = os.path.join(base, name)  # plain strings: a Path per file would triple the cost of stats
         try:
-            stat = os.stat(path)
-            if stat.st_size != entry["size"]:
+            stat = os.lstat(path)
+            if not S_ISREG(stat.st_mode):
+                problems.append(f"{name} is not a regular file")
+            elif stat.st_size != entry["size"]:
                 problems.append(f"{name} has {stat.st_size} bytes, the manifest says {entry['size']}")
             elif full or stat.st_mtime_ns != entry["mtime_ns"]:
                 if sha256_of(path) != entry["sha256"]:
@@ -148,6 +154,14 @@ def verify_dataset(
         with suppress(OSError):
             _save_manifest(directory, manifest)
     return problems
+
+
+def _inside(name: object) -> bool:
+    """A relative path with no ``..``: a file under the dataset's directory."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return False
+    path = PurePosixPath(name)
+    return not path.is_absolute() and ".." not in path.parts
 
 
 def summary(problems: list[str]) -> str:
