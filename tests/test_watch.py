@@ -509,3 +509,139 @@ def test_a_process_that_execs_is_named_by_the_program_it_became() -> None:
     result = watch([PYTHON, "-c", EXEC_ITSELF], interval_s=0.05)
     (process,) = result.processes
     assert (process.name, process.cmdline) == ("sleep", ["/bin/sleep", "0.5"])
+
+
+# the watcher's own failures and leftovers -----------------------------------------------------------
+
+
+@pytest.mark.concurrent
+def test_a_daemon_reparented_before_its_first_sample_is_reported_and_ended(tmp_path: Path) -> None:
+    """The subshell forks a new-session sleep and exits at once: the sleep belongs to init before
+    any sample sees it; only its DNNPERF_WATCH_ID says it is the command's."""
+    pid_file = tmp_path / "pid"
+    result = watch(
+        ["bash", "-c", f"(setsid sleep 60 & echo $! > {pid_file})"], interval_s=0.5, outlive_grace_s=0.2
+    )
+    daemon = int(pid_file.read_text())
+    assert {o.pid: (o.name, o.fate) for o in result.outlived} == {daemon: ("sleep", "terminated")}
+    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.concurrent
+def test_a_constructor_failing_right_after_the_start_does_not_leave_the_command_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dnnperf.watch import run as run_module
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("sampler failed")
+
+    started = []
+
+    def start(*args: object, **kwargs: object) -> tuple[subprocess.Popen, str]:
+        process, watch_id = real_start(*args, **kwargs)
+        started.append(process)
+        return process, watch_id
+
+    real_start = run_module.start
+    monkeypatch.setattr(run_module, "start", start)
+    monkeypatch.setattr(run_module, "TreeSampler", fail)
+    with pytest.raises(RuntimeError):
+        watch([PYTHON, "-c", "import time; time.sleep(60)"])
+    (process,) = started
+    assert process.poll() is not None  # ended and reaped, not left running
+    assert marks_files_open() == []
+
+
+class FailingGpus:
+    """A GPU reader that fails partway through its third sample (after one series got its value)."""
+
+    def __init__(self) -> None:
+        from dnnperf.results.watch import GpuSeries
+
+        self.series = [GpuSeries(index=0, name="fake"), GpuSeries(index=1, name="fake")]
+        self.calls = 0
+
+    def sample(self) -> None:
+        self.calls += 1
+        for number, series in enumerate(self.series):
+            if self.calls == 3 and number == 1:
+                raise RuntimeError("the driver went away")
+            for values in (series.utilization_pct, series.memory_used_bytes, series.power_w):
+                values.append(1)
+            series.pcie_rx_bytes_per_s.append(1.0)
+            series.pcie_tx_bytes_per_s.append(1.0)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.concurrent
+def test_a_watcher_failing_mid_sample_saves_a_record_that_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from dnnperf.watch import command
+    from dnnperf.watch import run as run_module
+
+    monkeypatch.setattr(run_module, "open_gpus", lambda: (FailingGpus(), None))
+    args = argparse.Namespace(
+        watched=["--", PYTHON, "-c", "import time; time.sleep(60)"],
+        interval=0.05,
+        grace=30.0,
+        leftover_grace=5.0,
+        runs_dir=tmp_path,
+        json=False,
+        no_report=True,
+    )
+    with pytest.raises(RuntimeError, match="driver went away"):
+        command.run(args, SimpleNamespace(), ["dnnperf", "watch"])
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "failed"
+    result = WatchResult.from_dict(record["watch"])
+    assert len(result.t) == 2  # the two whole samples; the broken third is not kept
+    assert [len(g.power_w) for g in result.gpus] == [2, 2]
+
+
+class FakeClocks:
+    """A wall clock and a CPU clock that only a save moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.cpu = 0.0
+
+
+@pytest.mark.concurrent
+def test_saves_are_spaced_by_twenty_times_the_last_save() -> None:
+    from dnnperf.watch.command import Saver
+
+    clocks = FakeClocks()
+    saved: list[float] = []
+
+    def slow_save() -> None:  # 0.25 s of wall time (0.125 s of CPU): the next save 20 x 0.25 s after it ends
+        saved.append(clocks.now)
+        clocks.now += 0.25
+        clocks.cpu += 0.125
+
+    saver = Saver(slow_save, clock=lambda: clocks.now, cpu_clock=lambda: clocks.cpu)
+    costs = []
+    for _ in range(128):  # a sample every 0.125 s (exact in binary) for 16 s
+        costs.append(saver.maybe_save())
+        clocks.now += 0.125
+    assert saved == [0.0, 5.25, 10.5, 15.75]
+    assert costs.count(0.125) == 4 and sum(costs) == 0.5  # each save's CPU, to count into the cost
+
+
+@pytest.mark.concurrent
+def test_fast_saves_are_spaced_by_one_second() -> None:
+    from dnnperf.watch.command import Saver
+
+    clocks = FakeClocks()
+    saved: list[float] = []
+    saver = Saver(lambda: saved.append(clocks.now), clock=lambda: clocks.now, cpu_clock=lambda: clocks.cpu)
+    for _ in range(50):
+        saver.maybe_save()
+        clocks.now += 0.125
+    assert saved == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]

@@ -339,3 +339,42 @@ def test_importing_the_watch_record_module_loads_no_torch() -> None:
     code += "print(sorted(m for m in ('torch', 'keras') if m in sys.modules))"
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_command_ignoring_sigterm_is_killed_after_the_grace_and_the_record_is_partial(
+    tmp_path: Path,
+) -> None:
+    """The command ignores the forwarded SIGTERM; --grace 0.5 later the watcher kills it (SIGKILL),
+    keeps the partial record and exits as the command ended: 128 + SIGKILL."""
+    ready = tmp_path / "ready"
+    stubborn = [
+        PYTHON,
+        "-c",
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(600)",
+        str(ready),
+    ]
+    runs = tmp_path / "runs"
+    options = ["--runs-dir", str(runs), "--no-report", "-q", "--grace", "0.5"]
+    watcher = subprocess.Popen(
+        [PYTHON, "-m", "dnnperf", "watch", *options, "--", *stubborn],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not ready.exists():
+            time.sleep(0.05)
+        watcher.send_signal(signal.SIGTERM)
+        code = watcher.wait(timeout=120)
+    finally:
+        watcher.kill()
+        watcher.wait()
+    assert code == 128 + signal.SIGKILL, watcher.stderr.read() if watcher.stderr else ""
+    record = record_of(runs)
+    assert (record["status"], record["watch"]["end"], record["watch"]["signal"]) == (
+        "partial",
+        "interrupted",
+        signal.SIGKILL,
+    )
+    assert record["watch"]["stop_signal"] == signal.SIGTERM

@@ -32,6 +32,7 @@ ENDS = ("exited", "signalled", "interrupted")
 #: or the watcher ended it with SIGTERM, or with SIGKILL.
 FATES = ("exited", "terminated", "killed")
 
+
 @dataclass
 class WatchConfig:
     """The command watched and how often it was sampled."""
@@ -123,7 +124,8 @@ class OutlivedProcess:
 
 @dataclass
 class SamplingCost:
-    """CPU seconds the sampler's own thread used for each sample."""
+    """CPU seconds the sampler's own thread used for each sample (under ``dnnperf watch``, with the
+    save of the record that followed it)."""
 
     cpu_s: list[float] = field(default_factory=list)
 
@@ -167,6 +169,26 @@ class WatchResult:
     #: descendant it reaped, and the largest resident size any one of them reached (exact, not sampled).
     kernel_cpu_s: float | None = None
     kernel_peak_rss_bytes: int | None = None
+
+    def align(self) -> None:
+        """Cut every series to the samples that all of them hold (a sample cut short by an error
+        leaves some series one value longer than others), so that the result survives its JSON form."""
+        gpu_lengths = [len(getattr(g, name)) for g in self.gpus for name in GPU_KINDS]
+        total_lengths = [len(getattr(self.total, name)) for name in SERIES_KINDS]
+        samples = min(
+            len(self.t), len(self.cost.cpu_s), len(self.total.processes), *total_lengths, *gpu_lengths
+        )
+        del self.t[samples:]
+        del self.cost.cpu_s[samples:]
+        self.processes = [p for p in self.processes if p.first < samples]
+        for series in (self.total, *self.processes):
+            first = series.first if isinstance(series, ProcessSeries) else 0
+            for name in SERIES_KINDS:
+                del getattr(series, name)[samples - first :]
+        del self.total.processes[samples:]
+        for gpu in self.gpus:
+            for name in GPU_KINDS:
+                del getattr(gpu, name)[samples:]
 
     @property
     def ended(self) -> bool:

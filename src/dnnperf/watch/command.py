@@ -1,8 +1,9 @@
 """``dnnperf watch [options] -- COMMAND ...``: run a command, sample its process tree, keep a record.
 
-The record (kind "watch") is saved once the command has started, then at most once a second while it
-runs and once at the end, atomically each time: a watcher killed outright leaves a "running" record
-with its samples so far, which ``dnnperf runs`` shows as interrupted.
+The record (kind "watch") is saved once the command has started, then while it runs (see
+:class:`Saver`: the record grows with the run, and so does a save) and once at the end, atomically
+each time: a watcher killed outright leaves a "running" record with its samples up to its last save,
+which ``dnnperf runs`` shows as interrupted.
 
 The record's status is about the measurement, not the command: "complete" when the command ended on
 its own, whatever its exit code or signal (``watch.end``, ``watch.exit_code`` and ``watch.signal``
@@ -18,6 +19,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,9 @@ from dnnperf.results.watch import WatchResult
 
 #: The most often a running watch rewrites its record.
 SAVE_EVERY_S = 1.0
+#: A running watch waits this many times its last save's duration before the next: the record grows
+#: with the run, and saving it takes no more than about 1/SAVE_SPACING of the watcher's time.
+SAVE_SPACING = 20.0
 #: Interpreters whose first argument that is not an option is the program being run.
 INTERPRETERS = ("python", "python3", "bash", "sh", "node", "ruby", "perl")
 
@@ -97,6 +102,31 @@ def new_record(argv: list[str], interval_s: float, command: list[str]) -> Any:
     )
 
 
+class Saver:
+    """Saves a running watch's record at most every ``SAVE_EVERY_S`` seconds, and no sooner than
+    ``SAVE_SPACING`` times the last save's duration after it."""
+
+    def __init__(
+        self,
+        save: Callable[[], object],
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self.save, self.clock, self.cpu_clock = save, clock, cpu_clock
+        self.due = -math.inf
+
+    def maybe_save(self) -> float:
+        """Save if one is due; the CPU seconds the save took (0 when none was due)."""
+        began = self.clock()
+        if began < self.due:
+            return 0.0
+        cpu = self.cpu_clock()
+        self.save()
+        ended = self.clock()
+        self.due = ended + max(SAVE_EVERY_S - (ended - began), SAVE_SPACING * (ended - began))
+        return max(self.cpu_clock() - cpu, 0.0)
+
+
 def record_status(result: WatchResult) -> str:
     """The measurement's status (see the module): partial when the watcher was asked to stop."""
     return "partial" if result.end == "interrupted" else "complete"
@@ -114,18 +144,20 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
     check_arguments(argv, args.interval)
     store = RunStore(args.runs_dir)
     record = new_record(argv, args.interval, command)
-    last_save = -math.inf
+    saver = Saver(lambda: store.save(record))
 
-    def keep(result: WatchResult) -> None:
-        nonlocal last_save
+    def update(result: WatchResult) -> None:
         record.watch = result
         if not result.ended and result.t:  # the wall time so far, for a record the watcher never ends
             result.wall_s = result.t[-1]
         if result.gpus:
             record.settings["device"] = "cuda"
-        if time.monotonic() - last_save >= SAVE_EVERY_S:
-            store.save(record)
-            last_save = time.monotonic()
+
+    def keep(result: WatchResult) -> None:
+        update(result)
+        saved_cpu_s = saver.maybe_save()
+        if result.cost.cpu_s:  # the save is the watcher's cost too: counted with the sample it follows
+            result.cost.cpu_s[-1] += saved_cpu_s
 
     # With --json the command's own output goes to stderr: stdout carries the one JSON document.
     stdout = sys.stderr.fileno() if args.json else None
@@ -141,12 +173,13 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
     except BaseException as error:
         if record.watch is None:  # the command never started (not found): nothing measured, no record
             raise
+        record.watch.align()  # a sample the failure cut short is dropped: the record must load
         record.status, record.finished = "failed", utc_now()
         record.error = f"{type(error).__name__}: {error}"
         with contextlib.suppress(UsageError):  # a record that cannot be saved keeps its last save
             store.save(record)
         raise
-    keep(result)
+    update(result)
     record.status, record.finished = record_status(result), utc_now()
     path = store.save(record)
     finish(args, out, record, path)

@@ -6,10 +6,12 @@ and its whole group directly, once. The watcher forwards what reaches only itsel
 and SIGINT when it did not come from the terminal (the watcher's group is not the terminal's
 foreground group, e.g. ``kill -INT``). Either way the watcher keeps sampling until the command
 ends, so the result holds everything sampled, and ends "interrupted". A command that outlives
-``grace_s`` after the request is killed.
+``grace_s`` after the request gets SIGKILL, and so does its tree.
 
-Processes the command leaves behind are reported, then given ``outlive_grace_s`` to end on their
-own (sampled meanwhile), then SIGTERM, then SIGKILL: ``watch`` leaves nothing running. If the
+Processes the command leaves behind (those of its tree still running, and any other carrying this
+watch's DNNPERF_WATCH_ID: a daemon re-parented to init before a sample saw it) are reported, then
+given ``outlive_grace_s`` to end on their own (sampled meanwhile), then SIGTERM, then SIGKILL:
+``watch`` leaves nothing running. If the
 watcher dies (SIGKILL, the OOM killer), the command gets SIGKILL (the parent-death signal) and a
 lifeline process (``dnnperf.distributed.lifeline``) kills every other process that carries this
 watch's DNNPERF_WATCH_ID in its environment: the command's whole tree, grandchildren of a shell
@@ -35,7 +37,7 @@ from typing import Any
 
 import psutil
 
-from dnnperf.distributed.lifeline import Lifeline
+from dnnperf.distributed.lifeline import Lifeline, job_processes
 from dnnperf.errors import UsageError
 from dnnperf.interrupts import die_with_this_process
 from dnnperf.results.watch import SERIES_KINDS, OutlivedProcess, StepMarks, WatchConfig, WatchResult
@@ -157,18 +159,20 @@ def start(
     env: dict[str, str] | None,
     lifeline: Lifeline,
     stdout: int | None = None,
-) -> subprocess.Popen:
+) -> tuple[subprocess.Popen, str]:
     """The command, started with the marks file and a watch id in its environment (announced to the
-    lifeline first: the command's tree may outlive a killed watcher only until the lifeline sees it)."""
+    lifeline first: the command's tree may outlive a killed watcher only until the lifeline sees it),
+    and that id."""
     watch_id = secrets.token_hex(8)
     lifeline.announce("env", f"{ENV_WATCH_ID}={watch_id}")
     environment = {**(os.environ if env is None else env), ENV_MARKS: marks.path, ENV_WATCH_ID: watch_id}
     try:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             list(argv), env=environment, stdout=stdout, preexec_fn=die_with_this_process()
         )
     except OSError as error:  # not found, not executable
         raise UsageError(f"cannot run {argv[0]!r}: {error.strerror or error}") from None
+    return process, watch_id
 
 
 def watch(
@@ -189,13 +193,15 @@ def watch(
     gpus, gpu_note = open_gpus()
     lifeline = Lifeline()
     try:
-        process = start(argv, marks, env, lifeline, stdout)
-        result = WatchResult(config=WatchConfig(list(argv), float(interval_s)), started_at=time.time())
-        result.gpu_note = gpu_note
-        stop = StopRequests(process.pid)
-        sampler = TreeSampler(process.pid, float(interval_s))
-        result.total = sampler.total
+        process, watch_id = start(argv, marks, env, lifeline, stdout)
+        sampler: TreeSampler | None = None
         try:
+            # Everything after the start is protected: an error or a signal here ends the command.
+            result = WatchResult(config=WatchConfig(list(argv), float(interval_s)), started_at=time.time())
+            result.gpu_note = gpu_note
+            stop = StopRequests(process.pid)
+            sampler = TreeSampler(process.pid, float(interval_s))
+            result.total = sampler.total
             with stop.installed():
                 status, usage = sample_until_exit(process, sampler, gpus, result, stop, grace_s, on_sample)
                 process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
@@ -204,10 +210,15 @@ def watch(
                 sampler.forget(process.pid)
                 reaped = final_counters(usage)
                 take_sample(sampler, gpus, result, reaped)
-                end_leftovers(sampler, gpus, result, reaped, outlive_grace_s, on_sample)
+                end_leftovers(sampler, gpus, result, reaped, outlive_grace_s, on_sample, watch_id)
         finally:
             # An error in the watcher (or in on_sample): nothing it started may outlive it.
-            kill_tree(list(sampler.followed.values()))
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            if sampler is not None:
+                kill_tree(list(sampler.followed.values()))
+            kill_tree(job_processes(ENV_WATCH_ID, watch_id))
             if process.returncode is None:
                 process.wait()
         result.marks = parse_marks(marks.read(), result.started_at)
@@ -242,7 +253,10 @@ def sample_until_exit(
             if pid == process.pid:
                 return status, usage
             if stop.at is not None and time.monotonic() - stop.at > grace_s:
-                kill_tree(list(sampler.followed.values()))
+                # The root is SIGKILLed but not reaped here (not Popen.kill: its poll may reap it): the
+                # os.wait4 above reaps it at the next sample.
+                os.kill(process.pid, signal.SIGKILL)
+                kill_tree([p for pid, p in sampler.followed.items() if pid != process.pid])
             due = max(due + result.config.interval_s, time.monotonic())
             wait_until(due, waiter)
     finally:
@@ -313,9 +327,14 @@ def end_leftovers(
     reaped: dict[str, Any],
     grace_s: float,
     on_sample: Callable[[WatchResult], None] | None,
+    watch_id: str,
 ) -> None:
     """Report the processes that outlived the command; sample them for ``grace_s`` while they end on
-    their own, then SIGTERM and SIGKILL what is left. ``reaped``: the command's own final counters."""
+    their own, then SIGTERM and SIGKILL what is left. ``reaped``: the command's own final counters.
+    Leftovers are the tree's followed processes and any other process carrying ``watch_id`` in its
+    environment (a daemon re-parented to init before a sample saw it)."""
+    for process in job_processes(ENV_WATCH_ID, watch_id):
+        sampler.follow(process)
     leftovers = sampler.alive()
     if not leftovers:
         return

@@ -198,6 +198,13 @@ class TreeSampler:
             renamed(process, self.series[key])
         return self.series[key]
 
+    def follow(self, process: psutil.Process) -> None:
+        """Follow a process found outside the tree (one of the command's, re-parented elsewhere)."""
+        with contextlib.suppress(psutil.Error):  # gone already
+            if process.pid not in self.followed and (process.pid, process.create_time()) not in self.ended:
+                self.followed[process.pid] = process
+                self.outside.discard(process.pid)
+
     def forget(self, pid: int) -> None:
         """Stop following a process (one gone, or the reaped root: its pid may be reused at once)."""
         process = self.followed.pop(pid, None)
