@@ -6,13 +6,16 @@ the bench record against what the child and the watcher saw, and the framework v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ from dnnperf.results.record import Point, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.results.watch import StepMarks, WatchConfig, WatchResult
 from dnnperf.runner import RunFailed
+from dnnperf.watch.marks import ENV_MARKS
 from dnnperf.workloads import get_workload
 from dnnperf.workloads.base import count_parameters
 
@@ -324,3 +328,101 @@ def test_the_command_line_runs_a_framework_and_refuses_what_it_cannot_run(tmp_pa
         assert cli.main([*refused, "--runs-dir", str(runs)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def first_child_mark(parent: subprocess.Popen, at_least: int, timeout_s: float = 240.0) -> None:
+    """Wait until the framework child under ``parent`` has marked step ``at_least`` (or a later one)."""
+    deadline = time.monotonic() + timeout_s
+    marks = None
+    while time.monotonic() < deadline and parent.poll() is None:
+        if marks is None:
+            for process in psutil.Process(parent.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if "dnnperf.frameworks.child" in process.cmdline():
+                        marks = process.environ()[ENV_MARKS]
+        if marks is not None:
+            with contextlib.suppress(OSError):
+                steps = [int(line.split()[1]) for line in Path(marks).read_text().splitlines()]
+                if steps and max(steps) >= at_least:
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"no mark of step {at_least} before the run ended (exit {parent.poll()})")
+
+
+@pytest.mark.parametrize(
+    ("framework", "stop"),
+    [
+        pytest.param("jax", signal.SIGTERM, marks=needs("jax")),
+        pytest.param("torch", signal.SIGTERM),
+        pytest.param("torch", signal.SIGINT),
+    ],
+)
+def test_a_stopped_framework_bench_exits_by_its_signal_and_keeps_the_measured_steps(
+    tmp_path: Path, framework: str, stop: signal.Signals
+) -> None:
+    # Stopped during the second batch size: the first one's steps all kept, the second's so far.
+    warmup, steps = 1, 400
+    runs = tmp_path / "runs"
+    argv = [sys.executable, "-m", "dnnperf", "bench", "basic_cnn", "--framework", framework]
+    argv += ["--sweep", "4,8,16"]
+    argv += ["--steps", str(steps), "--warmup", str(warmup), "--runs-dir", str(runs)]
+    parent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first_child_mark(parent, warmup + steps)  # the second batch size's first step
+        parent.send_signal(stop)
+        _, stderr = parent.communicate(timeout=120)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert parent.returncode == 128 + int(stop), stderr  # 130 for Ctrl-C, 143 for SIGTERM
+    [saved] = list(runs.rglob("*.json"))
+    record = RunRecord.from_dict(json.loads(saved.read_text()))
+    assert record.status == "partial" and record.watch is not None
+    assert record.watch.stop_signal == stop
+    first, second = record.points[:2]
+    assert first.status == "complete" and len(first.step_s) == steps
+    assert second.status == "partial" and second.batch_size == 8
+    # Every step the child marked is in the record (one more where the stop fell between a step's
+    # timing and its mark).
+    marked = len(record.watch.marks.step)
+    recorded = sum(len(p.warmup_s) + len(p.step_s) for p in record.points)
+    assert warmup + steps < marked <= recorded <= marked + 1
+
+
+def test_torch_marks_stay_in_their_batch_sizes_window_after_a_short_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Injected: batch 4 runs out of memory after 2 of its 3 steps; batch 8 runs all 3.
+    from dnnperf import runner
+    from dnnperf.frameworks import child
+
+    def short_first_point(settings: object, on_step: object = None, **kwargs: object) -> RunRecord:
+        for batch_size, done in [(4, 1), (4, 2), (8, 1), (8, 2), (8, 3)]:
+            on_step(batch_size, done, 3)
+        return RunRecord(id="x", kind="bench", workload={}, settings={}, environment={})
+
+    numbers: list[int] = []
+    monkeypatch.setattr(runner, "bench", short_first_point)
+    monkeypatch.setattr(child, "mark_step", numbers.append)
+    spec = {"workload": "basic_cnn", "preset": "tiny", "batch_sizes": [4, 8], "steps": 2, "warmup": 1,
+            "device": "cpu", "seed": 0, "result": str(tmp_path / "result.json")}  # fmt: skip
+    child.run_torch(spec)
+    assert numbers == [0, 1, 3, 4, 5]
+    # Batch 4's steps end at 0.4 and 0.6 s; batch 8's at 1.2, 1.5 and 2.0 s.
+    marks = list(zip([0.4, 0.6, 1.2, 1.5, 2.0], numbers, strict=True))
+    first, second = system_figures(synthetic_record(marks))
+    assert first["window_s"] == pytest.approx(0.6) and first["minor_faults"] == 6_000
+    assert second["window_s"] == pytest.approx(1.4) and second["minor_faults"] == 14_000
+    assert second["peak_rss_bytes"] == 120 * 2**20 and second["cpu_cores"] == pytest.approx(1.5)
+
+
+def test_two_framework_records_compare_per_batch_size(tmp_path: Path, capsys) -> None:
+    from dnnperf import cli
+
+    store = RunStore(tmp_path)
+    a, b = (bench_framework("basic_cnn", "torch", "tiny", [4, 8], 3, 1, store=store) for _ in "ab")
+    assert cli.main(["compare", a.id, b.id, "--runs-dir", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    steps = [(row["batch_a"], row["batch_b"]) for row in rows if row["kind"] == "step"]
+    assert steps == [(4, 4), (8, 8)]

@@ -868,7 +868,7 @@ def cmd_compare(args: argparse.Namespace, out: Output) -> int:
             "compare two bench or profile runs, or two runs of one other kind"
         )
     settings = CompareSettings(min_relative=args.min_change, min_run_relative=args.min_run_change)
-    if a.watch is not None and b.watch is not None:
+    if a.kind == "watch":  # B too (comparable); a bench --framework record compares per batch size
         return compare_watch_runs(a, b, settings, args, out)
     frame = compare_runs(a, b, settings)
     if frame.empty:

@@ -11,19 +11,20 @@ forward, loss, backward and the SGD update, compiled (``tf.function`` or ``jax.j
 call, and synchronised when it returns the loss to the host. Its time is the host's wall clock around
 the call. For torch the child runs ``dnnperf.runner.bench`` itself, the in-process bench unchanged.
 
-The result is written after every batch size, so a child stopped part-way leaves what it measured.
+The result is written after every batch size and when the child is stopped (Ctrl-C or SIGTERM, which
+the watcher passes on), so a child stopped part-way leaves what it measured.
 Errors are written into the result, not to the terminal (the frameworks' own logs are silenced).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
 import time
 from typing import Any
 
+from dnnperf.interrupts import interrupted_exit_code, stop_on_signals
 from dnnperf.watch.marks import mark_step
 
 
@@ -107,6 +108,10 @@ def run_keras(spec: dict[str, Any]) -> dict[str, Any]:
                 value = float(np.asarray(loss).reshape(-1)[0])
                 point["loss"].append(value if np.isfinite(value) else None)
             point["status"] = "complete"
+        except KeyboardInterrupt:  # stopped: what was measured is written, then the stop goes on
+            point["status"] = "partial"
+            write_result(spec["result"], result)
+            raise
         except Exception as error:  # one batch size's failure is recorded; an OOM lets the sweep go on
             point["status"] = "oom" if is_oom(error) else "failed"
             point["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
@@ -122,7 +127,7 @@ def run_keras(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_torch(spec: dict[str, Any]) -> dict[str, Any]:
     """The in-process bench, unchanged, with every step marked; the result holds its record."""
-    from dnnperf.runner import BenchSettings, RunFailed, bench
+    from dnnperf.runner import BenchSettings, Interrupted, RunFailed, bench
 
     settings = BenchSettings(
         workload=spec["workload"],
@@ -133,17 +138,28 @@ def run_torch(spec: dict[str, Any]) -> dict[str, Any]:
         device=spec["device"],
         seed=spec["seed"],
     )
-    steps = itertools.count()  # the runner calls back once per step, batch size after batch size
+    sizes, per_point = list(settings.batch_sizes or ()), settings.steps_per_point
+    position = -1  # the batch size's place in the sweep
 
     def marked(batch_size: int, done: int, total: int) -> None:
-        mark_step(next(steps))
+        # Numbered by batch-size place and step, as system_figures reads them: a batch size that runs
+        # out of memory or stops early leaves a gap, not a shift of every later window.
+        nonlocal position
+        if done == 1:
+            position = sizes.index(batch_size, position + 1)
+        mark_step(position * per_point + done - 1)
 
+    stopped = None
     try:
         record = bench(settings, on_step=marked)
     except RunFailed as failure:
         record = failure.record
+    except Interrupted as interrupt:
+        record, stopped = interrupt.record, interrupt
     result = {"record": record.to_dict()}
     write_result(spec["result"], result)
+    if stopped is not None:
+        raise stopped
     return result
 
 
@@ -155,7 +171,10 @@ def main(argv: list[str]) -> int:
     os.dup2(devnull, 2)
     os.close(devnull)
     try:
-        (run_torch if spec["framework"] == "torch" else run_keras)(spec)
+        with stop_on_signals():  # SIGTERM, as Ctrl-C, stops the run and leaves its result written
+            (run_torch if spec["framework"] == "torch" else run_keras)(spec)
+    except KeyboardInterrupt:
+        return interrupted_exit_code()
     except Exception as error:
         write_result(spec["result"], {"error": f"{type(error).__name__}: {error}".splitlines()[0][:300]})
         return 1

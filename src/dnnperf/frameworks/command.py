@@ -94,6 +94,10 @@ def run(args: argparse.Namespace, out: Any, store: RunStore) -> int:
         out.error(f"interrupted: what was measured is saved as a partial record: {path}")
         if args.json:
             out.json({"record_path": str(path), "record": interrupt.record.to_dict()})
+        # The watcher's handlers, not interrupts', saw the signal during the run: its record says which.
+        watched = interrupt.record.watch
+        if watched is not None and watched.stop_signal is not None:
+            return 128 + int(watched.stop_signal)
         return interrupted_exit_code()
     path = store.path(record.id)
     figures = system_figures(record)
