@@ -106,7 +106,7 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
     if strategy == "fsdp" and getattr(args, "memory", False):
         # The memory probe reads storages of plain tensors; fsdp's parameters, gradients and optimizer
         # state are DTensors (their shards are plain tensors inside).
-        raise UsageError("--memory with --strategy fsdp is not available yet (the probe reads no DTensors)")
+        raise UsageError("--memory with --strategy fsdp: the memory profiler reads no DTensors")
     fsdp_only = [
         flag
         for flag, given in (
@@ -178,7 +178,7 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
 
             check_mixed_precision(config.mixed_precision, resolve_device(settings.device))
     elif not model_parallel_available(config.strategy):
-        raise UsageError(f"--strategy {config.strategy} is not available yet (its module is missing)")
+        raise UsageError(f"--strategy {config.strategy} is not available (its module is missing)")
     elif config.strategy == "pp":
         from dnnperf.distributed.pipeline import check_pipeline
 

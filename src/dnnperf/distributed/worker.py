@@ -81,7 +81,7 @@ def strategy_task(task: Task, workload: Workload, config: DistributedSettings, d
         return ZeroOneTask(task, workload.name, device, config.bucket_cap_mb)
     module_name, function = _MODEL_PARALLEL[config.strategy]
     if not model_parallel_available(config.strategy):
-        raise UsageError(f"--strategy {config.strategy} is not available yet ({module_name} is missing)")
+        raise UsageError(f"--strategy {config.strategy} is not available ({module_name} is missing)")
     module = importlib.import_module(module_name)
     if config.strategy == "pp":
         return module.pipeline_task(
