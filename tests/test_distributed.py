@@ -209,6 +209,7 @@ BAD_INPUT = [
     (("--nproc", "2", "-b", "7"), ("global batch 7", "divisible by 2")),
     (("--nproc", "2", "--link-mbit", "100"), ("--netns",)),
     (("--nproc", "2", "--layers"), ("--layers",)),
+    (("--nproc", "2", "--strategy", "fsdp", "--save-params", "p.pt"), ("--save-params", "--strategy fsdp")),
     (("--strategy", "dp"), ("--nproc",)),
 ]
 OWN_STEP = ("profile", "wgan_gp", "--nproc", "2")

@@ -13,7 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 MAX_LINES = 400
 #: Words that date a text to an episode of its own making, which means nothing to a user.
-DIARY = re.compile(r"\bsessions? \d+|\bSession \d+")
+DIARY = re.compile(
+    r"\bsessions? \d+|\bSession \d+|\b(previous|earlier|last) session\b|\b(previous|earlier) call\b"
+    r"|\bfor now\b|\bnot available yet\b"
+)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 

@@ -97,12 +97,14 @@ def wanted(args: argparse.Namespace) -> bool:
 def settings_from(args: argparse.Namespace) -> DistributedSettings:
     """The distributed settings, checked; a UsageError names what is wrong."""
     if getattr(args, "layers", False) or args.memory_limit is not None:
-        raise UsageError("--layers and --memory-limit are not available with distributed runs yet")
+        raise UsageError("--layers and --memory-limit do not apply to distributed runs")
     if not args.netns and (args.link_mbit is not None or args.link_delay_ms):
         raise UsageError("--link-mbit and --link-delay-ms shape the link between namespaces: add --netns")
     strategy = args.strategy or "dp"
     if args.save_params is not None and strategy != "dp":
-        raise UsageError("--save-params writes a dp replica's parameters; pp and tp split them over ranks")
+        raise UsageError(
+            f"--save-params writes a dp replica's parameters; --strategy {strategy} splits them over ranks"
+        )
     if strategy == "fsdp" and getattr(args, "memory", False):
         # The memory probe reads storages of plain tensors; fsdp's parameters, gradients and optimizer
         # state are DTensors (their shards are plain tensors inside).
