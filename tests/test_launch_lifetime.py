@@ -4,6 +4,7 @@ SIGKILLed dnnperf, and pp's bad micro-batch counts are refused before any rank s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -150,7 +151,7 @@ def test_pp_refuses_bad_micro_batches_before_any_rank_starts(args, needle, monke
     assert not runs.exists() or not list(runs.glob("*.ranks.log"))
 
 
-@pytest.mark.parametrize(("device", "gpus"), [("cuda", 1), ("auto", 1), ("cuda", 0)])
+@pytest.mark.parametrize(("device", "gpus"), [("cuda", 1), ("cuda", 0)])
 def test_more_ranks_than_gpus_are_refused_before_any_rank_starts(device, gpus, monkeypatch, capsys):
     """Rank r trains on cuda:r: with fewer GPUs than ranks the extra ranks would fail after starting."""
     import torch
@@ -163,6 +164,20 @@ def test_more_ranks_than_gpus_are_refused_before_any_rank_starts(device, gpus, m
     captured = capsys.readouterr()
     assert code == 2 and started == [] and len(captured.err.strip().splitlines()) == 1, captured.err
     assert ("needs 2 GPUs" if gpus else "no CUDA GPU") in captured.err
+
+
+def test_auto_with_more_ranks_than_gpus_trains_the_ranks_on_the_cpu(monkeypatch, capsys):
+    """``--device auto`` picks what works: the ranks are told to use the CPU, and the user is told."""
+    import torch
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(launch, "launch", lambda argv, *a, **k: launched.append(list(argv)) or None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with contextlib.suppress(AttributeError):  # the fake launch returns no outcome to report
+        cli.main(["profile", "basic_cnn", "--nproc", "2", "-b", "4", "--steps", "1"])
+    (argv,) = launched
+    assert argv[-2:] == ["--device", "cpu"] and "train on the CPU" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------------

@@ -138,14 +138,22 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
     )
 
 
-def check_gpus(device_name: str, nproc: int) -> None:
-    """Each rank on CUDA gets a GPU of its own (``cuda:LOCAL_RANK``): refuse more ranks than GPUs
-    here, before any starts, rather than let the extra ranks fail on a device that does not exist."""
+def ranks_fit_the_gpus(device_name: str, nproc: int) -> bool:
+    """Whether ``nproc`` ranks on ``device_name`` can each have a GPU of their own (always, on the CPU)."""
     import torch
 
     from dnnperf.devices import resolve_device
 
-    if resolve_device(device_name).type != "cuda":
+    return resolve_device(device_name).type != "cuda" or nproc <= torch.cuda.device_count()
+
+
+def check_gpus(device_name: str, nproc: int) -> None:
+    """Each rank on CUDA gets a GPU of its own (``cuda:LOCAL_RANK``): refuse more ranks than GPUs
+    here, before any starts, rather than let the extra ranks fail on a device that does not exist.
+    ``auto`` with fewer GPUs than ranks is no error: the ranks run on the CPU (``run`` says so)."""
+    import torch
+
+    if device_name == "auto" or ranks_fit_the_gpus(device_name, nproc):
         return
     gpus = torch.cuda.device_count()
     if nproc > gpus:
@@ -222,7 +230,11 @@ def run(args: argparse.Namespace, out: Any, settings: Any, store: Any, report: b
                 seen[0] += 1
                 advance()
 
-        outcome = launch.launch(args.argv, config, store, run_id, on_progress=progress)
+        argv = list(args.argv)
+        if settings.device == "auto" and not ranks_fit_the_gpus("auto", config.nproc):
+            out.error(f"note: {config.nproc} ranks and fewer GPUs: the ranks train on the CPU (gloo)")
+            argv += ["--device", "cpu"]  # the ranks parse the command line again: the last one counts
+        outcome = launch.launch(argv, config, store, run_id, on_progress=progress)
     record, path = outcome.record, store.path(run_id)
     if outcome.fault is not None:
         measured = sum(len(p.step_s) for p in record.points) if record is not None else 0
