@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from dnnperf.interrupts import interrupted_exit_code, stop_on_signals
+from dnnperf.interrupts import interrupted_exit_code, stop_if_requested, stop_on_signals
 from dnnperf.watch.marks import mark_step
 
 
@@ -99,6 +99,8 @@ def run_keras(spec: dict[str, Any]) -> dict[str, Any]:
                 for i in range(pool)
             ]
             for step in range(per_point):
+                # A stop whose KeyboardInterrupt the backend's native code swallowed still stops here.
+                stop_if_requested()
                 x, y = batches[step % pool]
                 began = time.perf_counter()
                 loss = model.train_on_batch(x, y)  # returns the loss as a host number: synchronised
