@@ -151,7 +151,7 @@ def bench(
         id=new_run_id(workload.name, settings.preset),
         kind="profile" if settings.stages or settings.layers or settings.memory else "bench",
         command=list(command),
-        workload=_describe_workload(workload, settings.preset),
+        workload=workload_section(workload, settings.preset),
         settings={
             **{
                 k: str(v) if isinstance(v, Path) else v
@@ -443,7 +443,8 @@ def _release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _describe_workload(workload: Workload, preset: str) -> dict:
+def workload_section(workload: Workload, preset: str) -> dict:
+    """The record's workload section: name, domain, preset, parameters (counted on the meta device)."""
     config = workload.config(preset)
     with torch.device("meta"):  # count parameters without allocating them
         parameters = count_parameters(workload.build(preset, "meta").model)

@@ -31,10 +31,10 @@ from dnnperf.frameworks import FRAMEWORKS, KERAS_FRAMEWORKS, KERAS_WORKLOADS
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore
 from dnnperf.results.watch import WatchResult
-from dnnperf.runner import BenchSettings, Interrupted, RunFailed
+from dnnperf.runner import BenchSettings, Interrupted, RunFailed, workload_section
 from dnnperf.watch.run import MarksFile, watch
 from dnnperf.workloads import get_workload
-from dnnperf.workloads.base import Workload, count_parameters
+from dnnperf.workloads.base import Workload
 
 #: Seconds between the watcher's samples: a tiny preset's batch size lasts well under a second.
 WATCH_INTERVAL_S = 0.05
@@ -84,23 +84,6 @@ def check_request(workload: str, framework: str, device: str) -> None:
         raise UsageError(
             f"--framework {framework} needs {', '.join(missing)}: pip install 'dnnperf[frameworks]'"
         )
-
-
-def describe_workload(workload: Workload, preset: str) -> dict[str, Any]:
-    """The record's workload section: the PyTorch model's parameters, which the Keras one matches."""
-    import torch
-
-    config = workload.config(preset)
-    with torch.device("meta"):  # counted without allocating them
-        parameters = count_parameters(workload.build(preset, "meta").model)
-    return {
-        "name": workload.name,
-        "domain": workload.domain,
-        "preset": preset,
-        "parameters": parameters,
-        "sample_unit": workload.sample_unit,
-        "config": dataclasses.asdict(config),
-    }
 
 
 def write_data(workload: Workload, preset: str, batch_sizes: Sequence[int], seed: int, path: str) -> None:
@@ -159,7 +142,7 @@ def bench_framework(
         id=new_run_id(f"{suite.name}-{framework}", preset),
         kind="bench",
         command=list(command),
-        workload=describe_workload(suite, preset),
+        workload=workload_section(suite, preset),
         settings={
             **dataclasses.asdict(settings),
             "batch_sizes": sizes,

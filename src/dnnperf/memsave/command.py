@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
     from dnnperf.report.terminal import memsave_plan_table, memsave_variants_table
     from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
     from dnnperf.results.store import RunStore
-    from dnnperf.runner import _describe_workload
+    from dnnperf.runner import workload_section
     from dnnperf.workloads import get_workload
 
     check_budget(args.budget)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
         id=new_run_id(workload.name, args.preset),
         kind="memsave",
         command=command,
-        workload=_describe_workload(workload, args.preset),
+        workload=workload_section(workload, args.preset),
         settings={
             "workload": workload.name,
             "preset": args.preset,

@@ -279,7 +279,7 @@ def save_sweep(
     from dnnperf.report.html import default_path, write_report
     from dnnperf.results.record import RunRecord, json_safe, new_run_id, utc_now
     from dnnperf.results.store import RunStore
-    from dnnperf.runner import _describe_workload
+    from dnnperf.runner import workload_section
 
     result = SweepResult(
         workload=workload.name,
@@ -294,7 +294,7 @@ def save_sweep(
         id=new_run_id(workload.name, args.preset),
         kind="predict",
         command=["dnnperf", *args.argv],
-        workload=_describe_workload(workload, args.preset),
+        workload=workload_section(workload, args.preset),
         settings={
             "workload": workload.name,
             "preset": args.preset,
