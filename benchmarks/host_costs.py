@@ -31,7 +31,7 @@ from torch import nn
 
 from dnnperf import environment
 from dnnperf.devices import synchronize
-from dnnperf.model.calibrate import _timed_rows, operator_call_overhead
+from dnnperf.perfmodel.calibrate import _timed_rows, operator_call_overhead
 from dnnperf.workloads import get_workload
 
 WORKLOADS = ("resnet18", "resnet50", "vgg16", "alexnet", "transformer", "gpt2", "inception_v3", "seq2seq")

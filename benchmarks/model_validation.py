@@ -20,7 +20,7 @@ import torch
 
 from dnnperf import environment
 from dnnperf.hardware import load_profile, read_profile
-from dnnperf.model.validate import ablation, calibrated_machines, validate_single
+from dnnperf.perfmodel.validate import ablation, calibrated_machines, validate_single
 
 WORKLOADS = (
     "basic_cnn",

@@ -38,7 +38,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("DNNPERF_RUNS_DIR", str(runs))
     monkeypatch.setenv("DNNPERF_DATA_DIR", str(data))
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(cache))
-    # Counting a workload's page faults starts a fresh interpreter per description (model/faults.py):
+    # Counting a workload's page faults starts a fresh interpreter per description (perfmodel/faults.py):
     # seconds each, and the caches above are per test. tests/test_model_faults.py turns it back on.
     monkeypatch.setenv("DNNPERF_COUNT_FAULTS", "0")
     if "text" in _shared_calibration:

@@ -246,7 +246,7 @@ def test_a_record_with_nothing_measured_says_so_and_exports_nothing(tmp_path, ca
     refuses to write an empty trace or CSV directory, and writes neither. A validate record (its rows
     and no point) shows measured beside predicted (before: nothing at all)."""
     from dnnperf.cli import main
-    from dnnperf.model.validate import ValidationResult
+    from dnnperf.perfmodel.validate import ValidationResult
     from dnnperf.results.record import RunRecord
     from dnnperf.results.store import RunStore
 

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from dnnperf.errors import UsageError
-from dnnperf.model import collective_calibration as cc
-from dnnperf.model import collectives
-from dnnperf.model.machine import GLOO_SEGMENT, Machine
-from dnnperf.model.predict import _link
+from dnnperf.perfmodel import collective_calibration as cc
+from dnnperf.perfmodel import collectives
+from dnnperf.perfmodel.machine import GLOO_SEGMENT, Machine
+from dnnperf.perfmodel.predict import _link
 from test_model_formulas import _machine as toy_machine
 
 
@@ -139,7 +139,7 @@ def test_timings_that_do_not_grow_with_size_give_no_fit_and_no_prediction() -> N
     assert cc.fit_op(shrinking, "broadcast", 2, 1 / 4e9) is None
     table = cc.compare(shrinking, {}, 2)
     assert table["predicted_s"].isna().all()
-    from dnnperf.model.validate import collective_rows
+    from dnnperf.perfmodel.validate import collective_rows
 
     assert collective_rows(table) == []
 
@@ -184,7 +184,7 @@ def test_tensor_parallel_allgathers_pay_their_result_buffers_faults() -> None:
     output pays 16,384 faults at it, against a hand count."""
     from types import SimpleNamespace
 
-    from dnnperf.model.predict import _tp_collectives, _tp_regions
+    from dnnperf.perfmodel.predict import _tp_collectives, _tp_regions
 
     cpu = _link(_machine(page_fault_s=1e-6, comm_on_compute_cores=True), 2, "allgather")
     assert cpu.fault_s == 1e-6

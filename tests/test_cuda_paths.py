@@ -343,7 +343,7 @@ def test_a_kernels_floor_is_at_least_what_the_profiler_times_of_it():
     duration of those kernels: the floor holds each kernel and the gap before the next."""
     from torch.profiler import ProfilerActivity, profile
 
-    from dnnperf.model.calibrate import measure_kernel_floor
+    from dnnperf.perfmodel.calibrate import measure_kernel_floor
 
     floor = measure_kernel_floor(CUDA)
     tiny = torch.zeros(1, device=CUDA)
@@ -363,10 +363,10 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
     batch 4) lasts at least as long as the host's issue of its calls and as the device's work, and at
     most both end to end: the queue overlaps them, it never loses or invents time."""
     from dnnperf import hardware
-    from dnnperf.model.calibrate import measure_op_overhead, zoo_calibration
-    from dnnperf.model.compute import op_times, step_time
-    from dnnperf.model.graph import describe_workload
-    from dnnperf.model.machine import from_profile
+    from dnnperf.perfmodel.calibrate import measure_op_overhead, zoo_calibration
+    from dnnperf.perfmodel.compute import op_times, step_time
+    from dnnperf.perfmodel.graph import describe_workload
+    from dnnperf.perfmodel.machine import from_profile
 
     profile = hardware.calibrate(CUDA, quick=True)
     overhead = measure_op_overhead(device=CUDA)
@@ -397,7 +397,7 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
 def test_a_replay_behind_a_lead_times_the_kernel_not_its_launch():
     """A small convolution's replay (the device kept busy while the host launches it) against events
     around the same call on an idle GPU, which also time the host's set-up and launch."""
-    from dnnperf.model.kernels import signature, time_call
+    from dnnperf.perfmodel.kernels import signature, time_call
 
     x, w = torch.randn(4, 16, 8, 8, device=CUDA), torch.randn(16, 16, 3, 3, device=CUDA)
     args = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)

@@ -442,10 +442,10 @@ def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
     MiB, in gradient-ready order): alexnet `tiny` (3.1 MiB of parameters) after DDP's rebuild, against
     ``strategies.gradient_buckets`` on its description. A cap given explicitly (even DDP's own 25)
     drops the small first bucket, so dnnperf passes one only when the user asks."""
-    from dnnperf.model import strategies
-    from dnnperf.model.compute import op_times
-    from dnnperf.model.graph import workload_graph
-    from dnnperf.model.machine import preset
+    from dnnperf.perfmodel import strategies
+    from dnnperf.perfmodel.compute import op_times
+    from dnnperf.perfmodel.graph import workload_graph
+    from dnnperf.perfmodel.machine import preset
 
     script = tmp_path / "buckets_worker.py"
     script.write_text(BUCKETS_WORKER)

@@ -186,7 +186,7 @@ def test_memory_points_use_that_accounting(profile: hw.HardwareProfile) -> None:
 
 
 def test_only_a_profile_of_this_host_replays_kernels(profile: hw.HardwareProfile) -> None:
-    from dnnperf.model.machine import from_profile
+    from dnnperf.perfmodel.machine import from_profile
 
     assert from_profile(profile).replay_device == "cpu"
     elsewhere = replace(profile, device_key="another-host-cpu")
@@ -204,7 +204,7 @@ def test_a_link_put_on_a_calibrated_machine_keeps_every_other_term(profile: hw.H
     """The distributed validation puts the fitted link on the calibrated machine (with_link): it must
     equal the machine built with that link from the start, host-work terms included (a machine rebuilt
     from some of its parts had lost the split regions' and DDP's)."""
-    from dnnperf.model.machine import LOOPBACK_ALPHA, from_profile, with_link
+    from dnnperf.perfmodel.machine import LOOPBACK_ALPHA, from_profile, with_link
 
     link = {
         "alpha": 2e-4,

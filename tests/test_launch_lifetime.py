@@ -377,7 +377,10 @@ def test_sigkill_of_a_collective_calibration_leaves_no_rank_or_scratch_directory
 
     scratch = f"{tempfile.gettempdir()}/dnnperf-collectives-*"
     before = set(glob.glob(scratch))
-    code = "from dnnperf.model.collective_calibration import measure; measure(rounds=100000, timeout_s=600)"
+    code = (
+        "from dnnperf.perfmodel.collective_calibration import measure; "
+        "measure(rounds=100000, timeout_s=600)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 120
@@ -386,7 +389,8 @@ def test_sigkill_of_a_collective_calibration_leaves_no_rank_or_scratch_directory
             assert time.monotonic() < deadline and parent.poll() is None, "the ranks never started"
             time.sleep(0.1)
             children = psutil.Process(parent.pid).children(recursive=True)
-            ranks = [p for p in children if "dnnperf.model.collective_calibration" in " ".join(_cmdline(p))]
+            marker = "dnnperf.perfmodel.collective_calibration"
+            ranks = [p for p in children if marker in " ".join(_cmdline(p))]
     finally:
         parent.kill()
         parent.wait()

@@ -139,7 +139,7 @@ def test_validate_refuses_a_profile_of_another_thread_count(
 def test_ranking_agreement_on_a_hand_made_table() -> None:
     import pandas as pd
 
-    from dnnperf.model.validate import ranking_agrees
+    from dnnperf.perfmodel.validate import ranking_agrees
 
     rows = [
         ("a", 8, "dp", 0.010, 0.012),
@@ -176,10 +176,10 @@ def test_validate_bad_input_is_one_line(args: list[str], needle: str, capsys: py
 def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
     import dataclasses
 
-    from dnnperf.model import collectives
-    from dnnperf.model.machine import preset
-    from dnnperf.model.predict import _link
-    from dnnperf.model.validate import LOOPBACK, shaped_link
+    from dnnperf.perfmodel import collectives
+    from dnnperf.perfmodel.machine import preset
+    from dnnperf.perfmodel.predict import _link
+    from dnnperf.perfmodel.validate import LOOPBACK, shaped_link
 
     fits = {"allreduce": {"alpha": 1e-4, "bandwidth": 2e9}, "send_recv": {"alpha": 1e-4, "bandwidth": 1e8}}
     machine = dataclasses.replace(preset("a100-ib"), collectives=fits)
@@ -206,8 +206,8 @@ def test_validate_runs_each_link_in_its_namespaces(monkeypatch: pytest.MonkeyPat
     is predicted with the collectives fitted over that link, capped at its rate."""
     import subprocess
 
-    from dnnperf.model import collective_calibration, validate
-    from dnnperf.model.machine import preset
+    from dnnperf.perfmodel import collective_calibration, validate
+    from dnnperf.perfmodel.machine import preset
 
     launched: list[list[str]] = []
     calibrated: list[float | None] = []
@@ -243,8 +243,8 @@ def test_distributed_launches_go_in_rounds_and_the_median_counts(monkeypatch: py
     B B), and the measured step is the median of the launches' median steps, with their range."""
     import subprocess
 
-    from dnnperf.model import validate
-    from dnnperf.model.machine import preset
+    from dnnperf.perfmodel import validate
+    from dnnperf.perfmodel.machine import preset
     from dnnperf.report.terminal import distributed_validation_table, measured_ms
 
     launched: list[str] = []
@@ -280,9 +280,9 @@ def test_distributed_rounds_predict_again_and_the_median_round_counts(monkeypatc
     import subprocess
     from types import SimpleNamespace
 
-    from dnnperf.model import predict as predict_module
-    from dnnperf.model import validate
-    from dnnperf.model.machine import preset
+    from dnnperf.perfmodel import predict as predict_module
+    from dnnperf.perfmodel import validate
+    from dnnperf.perfmodel.machine import preset
 
     steps = iter([0.42, 0.25, 0.40])  # rounds 1-3
     replays: list[str] = []
@@ -321,9 +321,9 @@ def test_a_strategy_that_cannot_apply_is_said_and_never_run(monkeypatch) -> None
     from types import SimpleNamespace
 
     from dnnperf.errors import UsageError
-    from dnnperf.model import predict as predict_module
-    from dnnperf.model import validate
-    from dnnperf.model.machine import preset
+    from dnnperf.perfmodel import predict as predict_module
+    from dnnperf.perfmodel import validate
+    from dnnperf.perfmodel.machine import preset
 
     asked: list[str] = []
     launched: list[str] = []
@@ -365,8 +365,8 @@ def test_a_calibrated_gpu_without_a_measured_link_predicts_one_device_only(
 ) -> None:
     import dataclasses
 
-    from dnnperf.model import command
-    from dnnperf.model.machine import preset
+    from dnnperf.perfmodel import command
+    from dnnperf.perfmodel.machine import preset
 
     gpu = dataclasses.replace(
         preset("h100-ib"), devices_per_node=1, asynchronous=True, sources={"link": "default"}

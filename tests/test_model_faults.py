@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from dnnperf.model.compute import ComputeOptions, op_times, step_time
-from dnnperf.model.faults import steady_page_faults, workload_faults
-from dnnperf.model.graph import StepGraph, describe_model
-from dnnperf.model.machine import Curve, preset
-from dnnperf.model.predict import predict
+from dnnperf.perfmodel.compute import ComputeOptions, op_times, step_time
+from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
+from dnnperf.perfmodel.graph import StepGraph, describe_model
+from dnnperf.perfmodel.machine import Curve, preset
+from dnnperf.perfmodel.predict import predict
 
 resource = pytest.importorskip("resource")
 
@@ -84,7 +84,7 @@ def test_the_cost_per_fault_is_measured_whatever_holes_the_heap_has() -> None:
     take no fault, so the cost per fault is timed on a mapping of its own and stays measurable."""
     import ctypes
 
-    from dnnperf.model.calibrate import measure_page_fault_cost
+    from dnnperf.perfmodel.calibrate import measure_page_fault_cost
 
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -115,7 +115,7 @@ def test_the_count_is_the_median_of_fresh_processes(monkeypatch) -> None:
     """Two processes of one job can fault differently (0 or 992 a step): the middle one counts."""
     import subprocess
 
-    from dnnperf.model import faults
+    from dnnperf.perfmodel import faults
 
     counts = iter([0.0, 992.0, 990.0])
     calls = []
@@ -210,7 +210,7 @@ def test_a_users_model_on_the_cpu_is_counted_in_this_process() -> None:
 
 
 def test_faults_are_counted_only_for_a_machine_that_charges_them(monkeypatch) -> None:
-    from dnnperf.model import graph as graphs
+    from dnnperf.perfmodel import graph as graphs
 
     counted: list[tuple[str, str, int]] = []
 

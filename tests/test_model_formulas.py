@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from dnnperf.errors import UsageError
-from dnnperf.model import collectives as c
-from dnnperf.model import strategies as s
-from dnnperf.model.compute import ComputeOptions, op_times, queued_end, step_time
-from dnnperf.model.graph import StepGraph
-from dnnperf.model.machine import PRESETS, Machine, from_dict, preset
+from dnnperf.perfmodel import collectives as c
+from dnnperf.perfmodel import strategies as s
+from dnnperf.perfmodel.compute import ComputeOptions, op_times, queued_end, step_time
+from dnnperf.perfmodel.graph import StepGraph
+from dnnperf.perfmodel.machine import PRESETS, Machine, from_dict, preset
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
@@ -248,7 +248,7 @@ def test_zero_operands_cost_what_the_machine_says_per_zero() -> None:
 
 
 def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
-    from dnnperf.model.calibrate import fixed_cost_fit
+    from dnnperf.perfmodel.calibrate import fixed_cost_fit
 
     roofline = [1e-6, 1e-5, 1e-4, 1e-3]
     # 50 us a call, then twice the roofline: efficiency 0.5.
@@ -330,7 +330,7 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
     """A GELU or a dropout mask costs the same per element in cache and out of it (measured: see
     compute.PER_ELEMENT_OPS): their bytes take the machine's bandwidth from memory, so their time
     is linear in bytes; an add's follows the cache curve (10x faster at 1 MB than at 100 MB here)."""
-    from dnnperf.model.machine import Curve
+    from dnnperf.perfmodel.machine import Curve
 
     sizes = [1e6, 1e8]
     rows = [
@@ -362,7 +362,7 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
 
 
 def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds() -> None:
-    from dnnperf.model.calibrate import _host_call_costs
+    from dnnperf.perfmodel.calibrate import _host_call_costs
 
     rows = pd.DataFrame(
         {
@@ -388,7 +388,7 @@ def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds(
 
 
 def test_a_replayed_kernel_is_not_charged_a_kernels_floor_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dnnperf.model import compute
+    from dnnperf.perfmodel import compute
 
     ops = pd.DataFrame(
         {
@@ -410,7 +410,7 @@ def test_a_replayed_kernel_is_not_charged_a_kernels_floor_again(monkeypatch: pyt
 
 
 def test_a_gpus_dispatch_gives_back_the_microbenchmarks_own_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dnnperf.model import calibrate
+    from dnnperf.perfmodel import calibrate
 
     monkeypatch.setattr(calibrate, "step_calls", lambda device: (100, 50))  # half a view per kernel call
     views = {"free/forward": 2e-6, "free/backward": 4e-6, "convolution/forward": 30e-6}

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from dnnperf.model import strategies
-from dnnperf.model.machine import preset
-from dnnperf.model.predict import predict, sweep
-from dnnperf.model.whatif import best_per_configuration, crossovers
+from dnnperf.perfmodel import strategies
+from dnnperf.perfmodel.machine import preset
+from dnnperf.perfmodel.predict import predict, sweep
+from dnnperf.perfmodel.whatif import best_per_configuration, crossovers
 from dnnperf.workloads import get_workload
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)

@@ -1,4 +1,4 @@
-"""Replayed kernels (model/kernels.py): what the description keeps, what a replay measures, and how the
+"""Replayed kernels (perfmodel/kernels.py): what the description keeps, what a replay measures, and how the
 model uses it, against injected delays and the description's own counts."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from dnnperf.model import kernels
-from dnnperf.model.compute import ComputeOptions, op_times
-from dnnperf.model.graph import StepGraph, describe_model
-from dnnperf.model.machine import Machine
+from dnnperf.perfmodel import kernels
+from dnnperf.perfmodel.compute import ComputeOptions, op_times
+from dnnperf.perfmodel.graph import StepGraph, describe_model
+from dnnperf.perfmodel.machine import Machine
 from test_model_formulas import _machine as toy_machine
 
 SLEEP_S = 0.004
@@ -226,7 +226,7 @@ def test_tensor_parallel_takes_a_split_convolutions_replay_as_it_is(monkeypatch:
     need not halve with the channels): a fake replay of 1 ms + 0.1 ms per output channel gives the
     split rows 1 + 0.1 * width / 2 ms a call, where halving the whole layer's would give half of
     1 + 0.1 * width."""
-    from dnnperf.model.predict import predict
+    from dnnperf.perfmodel.predict import predict
 
     def fake_replays(calls, device):
         def seconds(call):

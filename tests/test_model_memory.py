@@ -13,9 +13,9 @@ from tests.conftest import DEVICES
 from torch import nn
 
 from dnnperf.cli import main
-from dnnperf.model.graph import describe_model, update_temporaries
-from dnnperf.model.machine import preset
-from dnnperf.model.predict import MEMORY_CATEGORIES, memory_estimate, predict
+from dnnperf.perfmodel.graph import describe_model, update_temporaries
+from dnnperf.perfmodel.machine import preset
+from dnnperf.perfmodel.predict import MEMORY_CATEGORIES, memory_estimate, predict
 from dnnperf.probes.memory import MemoryTracker, StepMemory
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
@@ -156,7 +156,7 @@ def test_an_interpolated_description_predicts_the_counted_peak() -> None:
 
 
 def test_validate_memory_measures_what_the_profiler_measures() -> None:
-    from dnnperf.model.validate import validate_memory
+    from dnnperf.perfmodel.validate import validate_memory
     from dnnperf.runner import BenchSettings, bench
 
     frame = validate_memory(["basic_cnn", "neumf"], [2, 4], "tiny")
@@ -194,7 +194,7 @@ def test_validate_memory_cli_gives_one_json_document_and_a_record(capsys: pytest
 
 
 def test_validation_records_without_memory_still_load_and_bad_rows_are_refused() -> None:
-    from dnnperf.model.validate import ValidationResult
+    from dnnperf.perfmodel.validate import ValidationResult
 
     old = {"runs": [{"workload": "a", "strategy": "single", "measured_s": 1.0, "predicted_s": 2.0}]}
     result = ValidationResult.from_dict(old)
@@ -212,7 +212,7 @@ def test_distributed_memory_validation_compares_the_heaviest_rank(monkeypatch: p
     import json
     import subprocess
 
-    from dnnperf.model import validate
+    from dnnperf.perfmodel import validate
 
     launches = []
 
@@ -244,8 +244,8 @@ def _scratch(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_an_operators_own_workspace_is_measured_in_isolation() -> None:
-    from dnnperf.model.kernels import signature
-    from dnnperf.model.workspace import measure
+    from dnnperf.perfmodel.kernels import signature
+    from dnnperf.perfmodel.workspace import measure
 
     x = torch.randn(64, 64)
     expanded = torch.randn(64, 1).expand(64, 64)  # stride 0, as a sum's gradient arrives
@@ -312,8 +312,8 @@ def test_a_tensor_parallel_rank_holds_its_share_of_a_split_blocks_activations() 
     gathered); the peak's activations follow."""
     import pandas as pd
 
-    from dnnperf.model.graph import Segment, StepGraph
-    from dnnperf.model.predict import memory_estimate, tp_activation_shares
+    from dnnperf.perfmodel.graph import Segment, StepGraph
+    from dnnperf.perfmodel.predict import memory_estimate, tp_activation_shares
 
     walk = [
         Segment(0, "embed", 100, 0, 0),

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from dnnperf.errors import UsageError
-from dnnperf.model import collectives
-from dnnperf.model.graph import describe_model
-from dnnperf.model.machine import preset
-from dnnperf.model.predict import predict, sweep
+from dnnperf.perfmodel import collectives
+from dnnperf.perfmodel.graph import describe_model
+from dnnperf.perfmodel.machine import preset
+from dnnperf.perfmodel.predict import predict, sweep
 
 
 class Scale(nn.Module):
@@ -60,7 +60,7 @@ def test_strategies_split_adds_up_and_dp_pays_its_allreduce(mlp_graph) -> None:
     tp = predict(mlp_graph, machine, 4, "tp")
     assert tp.detail["split_modules"] == 2 and tp.communication_s > 0
     # Each rank does half of each linear layer's work but makes every one of its calls.
-    from dnnperf.model.compute import op_times
+    from dnnperf.perfmodel.compute import op_times
 
     times = op_times(mlp_graph, machine)
     linear = times["family"] == "matmul"
@@ -121,7 +121,7 @@ def test_interpolated_batch_equals_the_counted_one() -> None:
 
 
 def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None:
-    from dnnperf.model.calibrate import family_efficiency
+    from dnnperf.perfmodel.calibrate import family_efficiency
 
     fast = dataclasses.replace(preset("h100-ib"), memory_bandwidth=1e15)  # no CPU op gets near this
     slow = dataclasses.replace(preset("seed002"), peak_flops={"float32": 1e6}, memory_bandwidth=1e6)
@@ -133,7 +133,7 @@ def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None
 def test_zoo_layers_get_a_materialised_output_gradient() -> None:
     """A loss's backward hands a layer a real gradient; ``.sum().backward()`` would hand it a stride-0
     expanded one, 4 bytes of storage, which a bias gradient's sum reads at another cost."""
-    from dnnperf.model.calibrate import _timed_rows
+    from dnnperf.perfmodel.calibrate import _timed_rows
 
     rows = _timed_rows(nn.Linear(64, 32), (16, 64), repeats=1)
     (bias_sum,) = rows[(rows["phase"] == "backward") & (rows["op"] == "aten.sum")]["bytes"]
@@ -158,8 +158,8 @@ class Blocks(nn.Module):
 
 
 def test_a_module_list_is_cut_between_its_blocks_and_every_op_belongs_to_a_layer() -> None:
-    from dnnperf.model import strategies
-    from dnnperf.model.compute import op_times
+    from dnnperf.perfmodel import strategies
+    from dnnperf.perfmodel.compute import op_times
 
     graph = describe_model(Blocks(), torch.randn(4, 8), name="blocks")
     names = [layer.name for layer in graph.layers]
@@ -190,7 +190,7 @@ def test_on_cores_that_compute_a_collectives_cpu_time_is_not_hidden(mlp_graph) -
 
 
 def test_a_shaped_link_keeps_the_cpu_cost_and_caps_the_wire() -> None:
-    from dnnperf.model.validate import shaped_link
+    from dnnperf.perfmodel.validate import shaped_link
 
     machine = dataclasses.replace(
         preset("seed002"), collectives={"allreduce": {"alpha": 1e-4, "bandwidth": 4e9}}
@@ -242,7 +242,7 @@ def test_pipeline_micro_batches_pay_their_gradient_accumulation(mlp_graph, monke
     """Micro-batches 2..m add their weight gradients into .grad: per stage, (m - 1) adds of its
     parameters at the roofline (read two, write one; one call per module) and (m - 1) pages of them
     faulted, spread over the stage's m backward passes."""
-    from dnnperf.model import strategies
+    from dnnperf.perfmodel import strategies
 
     machine = dataclasses.replace(preset("seed002"), devices_per_node=2, page_fault_s=1e-6)
     m = 4
@@ -293,7 +293,7 @@ def test_the_zero_operand_calibration_finds_an_injected_slow_path(monkeypatch, k
     sleep or a wall-clock spin would carry another process's preemptions into one call of a pair).
     The truth is the median wait, as the calibration takes the median of single calls; 25% of it is
     0.5 ms, two orders above what an unlogged part of a call (the comparison, a Python call) costs."""
-    from dnnperf.model import calibrate
+    from dnnperf.perfmodel import calibrate
 
     slow_delay, even_delay = known_delay(2e-3, cpu=True), known_delay(2e-3, cpu=True)
 
@@ -321,7 +321,7 @@ def test_a_suite_workload_is_cut_where_dnnperfs_pipeline_cuts_it(workload: str, 
     import itertools
 
     from dnnperf.distributed.partition import balance, layer_costs, pipeline_split
-    from dnnperf.model.graph import workload_graph
+    from dnnperf.perfmodel.graph import workload_graph
     from dnnperf.workloads import get_workload
 
     torch.manual_seed(0)
@@ -351,7 +351,7 @@ def test_split_copy_rows_follow_the_tensor_parallel_implementation() -> None:
     column split concatenates its output forward and clones its input gradient backward, and a
     convolution also makes its slice of the output gradient contiguous; a Megatron block clones its
     partial output forward and its input gradient backward; nothing for an input without gradient."""
-    from dnnperf.model import strategies
+    from dnnperf.perfmodel import strategies
 
     regions = [
         {"module": "conv", "kind": "column", "input_bytes": 0, "output_bytes": 800},
@@ -401,7 +401,7 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch, known
     timed the collectives, lost some regions' waits or divided by another count misses it by far
     more."""
     from dnnperf.distributed import tensor_parallel
-    from dnnperf.model.calibrate import SPLIT_REGIONS, measure_split_region_cost
+    from dnnperf.perfmodel.calibrate import SPLIT_REGIONS, measure_split_region_cost
 
     repeats, warmup = 15, 5  # warmup: the calibration's untimed steps
     base = measure_split_region_cost(repeats=repeats)
@@ -418,7 +418,7 @@ def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeyp
     """Every call the counter times made to look 20 us longer (its start read 20 us early): the
     timing's own cost per call, against a plain view, grows by those 20 us."""
     from dnnperf.analysis import opcount
-    from dnnperf.model.calibrate import operator_call_overhead
+    from dnnperf.perfmodel.calibrate import operator_call_overhead
 
     base = operator_call_overhead("cpu")
     real_start = opcount._HostTimer.start
@@ -432,7 +432,7 @@ def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> Non
     """The model's top-level code ((root)) in the first stage, the loss outside the model ((none),
     and autograd's seed of its gradient) in the last; a layer's own and its submodules' rows in
     neither."""
-    from dnnperf.model import strategies
+    from dnnperf.perfmodel import strategies
 
     times = pd.DataFrame(
         {
@@ -446,7 +446,7 @@ def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> Non
 def test_every_forward_and_backward_second_lands_in_a_pipeline_stage(mlp_graph) -> None:
     """Conservation: the stages' forward and backward times add up to the whole description's (the
     loss included), plus gradient accumulation's share per micro-batch."""
-    from dnnperf.model.compute import op_times
+    from dnnperf.perfmodel.compute import op_times
 
     machine = dataclasses.replace(preset("seed002"), devices_per_node=2)
     m = 2
@@ -462,7 +462,7 @@ def test_data_parallel_pays_ddps_passes_over_the_gradients_and_its_host_work(mlp
     """DDP copies every gradient into its bucket and back and divides the bucket by the world size:
     6 x the gradient bytes streamed at the memory bandwidth (hand count from the layer sizes), plus
     the calibrated host work per step and per parameter tensor (4 here: two weights, two biases)."""
-    from dnnperf.model import strategies
+    from dnnperf.perfmodel import strategies
 
     assert mlp_graph.param_tensors == 4
     assert strategies.ddp_pass_bytes(mlp_graph.param_bytes) == 6 * mlp_graph.param_bytes
@@ -495,7 +495,7 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from dnnperf.model.calibrate import DDP_CHAINS, measure_ddp_cost
+    from dnnperf.perfmodel.calibrate import DDP_CHAINS, measure_ddp_cost
 
     repeats, warmup = 15, 5  # warmup: the calibration's untimed pairs per chain
     stores = f"{tempfile.gettempdir()}/dnnperf-ddp-*"

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from dnnperf.cli import main
-from dnnperf.model.whatif import SweepResult, best_per_configuration, crossovers
+from dnnperf.perfmodel.whatif import SweepResult, best_per_configuration, crossovers
 from dnnperf.results.record import RecordError, RunRecord
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)

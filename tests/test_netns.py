@@ -81,7 +81,7 @@ def test_link_delay_without_netem_is_one_line_or_runs(isolated_dirs):
 
 def test_collectives_timed_over_a_shaped_link_never_beat_its_rate():
     from dnnperf.distributed.netns import LinkShape, burst_bytes
-    from dnnperf.model.collective_calibration import measure
+    from dnnperf.perfmodel.collective_calibration import measure
 
     mbit = 50.0
     frame = measure(2, (256 << 10, 1 << 20), rounds=2, shape=LinkShape(mbit))

@@ -118,8 +118,8 @@ def test_the_check_sees_errors_blocked_loads_and_blank_charts(report_page, tmp_p
 
 def test_prediction_and_validation_reports_load_and_every_chart_draws(tmp_path):
     """The what-if sweep's and the validation's charts (records made from hand-made tables)."""
-    from dnnperf.model.validate import ValidationResult
-    from dnnperf.model.whatif import SweepResult
+    from dnnperf.perfmodel.validate import ValidationResult
+    from dnnperf.perfmodel.whatif import SweepResult
     from dnnperf.results.record import RunRecord
     from test_model_whatif import _table
 

@@ -203,7 +203,7 @@ def test_the_models_split_moves_the_bytes_the_run_moved(ranks, workload):
     the bytes the 2-rank run's collectives carried: Megatron blocks all-reduce their output (forward)
     and input gradient (backward); a column-split layer all-gathers its output (each rank its half)
     and all-reduces its input gradient. (resnet50 and inception_v3 run in float64 here: left out.)"""
-    from dnnperf.model.graph import describe_workload
+    from dnnperf.perfmodel.graph import describe_workload
 
     graph = describe_workload(workload, "tiny", BATCH)
     reduce = gather = 0

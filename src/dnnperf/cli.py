@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict = commands.add_parser(
         "predict", help="predict step time, throughput and memory: one device, dp, pp, tp; what-if sweeps"
     )
-    from dnnperf.model.command import add_arguments as predict_arguments
+    from dnnperf.perfmodel.command import add_arguments as predict_arguments
 
     predict_arguments(predict, positive_int)
     _common(predict, runs=True)
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser(
         "validate", help="predict single-process steps, run them for real, and print the errors"
     )
-    from dnnperf.model.command import add_validate_arguments
+    from dnnperf.perfmodel.command import add_validate_arguments
 
     add_validate_arguments(validate, positive_int)
     _common(validate, runs=True)
@@ -561,7 +561,7 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
             out.print(table)
         return
     if record.prediction is not None:
-        from dnnperf.model.whatif import crossovers
+        from dnnperf.perfmodel.whatif import crossovers
         from dnnperf.report.terminal import crossover_table, sweep_table
 
         p = record.prediction
@@ -771,13 +771,13 @@ def cmd_memsave(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_predict(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf.model.command import run
+    from dnnperf.perfmodel.command import run
 
     return run(args, out)
 
 
 def cmd_validate(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf.model.command import run_validate
+    from dnnperf.perfmodel.command import run_validate
 
     return run_validate(args, out)
 

@@ -254,7 +254,7 @@ def split_layout(model: nn.Module) -> list[tuple[str, str, int]]:
     """How this module splits ``model``: (module path, kind, the count the ranks must divide). Kinds:
     ``attention`` and ``mlp`` (Megatron's blocks: heads, hidden units) where the model has any, else
     ``column`` (every convolution and linear layer by output channel; one whose channels do not divide
-    stays whole). The performance model reads the same layout (``model/graph.py``)."""
+    stays whole). The performance model reads the same layout (``perfmodel/graph.py``)."""
     blocks = []
     for path, module in model.named_modules():
         if isinstance(module, MultiHeadAttention):

@@ -520,7 +520,7 @@ MAX_HELD_CHARTS = 4
 def prediction_section(report: Report) -> Section | None:
     """``dnnperf predict --sweep``: predicted throughput along each axis per strategy, where the best
     strategy changes (data vs model parallelism), and every predicted row."""
-    from dnnperf.model.whatif import crossovers
+    from dnnperf.perfmodel.whatif import crossovers
 
     result = report.record.prediction
     if result is None:

@@ -683,7 +683,7 @@ def memsave_tables(result: Any) -> list[Table]:
 
 
 def prediction_table(predictions: list[Any], refused: dict[str, str], best: Any = None) -> Table:
-    """Predicted steps (dnnperf.model.predict.Prediction), one row per strategy; refused ones say why."""
+    """Predicted steps (dnnperf.perfmodel.predict.Prediction), one row per strategy; refused ones say why."""
     first = predictions[0] if predictions else None
     title = "predicted step" + (
         f": {first.workload}, batch {first.batch_size}, on {first.machine}" if first else ""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from dnnperf.model.whatif import crossovers
+from dnnperf.perfmodel.whatif import crossovers
 from dnnperf.reproduce.base import (
     Claim,
     Reproduction,
@@ -145,7 +145,7 @@ def _validation_table(measured: pd.DataFrame) -> pd.DataFrame:
 
 def _best(frame: pd.DataFrame, axis: str) -> list[tuple[float, str]]:
     """(value, best strategy) along the axis, the best being the fastest that applies and fits."""
-    from dnnperf.model.whatif import best_per_configuration
+    from dnnperf.perfmodel.whatif import best_per_configuration
 
     best = best_per_configuration(frame, [axis])
     return [(float(v), b or "none fits") for v, b in zip(best[axis], best["best"], strict=True)]

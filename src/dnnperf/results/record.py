@@ -27,8 +27,8 @@ from dnnperf.stats import Samples
 
 if TYPE_CHECKING:
     from dnnperf.memsave.run import MemsaveResult
-    from dnnperf.model.validate import ValidationResult
-    from dnnperf.model.whatif import SweepResult
+    from dnnperf.perfmodel.validate import ValidationResult
+    from dnnperf.perfmodel.whatif import SweepResult
 
 SCHEMA = "dnnperf.run"
 SCHEMA_VERSION = 1
@@ -371,7 +371,7 @@ def _memsave_from_dict(data: Any) -> MemsaveResult | None:
 def _prediction_from_dict(data: Any) -> SweepResult | None:
     if data is None:
         return None
-    from dnnperf.model.whatif import SweepResult
+    from dnnperf.perfmodel.whatif import SweepResult
 
     if not isinstance(data, dict):
         raise RecordError("prediction: not an object")
@@ -384,7 +384,7 @@ def _prediction_from_dict(data: Any) -> SweepResult | None:
 def _validation_from_dict(data: Any) -> ValidationResult | None:
     if data is None:
         return None
-    from dnnperf.model.validate import ValidationResult
+    from dnnperf.perfmodel.validate import ValidationResult
 
     try:
         return ValidationResult.from_dict(data)

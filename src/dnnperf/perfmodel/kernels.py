@@ -3,7 +3,7 @@ run again on random operands of the same shapes, strides and dtypes.
 
 Two parts of the model stand on these replays:
 
-- **Workspace** (model/workspace.py): what a convolution's backward allocates inside the call.
+- **Workspace** (perfmodel/workspace.py): what a convolution's backward allocates inside the call.
 - **Time** (:func:`replayed_rows`): a roofline with calibrated curves cannot see how a library blocks
   channels. On the project's Xeon, oneDNN computes a 3x3 convolution with 3 output channels in the
   time of one with 16 (docs/performance-model.md); WGAN-GP's generator ends in such a layer and its
@@ -248,7 +248,7 @@ def time_call(call: Mapping[str, Any], device: torch.device | str = "cpu", repea
     """One call of ``call`` on ``device``, caches flushed before each timed call; NaN seconds when it
     cannot be replayed.
 
-    Page faults are counted because the step's own are counted and charged apart (model/faults.py):
+    Page faults are counted because the step's own are counted and charged apart (perfmodel/faults.py):
     a replay whose result glibc maps fresh on every call (a 256 KiB output is 64 faults, ~80 us
     here) would charge them twice, and whether it does depends on the process's allocator history
     (WGAN-GP ``small`` batch 4's replays summed to 83 ms in one process and 99 ms in another)."""

@@ -112,7 +112,7 @@ class Machine:
     #: a collective without one uses intra_latency / intra_bandwidth.
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
     #: The torch device of this host that this machine is ("cpu", "cuda:0"), where a description's
-    #: convolutions can be replayed for their time (model/kernels.py); "" for a described machine and
+    #: convolutions can be replayed for their time (perfmodel/kernels.py); "" for a described machine and
     #: for a what-if that changes its speed. Set by from_profile for a profile of this host.
     replay_device: str = ""
     #: The torch device whose operator stream describes a step on this machine ("cuda:0" for a GPU of

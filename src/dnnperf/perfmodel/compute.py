@@ -1,6 +1,6 @@
 """Per-operator time on one device: a roofline with calibrated rates, plus a per-call overhead.
 
-For each (module, phase, operator) row of a :class:`~dnnperf.model.graph.StepGraph`, per call: ``t =
+For each (module, phase, operator) row of a :class:`~dnnperf.perfmodel.graph.StepGraph`, per call: ``t =
 combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products,
 convolutions, attention and RNN kernels is the machine's peak, or on a calibrated machine the measured
 curve at the call's FLOPs; every other family computes at the float32 peak (it is memory-bound in
@@ -17,7 +17,7 @@ docs/validation.md#single-process-on-the-cpu-step-time) or ``max`` (the roofline
 machine's dispatch cost per call plus its family's fixed cost per call (``Machine.call_s``: a
 convolution's reorders and set-up), views and metadata operators excluded (they cost no kernel). On a
 machine that is this host's device (``Machine.replay_device``), a row whose every call is a convolution
-the description kept (model/kernels.py) takes its replayed seconds instead of the roofline and the
+the description kept (perfmodel/kernels.py) takes its replayed seconds instead of the roofline and the
 family's fixed cost (the replay includes both); the dispatch cost stays (the eager step's module and
 autograd calls around the kernel). On a host that counts them, each page fault the step takes
 (``StepGraph.page_faults``) costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from dnnperf.model.graph import StepGraph
-from dnnperf.model.kernels import replayed_rows
-from dnnperf.model.machine import Machine
+from dnnperf.perfmodel.graph import StepGraph
+from dnnperf.perfmodel.kernels import replayed_rows
+from dnnperf.perfmodel.machine import Machine
 
 #: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
 COMPUTE_FAMILIES = {"matmul": "matmul", "convolution": "convolution", "attention": "matmul", "rnn": "matmul"}
@@ -127,7 +127,7 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         ]
         roofline = roofline / np.array(factor)
     if machine.zero_operand_s and options.zero_operands and "zeros" in ops:
-        # Kernels that take a slow path on zeros (model/zeros.py): the calibrated cost of each.
+        # Kernels that take a slow path on zeros (perfmodel/zeros.py): the calibrated cost of each.
         per_zero = np.array([machine.zero_operand_s.get(o, 0.0) for o in ops["op"].to_numpy(str)])
         roofline = roofline + ops["zeros"].to_numpy(float) * per_zero
     kernel = ~np.isin(families, NO_KERNEL)

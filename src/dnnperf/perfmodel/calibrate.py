@@ -50,11 +50,11 @@ from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.devices import current, synchronize
 from dnnperf.hardware import device_key
-from dnnperf.model.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
-from dnnperf.model.graph import StepGraph
-from dnnperf.model.kernels import device_lead
-from dnnperf.model.machine import Curve, Machine, dedupe
-from dnnperf.model.zeros import CANDIDATES
+from dnnperf.perfmodel.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
+from dnnperf.perfmodel.graph import StepGraph
+from dnnperf.perfmodel.kernels import device_lead
+from dnnperf.perfmodel.machine import Curve, Machine, dedupe
+from dnnperf.perfmodel.zeros import CANDIDATES
 
 BLOCKS = 32
 #: Zoo operators shorter than this per call are left out of the efficiencies.

@@ -97,5 +97,5 @@ def _main(workload: str, preset: str, batch_size: int) -> None:
     print(json.dumps({"page_faults": faults}))
 
 
-if __name__ == "__main__":  # python -m dnnperf.model.faults WORKLOAD PRESET BATCH
+if __name__ == "__main__":  # python -m dnnperf.perfmodel.faults WORKLOAD PRESET BATCH
     _main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

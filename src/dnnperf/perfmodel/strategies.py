@@ -35,7 +35,7 @@ import pandas as pd
 from dnnperf.distributed.partition import balance
 from dnnperf.distributed.pipeline import BACKWARD, FORWARD, schedule_actions
 from dnnperf.errors import UsageError
-from dnnperf.model.compute import COMPUTE_FAMILIES
+from dnnperf.perfmodel.compute import COMPUTE_FAMILIES
 
 FIRST_BUCKET = 1 << 20
 BUCKET = 25 << 20

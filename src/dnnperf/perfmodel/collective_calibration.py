@@ -45,9 +45,9 @@ from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
 from dnnperf.distributed.netns import LinkShape, NetnsPair, burst_bytes
 from dnnperf.errors import DnnperfError
 from dnnperf.interrupts import die_with_this_process
-from dnnperf.model import collectives
-from dnnperf.model.calibrate import page_fault_cost
-from dnnperf.model.machine import GLOO_SEGMENT
+from dnnperf.perfmodel import collectives
+from dnnperf.perfmodel.calibrate import page_fault_cost
+from dnnperf.perfmodel.machine import GLOO_SEGMENT
 
 #: 1 KiB to 64 MiB in powers of 4.
 SIZES = tuple(1024 * 4**i for i in range(9))
@@ -434,6 +434,6 @@ def summary(table: pd.DataFrame) -> dict[str, float]:
 
 if (
     __name__ == "__main__"
-):  # one rank of measure(): python -m dnnperf.model.collective_calibration RANK SETTINGS
+):  # one rank of measure(): python -m dnnperf.perfmodel.collective_calibration RANK SETTINGS
     _world, _store, _out, _sizes, _rounds = json.loads(sys.argv[2])
     _rank_main(int(sys.argv[1]), _world, _store, _out, _sizes, _rounds)

@@ -1,7 +1,7 @@
 """``dnnperf validate``: predict each configuration, run it for real, and tabulate the errors.
 
 Calibration comes from microbenchmarks only (``dnnperf hw``'s profile at this thread count, the
-per-call overhead of :mod:`~dnnperf.model.calibrate`, its layer zoo), measured before any run; the
+per-call overhead of :mod:`~dnnperf.perfmodel.calibrate`, its layer zoo), measured before any run; the
 runs being predicted never feed the model. Besides the model, its ablation variants are predicted
 for the same runs (docs/validation.md). ``validate_memory`` sets the predicted peak memory of one
 device beside the memory profiler's measurement of a tracked step of the same configuration.
@@ -23,7 +23,7 @@ import torch
 from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile
 from dnnperf.interrupts import run_child
-from dnnperf.model.calibrate import (
+from dnnperf.perfmodel.calibrate import (
     dispatch_net_of_views,
     measure_ddp_cost,
     measure_op_overhead,
@@ -32,10 +32,10 @@ from dnnperf.model.calibrate import (
     measure_zero_operand_cost,
     zoo_calibration,
 )
-from dnnperf.model.compute import ComputeOptions, step_time
-from dnnperf.model.graph import describe_workload
-from dnnperf.model.kernels import remeasured
-from dnnperf.model.machine import Machine, from_profile
+from dnnperf.perfmodel.compute import ComputeOptions, step_time
+from dnnperf.perfmodel.graph import describe_workload
+from dnnperf.perfmodel.kernels import remeasured
+from dnnperf.perfmodel.machine import Machine, from_profile
 
 #: The model (first) and its ablation: the two roofline terms summed or their max; per-call overhead
 #: from the training-step microbenchmark, hw's bare dispatch, or none; page faults or none; the
@@ -142,7 +142,7 @@ def validate_single(
     Each configuration is measured by ``processes`` fresh ``dnnperf bench`` runs (3 warm-up steps, data
     in memory, this process's thread count): a training job is a process of its own, and two processes
     of the same job differ (their allocators map memory differently: basic_cnn `small` batch 4 took 0
-    or 992 page faults a step, 3.7 to 5.0 ms, model/faults.py). The runs go in rounds, every
+    or 992 page faults a step, 3.7 to 5.0 ms, perfmodel/faults.py). The runs go in rounds, every
     configuration once per round, so that a slow spell of a shared host lands in one run of several
     configurations rather than in every run of one. ``measured_s`` is the median of the runs' median
     steps; ``measured_min_s`` and ``measured_max_s`` their range. The predictions are made once per
@@ -163,7 +163,7 @@ def validate_single(
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     medians: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
     for round_ in range(processes):
-        with remeasured():  # each round's own replays (model/kernels.py), like its own runs
+        with remeasured():  # each round's own replays (perfmodel/kernels.py), like its own runs
             for c in configurations:
                 for v, machine in machines.items():
                     options = VARIANTS.get(v, ComputeOptions())
@@ -220,7 +220,7 @@ def validate_memory(
     bytes per category at their peaks: ``measured[c]`` and ``predicted[c]``, which add up to each
     side's peak (the measured side also has ``other`` and ``unattributed``). A configuration that did
     not run (out of memory, failed) has no measured figures and says why in ``reason``."""
-    from dnnperf.model.predict import MEMORY_CATEGORIES, memory_estimate
+    from dnnperf.perfmodel.predict import MEMORY_CATEGORIES, memory_estimate
     from dnnperf.runner import BenchSettings, bench
 
     rows = []
@@ -284,8 +284,8 @@ def validate_memory_distributed(
     import sys
     import tempfile
 
-    from dnnperf.model.machine import preset as machine_preset
-    from dnnperf.model.predict import predict
+    from dnnperf.perfmodel.machine import preset as machine_preset
+    from dnnperf.perfmodel.predict import predict
 
     # Memory does not depend on the machine's speed: any machine of 2 devices in one node.
     two = dataclasses.replace(machine_preset("a100-ib"), devices_per_node=2, nodes=1)
@@ -391,8 +391,8 @@ def validate_distributed(
     import sys
     import tempfile
 
-    from dnnperf.model.collective_calibration import shaped_fits
-    from dnnperf.model.predict import predict
+    from dnnperf.perfmodel.collective_calibration import shaped_fits
+    from dnnperf.perfmodel.predict import predict
 
     calibrated: dict[float | None, dict[str, dict[str, float]]] = {}
 

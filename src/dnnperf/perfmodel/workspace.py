@@ -3,7 +3,7 @@
 oneDNN's scratchpad and cuDNN's workspace are invisible to a description made of shapes and saved
 tensors, yet they sit on top of everything else while their operator runs: deepspeech2's second
 convolution (a 21x11 kernel) allocates 2.0 MiB inside its backward at ``tiny`` batch 8, more than half
-of the step's growth. So each distinct convolution call made in backward (model/kernels.py keeps
+of the step's growth. So each distinct convolution call made in backward (perfmodel/kernels.py keeps
 them) is run once more, in isolation, on random operands of the call's shapes, strides and dtypes,
 and its allocations are measured: a microbenchmark of the library on this device, never the step
 being predicted.
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dnnperf.analysis.opcount import _tensors
-from dnnperf.model.kernels import operands, resolve
+from dnnperf.perfmodel.kernels import operands, resolve
 
 
 def measure(calls: Iterable[Mapping[str, Any]], device: torch.device | str = "cpu") -> list[int]:

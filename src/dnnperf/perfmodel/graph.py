@@ -5,7 +5,7 @@ profiler's description), with additions the strategies and the memory estimate n
 layer's output bytes (pipeline cuts and tensor-parallel collectives), the bytes autograd saves for
 backward (activation memory) and the *memory walk*: the forward pass as a sequence of module calls,
 each with the bytes it saved for backward, the gradient bytes that flow through it in backward and the
-parameter gradients backward makes there (``model/predict.py`` walks it backwards for the peak).
+parameter gradients backward makes there (``perfmodel/predict.py`` walks it backwards for the peak).
 Descriptions are cached on disk like ``analysis/flops.py`` caches FLOPs.
 """
 
@@ -28,10 +28,10 @@ import dnnperf
 from dnnperf.analysis.opcount import OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
-from dnnperf.model import workspace
-from dnnperf.model.faults import steady_page_faults, workload_faults
-from dnnperf.model.kernels import KernelCalls
-from dnnperf.model.zeros import ZeroCounts
+from dnnperf.perfmodel import workspace
+from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
+from dnnperf.perfmodel.kernels import KernelCalls
+from dnnperf.perfmodel.zeros import ZeroCounts
 from dnnperf.probes.saved import observe_saved
 from dnnperf.restore import put_back
 from dnnperf.workloads.base import no_stages
@@ -70,7 +70,7 @@ class Segment:
     saved: int
     flow: int
     grads: int
-    #: The largest library workspace of an operator backward runs here (model/workspace.py: measured
+    #: The largest library workspace of an operator backward runs here (perfmodel/workspace.py: measured
     #: in isolation on the describing device; 0 on "meta" and in older descriptions).
     workspace: int = 0
 
@@ -82,7 +82,7 @@ class StepGraph:
     name: str
     batch_size: int
     #: phase, module, op, family, dtype, flops, bytes, calls and zeros (input elements equal to zero,
-    #: for model/zeros.py's operators), in first-seen order.
+    #: for perfmodel/zeros.py's operators), in first-seen order.
     ops: pd.DataFrame
     param_bytes: int
     #: Parameter bytes per module (parameters owned directly), for gradient buckets.
@@ -109,7 +109,7 @@ class StepGraph:
     #: region's first call: module, kind (attention, mlp, column), the count the ranks must divide,
     #: input bytes that need a gradient (backward's all-reduce), output bytes. Empty in older ones.
     tp_regions: list[dict[str, Any]] = field(default_factory=list)
-    #: Minor page faults one step takes in steady state on the host that described it (model/faults.py:
+    #: Minor page faults one step takes in steady state on the host that described it (perfmodel/faults.py:
     #: a suite workload's in a fresh process); None when not counted (shapes only, or a prediction
     #: for a machine that charges none).
     page_faults: float | None = None
@@ -123,7 +123,7 @@ class StepGraph:
     #: where dnnperf's pipeline does. Empty for a user's model and in older descriptions.
     pipeline_layers: list[dict[str, Any]] = field(default_factory=list)
     #: The step's distinct convolution calls as plain data, each with the rows that made it and how
-    #: often (model/kernels.py): replayed for workspace and, on this host, for time. Empty in older
+    #: often (perfmodel/kernels.py): replayed for workspace and, on this host, for time. Empty in older
     #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
     kernels: list[dict[str, Any]] = field(default_factory=list)
 
@@ -639,7 +639,7 @@ def describe_model(
 
     with put_back(model, [optimizer]):
         graph = capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
-        if count_faults and first.device.type == "cpu":  # in this process: see model/faults.py
+        if count_faults and first.device.type == "cpu":  # in this process: see perfmodel/faults.py
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
     return graph
 
@@ -682,7 +682,7 @@ def describe_workload(
 ) -> StepGraph:
     """One counted training step of a suite workload at ``batch_size`` (cached on disk). The step
     runs on ``device`` ("cpu": the operator stream this machine runs; "meta": shapes only, for presets
-    too large to run here). ``count_faults``: also its page faults on this CPU (model/faults.py: 13
+    too large to run here). ``count_faults``: also its page faults on this CPU (perfmodel/faults.py: 13
     steps in each of three fresh processes), once, kept with the description; only a machine that
     charges them needs them."""
     from dnnperf.workloads import get_workload

@@ -19,8 +19,8 @@ import pandas as pd
 
 from dnnperf.distributed import SCHEDULES
 from dnnperf.errors import UsageError
-from dnnperf.model import collectives, strategies
-from dnnperf.model.compute import (
+from dnnperf.perfmodel import collectives, strategies
+from dnnperf.perfmodel.compute import (
     COMPUTE_FAMILIES,
     ComputeOptions,
     data_seconds,
@@ -28,9 +28,9 @@ from dnnperf.model.compute import (
     op_times,
     step_time,
 )
-from dnnperf.model.graph import StepGraph, workload_graph
-from dnnperf.model.kernels import split_kernels
-from dnnperf.model.machine import AXES, Machine
+from dnnperf.perfmodel.graph import StepGraph, workload_graph
+from dnnperf.perfmodel.kernels import split_kernels
+from dnnperf.perfmodel.machine import AXES, Machine
 
 STRATEGIES = ("single", "dp", "fsdp", "zero1", "zero2", "pp", "tp")
 #: Data parallelism that shards the training state over the ranks (the ZeRO stages; fsdp is ZeRO-3).

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dnnperf.errors import UsageError
-from dnnperf.model.machine import AXES, PRESETS, Machine
 from dnnperf.paths import path_argument
+from dnnperf.perfmodel.machine import AXES, PRESETS, Machine
 
 
 def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
 
 def _strategy_list(text: str) -> str:
     """``auto`` or strategies of the performance model separated by commas (checked here)."""
-    from dnnperf.model.predict import STRATEGIES
+    from dnnperf.perfmodel.predict import STRATEGIES
 
     names = [name.strip() for name in text.split(",")]
     unknown = [name for name in names if name not in STRATEGIES]
@@ -112,7 +112,7 @@ def parse_sweep(items: list[str]) -> dict[str, list[float]]:
 
 def load_machine(spec: str, device: str = "cpu") -> Machine:
     """``hw`` (``device`` as `dnnperf hw` profiled it), a preset name, or a JSON file."""
-    from dnnperf.model import machine as machines
+    from dnnperf.perfmodel import machine as machines
 
     if spec == "hw":
         return calibrated_machine(device)
@@ -134,8 +134,8 @@ def calibrated_machine(device: str) -> Machine:
     the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, split regions)."""
     from dnnperf import hardware
     from dnnperf.devices import resolve_device
-    from dnnperf.model import machine as machines
-    from dnnperf.model.calibrate import (
+    from dnnperf.perfmodel import machine as machines
+    from dnnperf.perfmodel.calibrate import (
         calibrated,
         ddp_cost,
         dispatch_net_of_views,
@@ -154,7 +154,7 @@ def calibrated_machine(device: str) -> Machine:
         )
     base = machines.from_profile(profile)
     if profile.device_type == "cuda":
-        from dnnperf.model.validate import gpu_of_this_host
+        from dnnperf.perfmodel.validate import gpu_of_this_host
 
         device = gpu_of_this_host(profile)
         zoo = calibrated(base)
@@ -166,7 +166,7 @@ def calibrated_machine(device: str) -> Machine:
             kernel_s=zoo.kernel_s,
             host_call_s=zoo.host_call_s,
         )
-    from dnnperf.model.collective_calibration import link_calibration
+    from dnnperf.perfmodel.collective_calibration import link_calibration
 
     zoo = calibrated(base)
     return machines.from_profile(
@@ -183,8 +183,8 @@ def calibrated_machine(device: str) -> Machine:
 
 
 def run(args: argparse.Namespace, out: Any) -> int:
-    from dnnperf.model.predict import best_strategy, predict, sweep
-    from dnnperf.model.whatif import crossovers
+    from dnnperf.perfmodel.predict import best_strategy, predict, sweep
+    from dnnperf.perfmodel.whatif import crossovers
     from dnnperf.report.terminal import crossover_table, prediction_table, sweep_table
     from dnnperf.workloads import get_workload
 
@@ -275,7 +275,7 @@ def save_sweep(
     """The sweep as a record of kind ``predict`` (its ``prediction`` section) and, unless
     ``--no-report``, its HTML report beside it."""
     from dnnperf import environment
-    from dnnperf.model.whatif import SweepResult
+    from dnnperf.perfmodel.whatif import SweepResult
     from dnnperf.report.html import default_path, write_report
     from dnnperf.results.record import RunRecord, json_safe, new_run_id, utc_now
     from dnnperf.results.store import RunStore
@@ -381,7 +381,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
 
     from dnnperf import hardware
     from dnnperf.devices import resolve_device
-    from dnnperf.model.validate import (
+    from dnnperf.perfmodel.validate import (
         ValidationResult,
         ablation,
         calibrated_machines,
@@ -569,9 +569,9 @@ def _validate_distributed(
     import torch
 
     from dnnperf import hardware
-    from dnnperf.model.collective_calibration import link_calibration
-    from dnnperf.model.machine import with_link
-    from dnnperf.model.validate import calibrated_machines, ranking_agrees, validate_distributed
+    from dnnperf.perfmodel.collective_calibration import link_calibration
+    from dnnperf.perfmodel.machine import with_link
+    from dnnperf.perfmodel.validate import calibrated_machines, ranking_agrees, validate_distributed
     from dnnperf.report.terminal import distributed_validation_table
 
     threads = torch.get_num_threads()
@@ -614,7 +614,7 @@ def _validate_distributed(
 def _validate_collectives(out: Any, as_json: bool) -> dict[str, Any]:
     """Measure, fit, compare; the fit replaces the cached one that ``--machine hw`` uses."""
     from dnnperf.cache import JsonCache
-    from dnnperf.model import collective_calibration as cc
+    from dnnperf.perfmodel import collective_calibration as cc
     from dnnperf.report.terminal import collectives_table
 
     with out.progress_fraction("timing gloo collectives on 2 ranks (about 30 s)"):
