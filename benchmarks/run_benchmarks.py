@@ -26,9 +26,9 @@ import torch
 from dnnperf import environment
 from dnnperf.data.sources import MemorySource
 from dnnperf.devices import synchronize, to_device
+from dnnperf.jsonio import write_json_atomic, write_text_atomic
 from dnnperf.probes.clock import StageClock, WallClock
-from dnnperf.report.export import write_text_atomic
-from dnnperf.results.store import RunStore, write_json_atomic
+from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench, timed_step
 from dnnperf.stats import Samples
 from dnnperf.workloads import all_workloads, get_workload

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from dnnperf.analysis import flops
-from dnnperf.analysis.opcount import TORCH_FAMILIES, count_step
 from dnnperf.cache import cache_dir
+from dnnperf.probes.opcount import TORCH_FAMILIES, count_step
 from dnnperf.workloads import get_workload
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)

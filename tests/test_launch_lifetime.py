@@ -20,8 +20,8 @@ import pytest
 from dnnperf import cli
 from dnnperf.distributed import launch
 from dnnperf.distributed.heartbeat import Heartbeat, heartbeat_path
+from dnnperf.jsonio import write_json_atomic
 from dnnperf.results.record import RunRecord
-from dnnperf.results.store import write_json_atomic
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 

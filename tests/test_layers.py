@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from conftest import KnownDelay, run_cli
 from dnnperf import hardware
 from dnnperf.analysis import layers
-from dnnperf.analysis.opcount import _Call, cpu_blas, library_of
 from dnnperf.probes.layers import LayerProfile, LayerProfiler, layer_category
+from dnnperf.probes.opcount import _Call, cpu_blas, library_of
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench

@@ -417,8 +417,8 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch, known
 def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeypatch) -> None:
     """Every call the counter times made to look 20 us longer (its start read 20 us early): the
     timing's own cost per call, against a plain view, grows by those 20 us."""
-    from dnnperf.analysis import opcount
     from dnnperf.perfmodel.calibrate import operator_call_overhead
+    from dnnperf.probes import opcount
 
     base = operator_call_overhead("cpu")
     real_start = opcount._HostTimer.start

@@ -7,8 +7,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import flop_registry
 
-from dnnperf.analysis import opcount
-from dnnperf.analysis.opcount import (
+from dnnperf.models.translation import MultiHeadAttention
+from dnnperf.probes import opcount
+from dnnperf.probes.opcount import (
     NO_MODULE,
     ROOT_MODULE,
     TORCH_FAMILIES,
@@ -16,7 +17,6 @@ from dnnperf.analysis.opcount import (
     OpCounter,
     count_step,
 )
-from dnnperf.models.translation import MultiHeadAttention
 from dnnperf.workloads import all_workloads, count_parameters, get_workload
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)

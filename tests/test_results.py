@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import re
 
 import pytest
@@ -75,11 +76,13 @@ def test_a_save_that_fails_midway_leaves_the_previous_record_intact(tmp_path, mo
     path = store.save(make_record())
     before = path.read_text()
 
-    def torn_dump(document, f, **kwargs):
-        f.write('{"schema": "dnnperf.run", "id": "r1", "poi')  # half a document, then the crash
+    real_fsync = os.fsync
+
+    def disk_full(fd):  # the new text is in the temporary file, then the disk fills
+        real_fsync(fd)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(json, "dump", torn_dump)
+    monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError):
         store.save(make_record(status="complete"))
     assert path.read_text() == before

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dnnperf.jsonio import write_json_atomic
+
 CACHE_DIR_ENV = "DNNPERF_CACHE_DIR"
 
 
@@ -43,7 +45,6 @@ class JsonCache:
 
     def put_many(self, values: dict[str, Any]) -> None:
         """Several keys in one write."""
-        from dnnperf.results.store import write_json_atomic
 
         data = self._load()
         data.update(values)

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import dnnperf
 from dnnperf.errors import DnnperfError, UsageError, one_line
 from dnnperf.interrupts import interrupted_exit_code, stop_on_signals
 from dnnperf.paths import output_directory, output_file, path_argument
+from dnnperf.version import __version__
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dnnperf",
         description="Measure, explain, predict and reduce the cost of training deep neural networks.",
     )
-    parser.add_argument("--version", action="version", version=f"dnnperf {dnnperf.__version__}")
+    parser.add_argument("--version", action="version", version=f"dnnperf {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     listing = commands.add_parser("list", help="the workload suite: domains, parameters, FLOPs per sample")

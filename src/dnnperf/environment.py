@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import torch
 
-import dnnperf
+from dnnperf.version import __version__
 
 
 def cpu_model() -> str:
@@ -66,7 +66,7 @@ def software() -> dict[str, Any]:
     """Versions that change results: Python, torch and its backends, numpy, dnnperf, the OS."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
-        "dnnperf": dnnperf.__version__,
+        "dnnperf": __version__,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

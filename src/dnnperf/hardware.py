@@ -47,7 +47,7 @@ from dnnperf import environment
 from dnnperf.cache import cache_dir
 from dnnperf.devices import is_out_of_memory, synchronize
 from dnnperf.errors import UsageError
-from dnnperf.results.store import read_json_file, write_json_atomic
+from dnnperf.jsonio import read_json_file, write_json_atomic
 from dnnperf.stats import Samples
 
 SCHEMA = "dnnperf.hardware"

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 import torch
 
 from dnnperf import environment
-from dnnperf.analysis.opcount import OpCounter, OpRecord
 from dnnperf.data.integrity import CorruptDataset
 from dnnperf.data.sources import BatchSource, dataset_size, ensure_dataset, open_source, pop_data_times
 from dnnperf.devices import current, is_out_of_memory, resolve_device, synchronize, to_device
@@ -30,6 +29,7 @@ from dnnperf.interrupts import stop_if_requested
 from dnnperf.probes.clock import StageClock, StepTiming, WallClock
 from dnnperf.probes.layers import CountingStages, LayerTimer, build_profile, with_outside_the_model
 from dnnperf.probes.memory import MemoryTracker, ResidentGrowth
+from dnnperf.probes.opcount import OpCounter, OpRecord
 from dnnperf.probes.stages import CpuMeter, StageBreakdown
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
 from dnnperf.results.store import RunStore

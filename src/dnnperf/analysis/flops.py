@@ -1,6 +1,6 @@
 """Training FLOPs per sample of a workload, counted from the operators one real training step dispatches.
 
-Counting runs one step under :class:`~dnnperf.analysis.opcount.OpCounter`, which has a formula for
+Counting runs one step under :class:`~dnnperf.probes.opcount.OpCounter`, which has a formula for
 every operator the suite dispatches (matrix products, convolutions and attention from torch's own
 registry; RNN kernels, normalisation, pooling, element-wise, losses from dnnperf's), forward and
 backward as they actually run (no "backward = 2x forward" rule). Optimizer arithmetic is left out:
@@ -19,9 +19,9 @@ from functools import cache
 
 import torch
 
-import dnnperf
-from dnnperf.analysis.opcount import count_step
 from dnnperf.cache import JsonCache
+from dnnperf.probes.opcount import count_step
+from dnnperf.version import __version__
 from dnnperf.workloads import get_workload
 
 COUNT_BATCH_SIZE = 2  # > 1 so that batch-norm layers run as in training
@@ -37,7 +37,7 @@ def _cache_key(workload_name: str, preset: str, batch_size: int) -> str:
     config = get_workload(workload_name).config(preset)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     identity = json.dumps(
-        [workload_name, preset, batch_size, described, dnnperf.__version__, torch.__version__, "opcount-1"],
+        [workload_name, preset, batch_size, described, __version__, torch.__version__, "opcount-1"],
         sort_keys=True,
         default=str,
     )

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from dnnperf.analysis.opcount import FREE_FAMILIES, NO_MODULE
 from dnnperf.hardware import HardwareProfile, NotMeasuredError
 from dnnperf.probes.layers import CATEGORIES, PROFILER, LayerProfile
+from dnnperf.probes.opcount import FREE_FAMILIES, NO_MODULE
 
 LAYER_PHASES = ("forward", "backward")
 #: Families whose operators do a layer's heavy arithmetic: the library that ran them is the layer's.

@@ -35,6 +35,7 @@ from stat import S_ISREG
 from typing import Any
 
 from dnnperf.errors import UsageError
+from dnnperf.jsonio import write_json_atomic
 
 MANIFEST = "manifest.json"
 #: Temporary siblings of the datasets in a cache directory: one being written, one being removed.
@@ -78,7 +79,6 @@ def write_manifest(directory: Path, description: dict[str, Any]) -> None:
 
 
 def _save_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    from dnnperf.results.store import write_json_atomic  # results imports the data package
 
     write_json_atomic(directory / MANIFEST, {**manifest, "checksum": _self_checksum(manifest)})
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dnnperf.results.store import write_json_atomic
+from dnnperf.jsonio import write_json_atomic
 
 RUNNING_STATES = ("starting", "running")
 FINAL_STATES = ("done", "failed", "usage", "interrupted")

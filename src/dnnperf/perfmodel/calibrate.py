@@ -46,7 +46,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from dnnperf.analysis.opcount import NO_MODULE, OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.devices import current, synchronize
 from dnnperf.hardware import device_key
@@ -55,6 +54,7 @@ from dnnperf.perfmodel.graph import StepGraph
 from dnnperf.perfmodel.kernels import device_lead
 from dnnperf.perfmodel.machine import Curve, Machine, dedupe
 from dnnperf.perfmodel.zeros import CANDIDATES
+from dnnperf.probes.opcount import NO_MODULE, OpCounter
 
 BLOCKS = 32
 #: Zoo operators shorter than this per call are left out of the efficiencies.

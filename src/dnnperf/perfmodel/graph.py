@@ -1,6 +1,6 @@
 """A training step as the model sees it: every operator with phase, module, family, FLOPs and bytes.
 
-One step of the real task runs under :class:`~dnnperf.analysis.opcount.OpCounter` (the layer
+One step of the real task runs under :class:`~dnnperf.probes.opcount.OpCounter` (the layer
 profiler's description), with additions the strategies and the memory estimate need: each top-level
 layer's output bytes (pipeline cuts and tensor-parallel collectives), the bytes autograd saves for
 backward (activation memory) and the *memory walk*: the forward pass as a sequence of module calls,
@@ -24,16 +24,16 @@ import pandas as pd
 import torch
 from torch import nn
 
-import dnnperf
-from dnnperf.analysis.opcount import OpCounter
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.perfmodel import workspace
 from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
 from dnnperf.perfmodel.kernels import KernelCalls
 from dnnperf.perfmodel.zeros import ZeroCounts
+from dnnperf.probes.opcount import OpCounter
 from dnnperf.probes.saved import observe_saved
 from dnnperf.restore import put_back
+from dnnperf.version import __version__
 from dnnperf.workloads.base import no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
@@ -661,7 +661,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, dnnperf.__version__, torch.__version__, "graph-21"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-21"],
         sort_keys=True,
         default=str,
     )

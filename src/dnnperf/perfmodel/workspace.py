@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from dnnperf.analysis.opcount import _tensors
 from dnnperf.perfmodel.kernels import operands, resolve
+from dnnperf.probes.opcount import _tensors
 
 
 def measure(calls: Iterable[Mapping[str, Any]], device: torch.device | str = "cpu") -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dnnperf.analysis.opcount import _tensors
+from dnnperf.probes.opcount import _tensors
 
 #: Operator (as the description names it) -> a call of it on one tensor, for the microbenchmark.
 CANDIDATES: dict[str, Callable[[torch.Tensor], Any]] = {

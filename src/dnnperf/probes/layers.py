@@ -1,6 +1,6 @@
 """Per-layer operator times of real training steps, with the FLOPs, bytes and library of each.
 
-One step is *counted* (:class:`~dnnperf.analysis.opcount.OpCounter` with formulas, bytes and library
+One step is *counted* (:class:`~dnnperf.probes.opcount.OpCounter` with formulas, bytes and library
 attribution: some tens of microseconds of Python per operator, so its time is not used); the steps
 after it are *timed* by the same counter with counting off (a few microseconds per operator, outside
 the timed region). Each operator call is timed on its own: host clock on the CPU, where operators run
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from dnnperf.analysis.opcount import NO_MODULE, ROOT_MODULE, UNATTRIBUTED, OpCounter, OpRecord
 from dnnperf.devices import synchronize
 from dnnperf.probes.memory import AllocatorEvents, StepTrace, _Steps
+from dnnperf.probes.opcount import NO_MODULE, ROOT_MODULE, UNATTRIBUTED, OpCounter, OpRecord
 
 # Module classes -> layer type (seed 001 compares convolution and fully-connected layers).
 _CATEGORIES: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (

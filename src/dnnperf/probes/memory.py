@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dnnperf.analysis.opcount import NO_MODULE, ROOT_MODULE, _tensors
 from dnnperf.devices import on_device
+from dnnperf.probes.opcount import NO_MODULE, ROOT_MODULE, _tensors
 from dnnperf.probes.saved import observe_saved
 
 CATEGORIES = (

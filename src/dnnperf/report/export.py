@@ -5,30 +5,14 @@ sample)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from dnnperf.analysis import layers
+from dnnperf.jsonio import write_text_atomic
 from dnnperf.results.fields import GPU_KINDS
 from dnnperf.results.record import RunRecord
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a text file so that readers see the old file or the new one, never a torn one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def stage_table(record: RunRecord) -> pd.DataFrame:

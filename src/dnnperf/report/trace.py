@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from dnnperf.analysis.layers import LAYER_PHASES
+from dnnperf.jsonio import write_json_atomic
 from dnnperf.probes.layers import LayerProfile
 from dnnperf.results.fields import GPU_KINDS, SERIES_KINDS
 from dnnperf.results.record import RunRecord
-from dnnperf.results.store import write_json_atomic
 from dnnperf.results.watch import WatchResult
 
 STEPS_TID, LAYERS_TID = 1, 2

@@ -14,7 +14,7 @@ from types import ModuleType
 import pandas as pd
 
 from dnnperf.errors import UsageError
-from dnnperf.report.export import write_text_atomic
+from dnnperf.jsonio import write_text_atomic
 from dnnperf.reproduce import memory_subsystem, offload, parallelism, tbd, training_phase
 from dnnperf.reproduce.base import Reproduction, Session
 
