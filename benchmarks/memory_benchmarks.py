@@ -31,7 +31,8 @@ from dnnperf import environment
 from dnnperf.data.sources import MemorySource
 from dnnperf.devices import synchronize, to_device
 from dnnperf.probes.clock import WallClock
-from dnnperf.probes.memory import CATEGORIES, MemoryTracker
+from dnnperf.probes.memory import MemoryTracker
+from dnnperf.results.memory import CATEGORIES
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench, timed_step
 from dnnperf.stats import Samples

@@ -15,7 +15,8 @@ from conftest import run_cli
 from dnnperf.analysis.memory import parse_bytes, predict_max_batch, scaling_fit
 from dnnperf.devices import on_device
 from dnnperf.errors import UsageError
-from dnnperf.probes.memory import ROOT_MODULE, MemoryTracker, StepMemory
+from dnnperf.probes.memory import ROOT_MODULE, MemoryTracker
+from dnnperf.results.memory import StepMemory
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench

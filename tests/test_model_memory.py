@@ -16,7 +16,8 @@ from dnnperf.cli import main
 from dnnperf.perfmodel.graph import describe_model, update_temporaries
 from dnnperf.perfmodel.machine import preset
 from dnnperf.perfmodel.predict import MEMORY_CATEGORIES, memory_estimate, predict
-from dnnperf.probes.memory import MemoryTracker, StepMemory
+from dnnperf.probes.memory import MemoryTracker
+from dnnperf.results.memory import StepMemory
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 

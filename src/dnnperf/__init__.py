@@ -30,7 +30,7 @@ _EXPORTS = {
     "Samples": "dnnperf.stats",
     "StageBreakdown": "dnnperf.probes.stages",
     "StageProfiler": "dnnperf.probes.stages",
-    "StepMemory": "dnnperf.probes.memory",
+    "StepMemory": "dnnperf.results.memory",
     "Task": "dnnperf.workloads",
     "Workload": "dnnperf.workloads",
     "all_workloads": "dnnperf.workloads",
@@ -70,10 +70,10 @@ __all__ = [
 if TYPE_CHECKING:
     from dnnperf.hardware import HardwareProfile, calibrate, load_profile
     from dnnperf.probes.layers import LayerProfile, LayerProfiler
-    from dnnperf.probes.memory import StepMemory
     from dnnperf.probes.memory_loop import MemoryProfiler
     from dnnperf.probes.stages import StageBreakdown, StageProfiler
     from dnnperf.results import Point, RunRecord, RunStore, read_record
+    from dnnperf.results.memory import StepMemory
     from dnnperf.runner import BenchSettings, bench
     from dnnperf.stats import Samples
     from dnnperf.watch.marks import mark_step

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dnnperf.errors import UsageError
-from dnnperf.probes.memory import CATEGORIES, EXTRA, StepMemory
+from dnnperf.results.memory import CATEGORIES, EXTRA, StepMemory
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9}
 _UNITS |= {"t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from dnnperf.probes.memory import StepMemory, step_memory_from_document
 from dnnperf.probes.stages import STAGE_ORDER
+from dnnperf.results.memory import StepMemory, step_memory_from_document
 from dnnperf.stats import Samples
 
 #: Per-step seconds a model-parallel task reports through ``last_step_detail()`` (pipeline: send,

@@ -36,7 +36,8 @@ from dnnperf.memsave.policy import KEEP, OFFLOAD, RECOMPUTE, Plan, Unit, find_un
 from dnnperf.memsave.saver import MemorySaver
 from dnnperf.memsave.state import StateSaver, check_fusable
 from dnnperf.memsave.storages import profile_storages
-from dnnperf.probes.memory import CATEGORIES, MemoryTracker, StepMemory
+from dnnperf.probes.memory import MemoryTracker
+from dnnperf.results.memory import CATEGORIES, StepMemory
 from dnnperf.stats import Samples
 from dnnperf.workloads.base import Batch, Task
 

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from dnnperf.probes.clock import StageClock
-from dnnperf.probes.memory import MemoryTracker, StepMemory
+from dnnperf.probes.memory import MemoryTracker
 from dnnperf.probes.stages import StageProfiler
+from dnnperf.results.memory import StepMemory
 
 
 class _MarkingClock(StageClock):

@@ -26,9 +26,9 @@ from dnnperf.analysis import layers as layer_analysis
 from dnnperf.analysis.memory import peak_table, predict_max_batch, scaling_fit
 from dnnperf.errors import UsageError
 from dnnperf.jsonio import write_text_atomic
-from dnnperf.probes.memory import CATEGORIES
 from dnnperf.report import charts
 from dnnperf.report.terminal import how_it_ended, human_count, sampling_cost
+from dnnperf.results.memory import CATEGORIES
 from dnnperf.results.record import RunRecord
 
 #: Layer phases drawn as bars per batch size (the rest are in the table).

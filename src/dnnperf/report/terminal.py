@@ -10,8 +10,8 @@ from rich.text import Text
 from dnnperf.errors import printable
 from dnnperf.hardware import HardwareProfile
 from dnnperf.probes.layers import LayerProfile
-from dnnperf.probes.memory import StepMemory
 from dnnperf.probes.stages import StageBreakdown
+from dnnperf.results.memory import StepMemory
 from dnnperf.results.record import RunRecord
 
 #: The most characters of one string a cell shows, and a title or caption.
@@ -377,7 +377,7 @@ def libcompare_table(workload: str, batch_size: int, rows: list[dict[str, Any]],
 
 def memory_tables(batch_size: int, memory: StepMemory, top: int = 8) -> list[Table]:
     """The step's peak by data structure, where it fell, the busiest layers and the subsystem."""
-    from dnnperf.probes.memory import CATEGORIES, EXTRA
+    from dnnperf.results.memory import CATEGORIES, EXTRA
 
     total = memory.measured_peak or memory.tracked_peak
     title = (

@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from dnnperf.probes.memory import CATEGORIES
 from dnnperf.reproduce.base import (
     Claim,
     Reproduction,
@@ -23,6 +22,7 @@ from dnnperf.reproduce.base import (
     started,
     verdict,
 )
+from dnnperf.results.memory import CATEGORIES
 
 KEY, SEED, TITLE = "tbd", "004", "TBD: benchmarking and analyzing DNN training (Zhu et al., 2018)"
 

@@ -19,9 +19,9 @@ import psutil
 from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.errors import RecordError
 from dnnperf.probes.layers import LayerProfile
-from dnnperf.probes.memory import StepMemory, step_memory_from_document
 from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.fields import FieldError, check_record_fields
+from dnnperf.results.memory import StepMemory, step_memory_from_document
 from dnnperf.results.watch import WatchResult
 from dnnperf.stats import Samples
 
