@@ -31,7 +31,7 @@ from torch import nn
 
 from dnnperf import environment
 from dnnperf.devices import synchronize
-from dnnperf.perfmodel.calibrate import _timed_rows, operator_call_overhead
+from dnnperf.perfmodel.calibrate import operator_call_overhead, timed_rows
 from dnnperf.workloads import get_workload
 
 WORKLOADS = ("resnet18", "resnet50", "vgg16", "alexnet", "transformer", "gpt2", "inception_v3", "seq2seq")
@@ -71,12 +71,12 @@ def step_phases(name: str, device: torch.device, batch: int, steps: int) -> dict
 
 
 def block(make: Callable[[], nn.Module], shape: tuple[int, ...], device: torch.device) -> dict:
-    """A block's operators as the model's calibration times them (``calibrate._timed_rows``: the
+    """A block's operators as the model's calibration times them (``calibrate.timed_rows``: the
     counter, each call behind a lead), their host seconds per call and per phase, against the block's
     forward and backward in a tight loop without any counter."""
     torch.manual_seed(0)
     layer = make().to(device)
-    rows = _timed_rows(layer, shape, 10, device)
+    rows = timed_rows(layer, shape, 10, device)
     per_call = rows["host"] / rows["calls"]
     keys = rows["phase"] + "/" + rows["family"] + "/" + rows["op"]
     found: dict = {"counted per call": dict(zip(keys, per_call, strict=True))}

@@ -26,8 +26,10 @@ from pathlib import Path
 
 import torch
 
-from dnnperf import environment, hardware
+from dnnperf import calibration, environment, hardware
 from dnnperf.analysis import layers
+from dnnperf.calibration.plans import PLANS
+from dnnperf.calibration.timing import bytes_text
 from dnnperf.data.sources import MemorySource
 from dnnperf.probes.clock import StageClock
 from dnnperf.probes.layers import PROFILER, LayerTimer, with_outside_the_model
@@ -42,8 +44,8 @@ REPEAT_TARGET = 0.10
 
 
 def calibrate_twice() -> tuple[hardware.HardwareProfile, hardware.HardwareProfile]:
-    first = hardware.calibrate("cpu")
-    second = hardware.calibrate("cpu")
+    first = calibration.calibrate("cpu")
+    second = calibration.calibrate("cpu")
     return first, second
 
 
@@ -130,7 +132,7 @@ PARTS = ("hw", "overhead", "suite")
 
 
 def hw_section(first: hardware.HardwareProfile, second: hardware.HardwareProfile) -> list[str]:
-    plan = hardware._PLANS[("cpu", False)]
+    plan = PLANS[("cpu", False)]
     lines = [
         f"## `dnnperf hw` twice in a row (target: within {100 * REPEAT_TARGET:.0f}%)",
         "",
@@ -165,7 +167,7 @@ def _today() -> str:
 
 def _dram_sizes(profile: hardware.HardwareProfile) -> str:
     points, beyond = profile.dram_points()
-    sizes = ", ".join(hardware._bytes_text(int(p.params["nbytes"])) for p in points)
+    sizes = ", ".join(bytes_text(int(p.params["nbytes"])) for p in points)
     return f"{sizes} per tensor" if beyond else f"{sizes} per tensor, not confirmed beyond the caches"
 
 

@@ -49,7 +49,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         _shared_calibration["text"] = (cache / _CALIBRATION).read_text(encoding="utf-8")
 
 
-def _cli_env(env: dict[str, str] | None) -> dict[str, str]:
+def cli_env(env: dict[str, str] | None) -> dict[str, str]:
     """The environment of a CLI test's process: one intra-op thread, and tables at their piped width
     whatever $COLUMNS the shell running the tests has."""
     inherited = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
@@ -60,7 +60,7 @@ def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess:
     """Run ``python -m dnnperf ARGS`` in a fresh process, as a user would, capturing both streams."""
-    full_env = _cli_env(env)
+    full_env = cli_env(env)
     return subprocess.run(
         [sys.executable, "-m", "dnnperf", *args],
         capture_output=True,
@@ -95,7 +95,7 @@ def run_cli_batch(
     """Several ``dnnperf`` command lines in one fresh process, ``main`` called for each with its own
     streams captured: for what a command prints before it does any work (help, bad input), where a
     process each would spend two seconds importing torch."""
-    full_env = _cli_env(env)
+    full_env = cli_env(env)
     done = subprocess.run(
         [sys.executable, "-c", _BATCH_DRIVER, json.dumps(argvs)],
         capture_output=True,

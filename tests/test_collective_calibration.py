@@ -15,7 +15,7 @@ from dnnperf.errors import UsageError
 from dnnperf.perfmodel import collective_calibration as cc
 from dnnperf.perfmodel import collectives
 from dnnperf.perfmodel.machine import GLOO_SEGMENT, Machine
-from dnnperf.perfmodel.predict import _link
+from dnnperf.perfmodel.predict import link_for
 from test_model_formulas import _machine as toy_machine
 
 
@@ -113,11 +113,11 @@ def _machine(**changes: object) -> Machine:
 def test_a_calibrated_machine_uses_each_operations_fit_inside_a_node_only() -> None:
     fits = {"send_recv": {"alpha": 3e-4, "bandwidth": 2e9, "reduce_bandwidth": 0.0}}
     machine = _machine(collectives=fits)
-    inside = _link(machine, 2, "send_recv")
+    inside = link_for(machine, 2, "send_recv")
     assert (inside.alpha, inside.beta) == pytest.approx((3e-4, 1 / 2e9))
-    other = _link(machine, 2, "allgather")  # no fit of its own: the node's link
+    other = link_for(machine, 2, "allgather")  # no fit of its own: the node's link
     assert (other.alpha, other.beta) == pytest.approx((1e-6, 1 / 1e10))
-    across = _link(machine, 4, "send_recv")  # between nodes: the described link, not the local fit
+    across = link_for(machine, 4, "send_recv")  # between nodes: the described link, not the local fit
     assert (across.alpha, across.beta) == pytest.approx((1e-5, 1 / 1e9))
 
 
@@ -184,19 +184,19 @@ def test_tensor_parallel_allgathers_pay_their_result_buffers_faults() -> None:
     output pays 16,384 faults at it, against a hand count."""
     from types import SimpleNamespace
 
-    from dnnperf.perfmodel.predict import _tp_collectives, _tp_regions
+    from dnnperf.perfmodel.predict import tp_collectives, tp_regions
 
-    cpu = _link(_machine(page_fault_s=1e-6, comm_on_compute_cores=True), 2, "allgather")
+    cpu = link_for(_machine(page_fault_s=1e-6, comm_on_compute_cores=True), 2, "allgather")
     assert cpu.fault_s == 1e-6
-    assert _link(_machine(page_fault_s=1e-6), 2, "allgather").fault_s == 0.0
+    assert link_for(_machine(page_fault_s=1e-6), 2, "allgather").fault_s == 0.0
     region = {"kind": "column", "module": "fc", "count": 4, "input_bytes": 1000, "output_bytes": 64 << 20}
     graph = SimpleNamespace(tp_regions=[region])
     times = pd.DataFrame({"module": ["fc"]})
     link = collectives.Link.of(1e-4, 1e9, 4e9, GLOO_SEGMENT)
     priced = collectives.Link.of(1e-4, 1e9, 4e9, GLOO_SEGMENT, fault_s=1e-6)
-    _, regions = _tp_regions(graph, times, 2, "toy")
-    without = _tp_collectives(regions, 2, link, link, "ring")
-    with_faults = _tp_collectives(regions, 2, priced, link, "ring")
+    _, regions = tp_regions(graph, times, 2, "toy")
+    without = tp_collectives(regions, 2, link, link, "ring")
+    with_faults = tp_collectives(regions, 2, priced, link, "ring")
     assert with_faults - without == pytest.approx(16384 * 1e-6)
 
 

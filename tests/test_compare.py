@@ -73,7 +73,7 @@ def runs(tmp_path_factory) -> dict:
     )
     shares = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(registry._REGISTRY, "slowed", workload)
+        patch.setitem(registry.REGISTRY, "slowed", workload)
         for _ in range(ATTEMPTS):
             hooks.clear()
             # The first run in a process pays one-time costs (oneDNN's primitive cache, the allocator's

@@ -362,13 +362,13 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
     were described on the GPU (its convolutions replayed there), and whose step (resnet18 `tiny`,
     batch 4) lasts at least as long as the host's issue of its calls and as the device's work, and at
     most both end to end: the queue overlaps them, it never loses or invents time."""
-    from dnnperf import hardware
+    from dnnperf import calibration
     from dnnperf.perfmodel.calibrate import measure_op_overhead, zoo_calibration
     from dnnperf.perfmodel.compute import op_times, step_time
     from dnnperf.perfmodel.graph import describe_workload
     from dnnperf.perfmodel.machine import from_profile
 
-    profile = hardware.calibrate(CUDA, quick=True)
+    profile = calibration.calibrate(CUDA, quick=True)
     overhead = measure_op_overhead(device=CUDA)
     zoo = zoo_calibration(from_profile(profile), repeats=2)
     machine = from_profile(

@@ -18,7 +18,7 @@ from dnnperf.data.formats import (
     LanguageModelFormat,
     SpeechFormat,
     TranslationFormat,
-    _class_colours,
+    class_colours,
 )
 from dnnperf.data.sources import DiskDataset, DiskSource, MemorySource, ensure_dataset, open_source
 
@@ -90,7 +90,7 @@ def test_detection_boxes_follow_the_image_when_flipped(tmp_path):
     fmt = DetectionFormat(image_size=64, num_classes=3, boxes_per_image=1)
     directory = ensure_dataset(fmt, 1, root=tmp_path)
     raw = fmt.read(directory, 0)
-    colour = torch.from_numpy(_class_colours(4)[raw["labels"][0]]) / 255
+    colour = torch.from_numpy(class_colours(4)[raw["labels"][0]]) / 255
     expected = (colour - IMAGENET_MEAN) / IMAGENET_STD
     torch.manual_seed(0)
     seen_flips = set()

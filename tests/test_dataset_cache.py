@@ -204,7 +204,7 @@ def sleepy_images(monkeypatch):
         make_task=lambda config, device: Trivial(),
         make_data=lambda config: IMAGES,
     )
-    monkeypatch.setitem(registry._REGISTRY, "sleepy_images", workload)
+    monkeypatch.setitem(registry.REGISTRY, "sleepy_images", workload)
     return workload
 
 

@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from dnnperf import calibration
 from dnnperf import hardware as hw
+from dnnperf.calibration import compute
+from dnnperf.calibration.memory import MemorySweeps
+from dnnperf.calibration.plans import PLANS
+from dnnperf.calibration.timing import Tracker, bytes_text
 from dnnperf.errors import UsageError
 from dnnperf.stats import Samples
 
@@ -28,7 +33,7 @@ CPU = torch.device("cpu")
 def calibrated() -> tuple[hw.HardwareProfile, list[tuple[str, float]]]:
     """One quick CPU calibration shared by the tests below, with the progress it reported."""
     reports: list[tuple[str, float]] = []
-    profile = hw.calibrate(CPU, progress=lambda text, done: reports.append((text, done)), quick=True)
+    profile = calibration.calibrate(CPU, progress=lambda text, done: reports.append((text, done)), quick=True)
     return profile, reports
 
 
@@ -113,8 +118,8 @@ def test_calibrated_matmul_peak_is_plausible(profile: hw.HardwareProfile) -> Non
 
 def test_a_precision_too_slow_to_be_a_peak_is_kept_but_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     # Demand bfloat16 be 1000x faster than float32: it is tried, timed at one size, and set aside.
-    monkeypatch.setattr(hw, "SANE_FRACTION", 1000.0)
-    profile = hw.calibrate(CPU, quick=True)
+    monkeypatch.setattr(compute, "SANE_FRACTION", 1000.0)
+    profile = calibration.calibrate(CPU, quick=True)
     for op in hw.OPS:
         (curve,) = profile.curves(op, "bfloat16")
         assert not curve.usable and len(curve.points) == 1 and "not used" in (curve.note or "")
@@ -431,7 +436,7 @@ def tf32_flags() -> dict[str, Any]:
             flags[name] = read()
         except RuntimeError:  # a mix of legacy and new flags
             flags[name] = None
-    for i, holder in enumerate(hw._fp32_precision_flags()):
+    for i, holder in enumerate(compute.fp32_precision_flags()):
         flags[f"new{i}"] = holder.fp32_precision
     return flags
 
@@ -457,14 +462,14 @@ def test_tf32_mode_sets_and_restores_the_flags(setup: str) -> None:
             torch.backends.cuda.matmul.fp32_precision = "tf32"  # legacy getters now refuse to read
         before = tf32_flags()
         for enabled in (True, False):
-            with hw.tf32_mode(enabled):
+            with compute.tf32_mode(enabled):
                 assert torch.backends.cuda.matmul.allow_tf32 is enabled
                 assert torch.backends.cudnn.allow_tf32 is enabled
             assert tf32_flags() == before
     finally:
         torch.set_float32_matmul_precision(original["matmul_precision"] or "highest")
         torch.backends.cudnn.allow_tf32 = original["cudnn"] if original["cudnn"] is not None else True
-        for i, holder in enumerate(hw._fp32_precision_flags()):
+        for i, holder in enumerate(compute.fp32_precision_flags()):
             holder.fp32_precision = original[f"new{i}"]
     assert tf32_flags() == original
 
@@ -472,17 +477,17 @@ def test_tf32_mode_sets_and_restores_the_flags(setup: str) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_calibrating_a_missing_gpu_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="no CUDA GPU"):
-        hw.calibrate(torch.device("cuda"), quick=True)
+        calibration.calibrate(torch.device("cuda"), quick=True)
 
 
 def test_calibrating_an_unsupported_device_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="use cpu or cuda"):
-        hw.calibrate(torch.device("meta"), quick=True)
+        calibration.calibrate(torch.device("meta"), quick=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quick_calibration_on_cuda(tmp_path: Path) -> None:
-    profile = hw.calibrate(torch.device("cuda"), quick=True)
+    profile = calibration.calibrate(torch.device("cuda"), quick=True)
     assert profile.device_type == "cuda" and profile.device_index is not None
     assert profile.host_transfer is not None and set(profile.host_transfer) == set(hw.TRANSFERS)
     for timing_ in all_timings(profile):
@@ -532,7 +537,7 @@ def test_memory_sizes_are_swept_several_times_in_alternating_order_between_compu
     calibrated: tuple[hw.HardwareProfile, list[tuple[str, float]]],
 ) -> None:
     profile, reports = calibrated
-    plan = hw._PLANS[("cpu", True)]
+    plan = PLANS[("cpu", True)]
     assert plan.memory_sweeps >= 2
     visits = [
         re.fullmatch(r"memory triad (.+) sweep (\d+)/(\d+)", text) for text, _ in reports if "triad" in text
@@ -542,7 +547,7 @@ def test_memory_sizes_are_swept_several_times_in_alternating_order_between_compu
     assert sweeps == sorted(sweeps) and set(sweeps) == set(range(1, plan.memory_sweeps + 1))
     sizes = [m.group(1) for m in visits if m and m.group(2) == "1"]
     again = [m.group(1) for m in visits if m and m.group(2) == "2"]
-    ascending = [hw._bytes_text(n) for n in sorted(plan.memory_sizes)]
+    ascending = [bytes_text(n) for n in sorted(plan.memory_sizes)]
     assert sizes == ascending[::-1] and again == ascending
     # The sweeps are spread between the compute rounds, not run back to back.
     texts = [text for text, _ in reports]
@@ -564,8 +569,8 @@ def test_dram_probes_add_samples_of_the_smallest_dram_size_between_sweeps() -> N
     """With a (made-up) 32 KiB last-level cache, 128 KiB tensors (3 x 128 KiB >= 4 x 32 KiB) are the
     smallest DRAM size: each probe adds one triad sample there, with the calls per sample of the
     sweeps, and nothing to the other sizes or to copy."""
-    plan = hw._PLANS[("cpu", True)]
-    sweeps = hw._MemorySweeps(CPU, plan, hw._Tracker(None, 1.0), (hw.CacheLevel("L3", 32 * 1024),))
+    plan = PLANS[("cpu", True)]
+    sweeps = MemorySweeps(CPU, plan, Tracker(None, 1.0), (hw.CacheLevel("L3", 32 * 1024),))
     assert sweeps.probe_size == 128 * 1024
     probes = 7
     for _ in range(probes):
@@ -578,4 +583,4 @@ def test_dram_probes_add_samples_of_the_smallest_dram_size_between_sweeps() -> N
     probed = curves["triad"][128 * 1024]
     assert probed.calls == calls and len(probed.seconds) >= probes + plan.memory_sweeps * per_sweep
     # No cache sizes known: no size is known to be DRAM, nothing is probed.
-    assert hw._MemorySweeps(CPU, plan, hw._Tracker(None, 1.0)).probe_size is None
+    assert MemorySweeps(CPU, plan, Tracker(None, 1.0)).probe_size is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _cli_env, run_cli
+from conftest import cli_env, run_cli
 from dnnperf.cli import main
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.results.store import RunStore
@@ -257,7 +257,7 @@ def test_a_stop_signal_while_importing_prints_one_line(module, signame, code):
         [sys.executable, "-c", INTERRUPTED_IMPORT, module, signame],
         capture_output=True,
         text=True,
-        env=_cli_env(None),
+        env=cli_env(None),
         timeout=240,
     )
     assert result.returncode == code, result.stderr

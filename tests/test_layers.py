@@ -13,10 +13,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import KnownDelay, run_cli
-from dnnperf import hardware
+from dnnperf import calibration, hardware
 from dnnperf.analysis import layers
+from dnnperf.calibration.compute import measure_compute
+from dnnperf.calibration.plans import PLANS
+from dnnperf.calibration.timing import Tracker
 from dnnperf.probes.layers import LayerProfile, LayerProfiler, layer_category
-from dnnperf.probes.opcount import _Call, cpu_blas, library_of
+from dnnperf.probes.opcount import OpCall, cpu_blas, library_of
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench
@@ -210,7 +213,7 @@ def test_libraries_follow_what_torch_dispatches():
     assert counts["Linear"].loc[("(root)", "forward"), "library"] == cpu_blas()
     assert counts["LSTM"].loc[("(root)", "forward"), "library"] in ("oneDNN", cpu_blas())
     # the convolution backend comes from a private torch API: notice when it changes
-    call = _Call(
+    call = OpCall(
         (torch.randn(1, 1, 4, 4), torch.randn(1, 1, 3, 3), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
         {},
         None,
@@ -247,11 +250,10 @@ def test_layer_categories():
 def _full_size_peaks() -> tuple[hardware.ComputeCurve, ...]:
     # The full plan's sizes (a peak needs them), measured for 0.75 s a size instead of 1.75 s: a peak
     # that comes out low is measured again (max_efficiency), so the shorter sample only costs a retry.
-    plan = dataclasses.replace(hardware._PLANS[("cpu", False)], compute_s=0.75)
-    tracker = hardware._Tracker(None, 1.0)
+    plan = dataclasses.replace(PLANS[("cpu", False)], compute_s=0.75)
+    tracker = Tracker(None, 1.0)
     return tuple(
-        hardware._measure_compute(op, "float32", torch.device("cpu"), plan, tracker, None)
-        for op in hardware.OPS
+        measure_compute(op, "float32", torch.device("cpu"), plan, tracker, None) for op in hardware.OPS
     )
 
 
@@ -259,7 +261,7 @@ def _full_size_peaks() -> tuple[hardware.ComputeCurve, ...]:
 def calibrated() -> hardware.HardwareProfile:
     """This process's machine: a quick profile with the full-size float32 compute peaks (the quick
     sizes are too small to be a peak), measured with this process's thread count."""
-    return dataclasses.replace(hardware.calibrate("cpu", quick=True), compute=_full_size_peaks())
+    return dataclasses.replace(calibration.calibrate("cpu", quick=True), compute=_full_size_peaks())
 
 
 def max_efficiency(profile, hw: hardware.HardwareProfile) -> float:
@@ -369,9 +371,9 @@ def test_glue_between_layers_is_the_parents_not_the_next_layers(known_delay):
 
 def test_table_cells_from_missing_values_render():
     """A DataFrame's missing values (NaN, None) reach rich as text, not floats (a demo run crashed)."""
-    from dnnperf.report.terminal import _text
+    from dnnperf.report.terminal import cell_text
 
-    assert _text(float("nan")) == "" and _text(None) == "" and _text("oneDNN") == "oneDNN"
+    assert cell_text(float("nan")) == "" and cell_text(None) == "" and cell_text("oneDNN") == "oneDNN"
 
 
 def test_device_work_is_placed_by_its_launch_in_the_innermost_module_or_the_running_node():

@@ -329,7 +329,7 @@ def test_the_pinned_pool_grows_to_a_steps_demand_and_then_allocates_nothing():
     """The CUDA tier's pool (pinned memory faked by plain bytes here): a step that needs more than the
     pool grows it by one segment at least as large as the pool; after a rewind the same step fits in
     what exists; slices are aligned and never overlap; a host that cannot pin more keeps the tensor."""
-    from dnnperf.memsave.pinned import _ALIGN, PinnedPool
+    from dnnperf.memsave.pinned import ALIGN, PinnedPool
 
     allocated: list[int] = []
 
@@ -352,7 +352,7 @@ def test_the_pinned_pool_grows_to_a_steps_demand_and_then_allocates_nothing():
     assert allocated == [4096, 5000, 9096]
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in first)
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
-    assert all(t.data_ptr() % _ALIGN == first[0].data_ptr() % _ALIGN for t in first[:2])
+    assert all(t.data_ptr() % ALIGN == first[0].data_ptr() % ALIGN for t in first[:2])
     second = one_step()
     assert allocated == [4096, 5000, 9096]  # nothing new
     assert [t.data_ptr() for t in second] == [t.data_ptr() for t in first]

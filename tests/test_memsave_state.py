@@ -291,7 +291,7 @@ def test_a_wrong_first_guess_of_the_order_reads_nothing_twice(monkeypatch, tmp_p
     must not fetch a parameter already updated (that read would wait, held, until the next step):
     one step reads the state once, plus the next step's first chunk; a saver entered again starts
     from the order learnt."""
-    monkeypatch.setattr(state_module, "_LEARNT_ORDER", state_module.weakref.WeakKeyDictionary())
+    monkeypatch.setattr(state_module, "LEARNT_ORDER", state_module.weakref.WeakKeyDictionary())
     torch.manual_seed(0)
     model = _Reversed(512, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -305,4 +305,4 @@ def test_a_wrong_first_guess_of_the_order_reads_nothing_twice(monkeypatch, tmp_p
         with saver:
             task.step(batch)
         assert state_bytes <= saver.bytes_read <= state_bytes + chunk
-    assert state_module._LEARNT_ORDER[optimizer] == [id(p) for p in model.parameters()]
+    assert state_module.LEARNT_ORDER[optimizer] == [id(p) for p in model.parameters()]

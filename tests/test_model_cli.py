@@ -74,9 +74,9 @@ def test_bad_machine_file_names_the_missing_field(tmp_path: Path, capsys: pytest
 def test_validate_json_errors_follow_from_its_own_numbers(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from dnnperf import hardware
+    from dnnperf import calibration, hardware
 
-    path = hardware.save_profile(hardware.calibrate("cpu", quick=True), tmp_path / "hw.json")
+    path = hardware.save_profile(calibration.calibrate("cpu", quick=True), tmp_path / "hw.json")
     code = main(
         [
             "validate",
@@ -127,9 +127,9 @@ def test_validate_json_errors_follow_from_its_own_numbers(
 def test_validate_refuses_a_profile_of_another_thread_count(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from dnnperf import hardware
+    from dnnperf import calibration, hardware
 
-    profile = hardware.calibrate("cpu", quick=True)
+    profile = calibration.calibrate("cpu", quick=True)
     other = hardware.HardwareProfile(**{**profile.__dict__, "threads": profile.threads + 1})
     path = hardware.save_profile(other, tmp_path / "hw.json")
     assert main(["validate", "basic_cnn", "--preset", "tiny", "--hw", str(path)]) == 2
@@ -178,7 +178,7 @@ def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
 
     from dnnperf.perfmodel import collectives
     from dnnperf.perfmodel.machine import preset
-    from dnnperf.perfmodel.predict import _link
+    from dnnperf.perfmodel.predict import link_for
     from dnnperf.perfmodel.validate import LOOPBACK, shaped_link
 
     fits = {"allreduce": {"alpha": 1e-4, "bandwidth": 2e9}, "send_recv": {"alpha": 1e-4, "bandwidth": 1e8}}
@@ -196,7 +196,7 @@ def test_a_shaped_link_caps_every_collective_at_its_rate() -> None:
     assert shaped.collectives["send_recv"]["bandwidth"] == 12.5e6 and shaped.intra_bandwidth == 12.5e6
     # 2-rank ring allreduce of n bytes: each rank sends n/2 twice, n bytes over the shaped wire.
     n = 8e6
-    seconds = collectives.allreduce(n, 2, _link(shaped, 2))
+    seconds = collectives.allreduce(n, 2, link_for(shaped, 2))
     assert seconds == pytest.approx(n / 12.5e6, rel=0.02)
 
 

@@ -362,7 +362,7 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
 
 
 def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds() -> None:
-    from dnnperf.perfmodel.calibrate import _host_call_costs
+    from dnnperf.perfmodel.calibrate import host_call_costs
 
     rows = pd.DataFrame(
         {
@@ -375,7 +375,7 @@ def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overheads_kinds(
     )
     # An overhead microbenchmark's kernel call at 5.5 us, 1.5 us added by calling a view from Python;
     # the harness's row left out.
-    costs = _host_call_costs(rows, reference_s=5.5e-6, operator_call_s=1.5e-6)
+    costs = host_call_costs(rows, reference_s=5.5e-6, operator_call_s=1.5e-6)
     assert costs == pytest.approx(
         {
             "elementwise/forward": 0.0,
@@ -405,7 +405,7 @@ def test_a_replayed_kernel_is_not_charged_a_kernels_floor_again(monkeypatch: pyt
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
     machine = _machine(dispatch_s=0.0, asynchronous=True, kernel_s=5e-6)
     times = ops.assign(compute_s=[100e-6, 10e-6], overhead_s=[0.0, 0.0], replayed=[True, False])
-    step = compute._queued_step(graph, machine, times, ComputeOptions())
+    step = compute.queued_step(graph, machine, times, ComputeOptions())
     assert step.total_s == pytest.approx(100e-6 + 10e-6 + 5e-6)  # the floor on the roofline row only
 
 

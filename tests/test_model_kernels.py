@@ -230,7 +230,7 @@ def test_tensor_parallel_takes_a_split_convolutions_replay_as_it_is(monkeypatch:
 
     def fake_replays(calls, device):
         def seconds(call):
-            where = kernels._CHANNEL_ARGS[call["op"]]["weight"]
+            where = kernels.CHANNEL_ARGS[call["op"]]["weight"]
             return 1e-3 + 1e-4 * call["args"][where]["shape"][0]
 
         return [kernels.Replay(seconds(c), 0.0) for c in calls]

@@ -133,9 +133,9 @@ def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None
 def test_zoo_layers_get_a_materialised_output_gradient() -> None:
     """A loss's backward hands a layer a real gradient; ``.sum().backward()`` would hand it a stride-0
     expanded one, 4 bytes of storage, which a bias gradient's sum reads at another cost."""
-    from dnnperf.perfmodel.calibrate import _timed_rows
+    from dnnperf.perfmodel.calibrate import timed_rows
 
-    rows = _timed_rows(nn.Linear(64, 32), (16, 64), repeats=1)
+    rows = timed_rows(nn.Linear(64, 32), (16, 64), repeats=1)
     (bias_sum,) = rows[(rows["phase"] == "backward") & (rows["op"] == "aten.sum")]["bytes"]
     assert bias_sum == (16 * 32 + 32) * 4  # reads the (16, 32) output gradient, writes 32 values
     assert (rows["module"] != "(none)").all()  # no loss operator outside the layer
@@ -421,8 +421,8 @@ def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeyp
     from dnnperf.probes import opcount
 
     base = operator_call_overhead("cpu")
-    real_start = opcount._HostTimer.start
-    monkeypatch.setattr(opcount._HostTimer, "start", lambda self: real_start(self) - 20_000)
+    real_start = opcount.HostTimer.start
+    monkeypatch.setattr(opcount.HostTimer, "start", lambda self: real_start(self) - 20_000)
     slowed = operator_call_overhead("cpu")
     assert 0 < base < 20e-6
     assert slowed - base == pytest.approx(20e-6, abs=5e-6)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import run_cli
-from dnnperf import hardware
+from dnnperf import calibration
 from dnnperf.report import html as report
 from dnnperf.results.record import RunRecord
 from dnnperf.results.store import RunStore
@@ -35,7 +35,7 @@ def full_profile(root: Path) -> RunRecord:
     """Stages, layers (against a quick calibration of this machine) and memory, in a cache of its own."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DNNPERF_CACHE_DIR", str(root / "cache"))
-        calibrated = hardware.calibrate("cpu", quick=True)
+        calibrated = calibration.calibrate("cpu", quick=True)
         return profile_record(root / "runs", layers=True, memory=True, hardware=calibrated.to_dict())
 
 
@@ -219,7 +219,7 @@ def test_resnet50_small_full_profile_report_is_under_5_mb(tmp_path):
             stages=True,
             layers=True,
             memory=True,
-            hardware=hardware.calibrate("cpu", quick=True).to_dict(),
+            hardware=calibration.calibrate("cpu", quick=True).to_dict(),
         ),
         RunStore(tmp_path),
     )

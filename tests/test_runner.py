@@ -44,7 +44,7 @@ def sleepy(monkeypatch):
             make_task=lambda config, device: SleepyTask(config["oom_above"]),
             make_data=lambda config: ImageFormat(image_size=8, num_classes=2),
         )
-        monkeypatch.setitem(registry._REGISTRY, "sleepy", workload)
+        monkeypatch.setitem(registry.REGISTRY, "sleepy", workload)
         return workload
 
     return register

@@ -92,7 +92,7 @@ def injected(monkeypatch):
             make_task=make_task,
             make_data=make_data,
         )
-        monkeypatch.setitem(registry._REGISTRY, "injected", workload)
+        monkeypatch.setitem(registry.REGISTRY, "injected", workload)
 
     return register
 

@@ -35,7 +35,7 @@ _EXPORTS = {
     "Workload": "dnnperf.workloads",
     "all_workloads": "dnnperf.workloads",
     "bench": "dnnperf.runner",
-    "calibrate": "dnnperf.hardware",
+    "calibrate": "dnnperf.calibration",
     "get_workload": "dnnperf.workloads",
     "load_profile": "dnnperf.hardware",
     "mark_step": "dnnperf.watch.marks",
@@ -68,7 +68,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dnnperf.hardware import HardwareProfile, calibrate, load_profile
+    from dnnperf.calibration import calibrate
+    from dnnperf.hardware import HardwareProfile, load_profile
     from dnnperf.probes.layers import LayerProfile, LayerProfiler
     from dnnperf.probes.memory_loop import MemoryProfiler
     from dnnperf.probes.stages import StageBreakdown, StageProfiler

@@ -647,7 +647,7 @@ def cmd_libcompare(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_hw(args: argparse.Namespace, out: Output) -> int:
-    from dnnperf import hardware
+    from dnnperf import calibration, hardware
     from dnnperf.devices import resolve_device
 
     device = resolve_device(args.device)
@@ -662,7 +662,7 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
         if args.output is not None:
             output_file(args.output, "--output", parents=True)  # before minutes of calibration
         with out.progress_fraction("calibrating") as progress:
-            profile = hardware.calibrate(device, progress=progress, quick=args.quick)
+            profile = calibration.calibrate(device, progress=progress, quick=args.quick)
         path = hardware.save_profile(profile, args.output)
     if args.json:
         out.json({"profile_path": str(path), "profile": profile.to_dict()})

@@ -66,7 +66,7 @@ class DataFormat(ABC):
 # ---------------------------------------------------------------------------------------------------
 
 
-def _class_colours(num_classes: int) -> np.ndarray:
+def class_colours(num_classes: int) -> np.ndarray:
     """One distinct RGB colour per class, spread around the hue circle."""
     hues = np.arange(num_classes) / max(num_classes, 1)
     angles = 2 * np.pi * (hues[:, None] + np.array([0.0, 1 / 3, 2 / 3]))
@@ -80,7 +80,7 @@ def _synthetic_images(count: int, size: int, labels: np.ndarray, num_classes: in
     smooth = torch.nn.functional.interpolate(
         torch.from_numpy(noise), size=(size, size), mode="bilinear", align_corners=False
     ).numpy()
-    colours = _class_colours(num_classes)[labels]  # [N, 3]
+    colours = class_colours(num_classes)[labels]  # [N, 3]
     images = colours[:, :, None, None] * 0.6 + 40.0 * smooth + 40.0
     side = max(size // 4, 1)
     for i in range(count):
@@ -176,7 +176,7 @@ class DetectionFormat(DataFormat):
         labels = rng.integers(1, self.num_classes + 1, size=(count, k))
         background = np.zeros(count, dtype=np.int64)
         images = _synthetic_images(count, size, background, self.num_classes + 1, rng).copy()
-        colours = _class_colours(self.num_classes + 1)
+        colours = class_colours(self.num_classes + 1)
         wh = rng.uniform(0.15, 0.45, size=(count, k, 2)) * size
         xy = rng.uniform(0, 1, size=(count, k, 2)) * (size - wh)
         boxes = np.concatenate([xy, xy + wh], axis=-1).astype(np.float32)

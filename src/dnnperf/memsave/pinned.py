@@ -25,7 +25,7 @@ import torch
 from dnnperf.devices import on_device
 from dnnperf.memsave.disk import read_ahead
 
-_ALIGN = 512  # bytes: keeps every slice of the pool aligned for fast DMA
+ALIGN = 512  # bytes: keeps every slice of the pool aligned for fast DMA
 
 
 @dataclass(eq=False)
@@ -47,7 +47,7 @@ class PinnedPool:
 
     def __init__(self, nbytes: int, allocate: Callable[[int], torch.Tensor] = _pinned_bytes) -> None:
         self._allocate = allocate
-        self.segments = [allocate(max(nbytes, _ALIGN))]
+        self.segments = [allocate(max(nbytes, ALIGN))]
         self._segment = 0
         self.used = 0  # bytes taken from the current segment
 
@@ -67,7 +67,7 @@ class PinnedPool:
             self._segment += 1
             self.used = 0
         start = self.used
-        self.used = -(-(start + nbytes) // _ALIGN) * _ALIGN
+        self.used = -(-(start + nbytes) // ALIGN) * ALIGN
         return self.segments[self._segment][start : start + nbytes]
 
     def rewind(self) -> None:

@@ -45,7 +45,7 @@ from dnnperf.errors import DnnperfError, UsageError
 #: Per optimizer (the first a saver was given), the order its parameters were last updated in: a saver
 #: entered again (one per measured step in ``memsave``) reads ahead in the right order from its first
 #: step.
-_LEARNT_ORDER: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = weakref.WeakKeyDictionary()
+LEARNT_ORDER: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[int]] = weakref.WeakKeyDictionary()
 
 #: Elements updated at once on the CPU: the update's temporaries and the state read back are at most
 #: this big.
@@ -300,7 +300,7 @@ class StateSaver:
                 self._handles.append(entry.parameter.register_post_accumulate_grad_hook(self._update))
             # The order the last block's backward updated these parameters in; before any, the reverse
             # of registration order, backward's usual one.
-            learnt = _LEARNT_ORDER.get(self._first_optimizer)
+            learnt = LEARNT_ORDER.get(self._first_optimizer)
             fits = learnt is not None and sorted(learnt) == sorted(self._parameters)
             self._order = list(learnt) if fits else list(reversed(self._parameters))
             self._moved_at_start = self._moved()
@@ -387,7 +387,7 @@ class StateSaver:
         self._updated.append(pid)
         if len(self._updated) == len(self._parameters):
             self._order, self._updated = self._updated, []
-            _LEARNT_ORDER[self._first_optimizer] = self._order
+            LEARNT_ORDER[self._first_optimizer] = self._order
 
     def _adopt(self, entry: _Parameter) -> None:
         """State the chunks created (a first step) joined into the optimizer's, the chunks viewing it."""

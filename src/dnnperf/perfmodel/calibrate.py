@@ -457,7 +457,7 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     ]
 
 
-def _timed_rows(
+def timed_rows(
     layer: nn.Module, shape: tuple[int, ...], repeats: int, device: torch.device | None = None
 ) -> pd.DataFrame:
     """Per operator of one forward + backward of ``layer`` on ``device`` (default the CPU): counts, the
@@ -550,11 +550,11 @@ def _zoo_rows(
                 shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
             if progress is not None:
                 progress(f"{type(layer).__name__} {shape}")
-            frame = _timed_rows(layer, shape, repeats, device)
+            frame = timed_rows(layer, shape, repeats, device)
             calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
             frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
     rows = pd.concat(frames, ignore_index=True)
-    host_call = _host_call_costs(rows, *_host_reference(device, repeats)) if gpu else {}
+    host_call = host_call_costs(rows, *_host_reference(device, repeats)) if gpu else {}
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
     # which the model counts separately). The harness's own operators (outside the layer) are left out too.
@@ -650,7 +650,7 @@ def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats
     return max(statistics.median(timed) - statistics.median(plain), 0.0)
 
 
-def _host_call_costs(rows: pd.DataFrame, reference_s: float, operator_call_s: float) -> dict[str, float]:
+def host_call_costs(rows: pd.DataFrame, reference_s: float, operator_call_s: float) -> dict[str, float]:
     """On a GPU, per "family/phase": the host seconds one call takes beyond the mean kernel call of the
     per-call overhead microbenchmark (``reference_s``, timed the same way; the model charges every
     kernel call that microbenchmark's whole step per kernel call, ``dispatch_s``, and each family what
@@ -690,7 +690,7 @@ class ZooCalibration:
     #: the zoo's times are taken net of it); 0 on a CPU, whose host runs each operator itself.
     kernel_s: float
     #: On a GPU, the host seconds per call beyond the per-call overhead, per "family/phase"
-    #: (:func:`_host_call_costs`); empty on a CPU, where ``call_s`` holds what the host adds.
+    #: (:func:`host_call_costs`); empty on a CPU, where ``call_s`` holds what the host adds.
     host_call_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 

@@ -205,7 +205,7 @@ def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = Comp
     """Forward + backward + update (+ the data stage) of one step on one device."""
     times = op_times(graph, machine, options)
     if machine.asynchronous:
-        return _queued_step(graph, machine, times, options)
+        return queued_step(graph, machine, times, options)
     by_phase = times.groupby("phase")["seconds"].sum()
     return StepTime(
         forward_s=float(by_phase.get("forward", 0.0)),
@@ -218,9 +218,7 @@ def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = Comp
     )
 
 
-def _queued_step(
-    graph: StepGraph, machine: Machine, times: pd.DataFrame, options: ComputeOptions
-) -> StepTime:
+def queued_step(graph: StepGraph, machine: Machine, times: pd.DataFrame, options: ComputeOptions) -> StepTime:
     """The step of an asynchronous device (:func:`queued_end`): the batch's copy, then every row in
     the description's order. A kernel call costs the host the machine's per-call overhead
     (``dispatch_s``) and its family's extra (``host_call_s``; a view costs that alone), and the device

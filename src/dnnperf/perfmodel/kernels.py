@@ -92,7 +92,7 @@ def resolve(op_name: str) -> Any:
 
 
 #: Per replayed operator: where its weight, output-channel operand (dim 1), bias and groups sit.
-_CHANNEL_ARGS = {
+CHANNEL_ARGS = {
     "aten.convolution": {"weight": 1, "bias": 2, "groups": 8, "output": None},
     "aten.convolution_backward": {"weight": 2, "bias": 3, "groups": 9, "output": 0},
 }
@@ -114,7 +114,7 @@ def split_output_channels(call: Mapping[str, Any], ways: int) -> dict[str, Any] 
     output channels (distributed/tensor_parallel.py): the weight's and bias's first dimension and the
     output gradient's channels divided. None for a call it does not split (another operator, grouped,
     channels that do not divide)."""
-    where = _CHANNEL_ARGS.get(call["op"])
+    where = CHANNEL_ARGS.get(call["op"])
     if where is None:
         return None
     args = [dict(a) if isinstance(a, dict) else a for a in call["args"]]
@@ -196,10 +196,10 @@ class KernelCalls:
 def flush_bytes(device: torch.device) -> int:
     """Bytes to write between timed calls (see the module doc): on a CPU four times its largest
     cache below the last level (L2), on a GPU twice its L2."""
-    from dnnperf.hardware import _gpu_caches, cpu_caches
+    from dnnperf.hardware import cpu_caches, gpu_caches
 
     if device.type == "cuda":
-        caches = _gpu_caches(device)
+        caches = gpu_caches(device)
         return 2 * caches[-1].size_bytes if caches else 128 * 2**20
     sizes = sorted(c.size_bytes for c in cpu_caches(1))
     return 4 * sizes[-2] if len(sizes) > 1 else DEFAULT_FLUSH_BYTES

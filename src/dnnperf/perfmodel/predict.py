@@ -218,7 +218,7 @@ def memory_estimate(
     return best
 
 
-def _link(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = False) -> collectives.Link:
+def link_for(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = False) -> collectives.Link:
     """The slowest link ``ranks`` consecutive devices span; inside a node, the backend's own fit of
     ``op`` where the machine was calibrated with one. ``cpu``: the fit's CPU cost, as on an unshaped
     link (Machine.comm_on_compute_cores). CPU ranks (gloo) pay the machine's page-fault cost for the
@@ -295,10 +295,10 @@ def predict(
                 graph, times, machine, devices, compute, _units(source, preset)
             )
         elif devices > 1:
-            link = _link(machine, devices)
+            link = link_for(machine, devices)
             ready, sizes, backward_s = strategies.gradient_buckets(times, graph.module_param_bytes)
             if machine.nodes > 1 and machine.devices_per_node > 1:
-                intra = _link(machine, 1)
+                intra = link_for(machine, 1)
                 costs = [
                     collectives.hierarchical_allreduce(
                         n, machine.devices_per_node, machine.nodes, intra, link, algorithm
@@ -324,7 +324,7 @@ def predict(
             if machine.comm_on_compute_cores and machine.nodes == 1:
                 # gloo copies and reduces on the cores backward runs on: on a host the ranks fill,
                 # that CPU time is added to the step, whatever the overlap would hide.
-                cpu_link = _link(machine, devices, cpu=True)
+                cpu_link = link_for(machine, devices, cpu=True)
                 cpu_s = sum(collectives.allreduce(n, devices, cpu_link, algorithm) for n in sizes)
                 exposed = max(exposed, cpu_s)
                 detail["allreduce_cpu_s"] = cpu_s
@@ -380,16 +380,16 @@ def predict(
             stage_backward[i] += accumulation_s[-1] / m
         stage_s = [f + b for f, b in zip(stage_forward, stage_backward, strict=True)]
         boundary = max((graph.layers[b - 1].output_bytes for b in bounds[1:-1]), default=0)
-        send = collectives.send_recv(boundary, _link(machine, devices, "send_recv"))
+        send = collectives.send_recv(boundary, link_for(machine, devices, "send_recv"))
         pipe = strategies.pipeline_time(stage_forward, stage_backward, m, send, schedule)
         # After the last backward: the loss broadcast from the last stage, then an all-reduce of each
         # parameter that several stages hold (tied weights), over those stages (pipeline.py).
         stage_of = {name: i for i, (a, b) in enumerate(itertools.pairwise(bounds)) for name in names[a:b]}
-        tail = collectives.broadcast(8, stages, _link(machine, stages, "broadcast"))
+        tail = collectives.broadcast(8, stages, link_for(machine, stages, "broadcast"))
         for shared in graph.shared_params:
             holders = len({stage_of[name] for name in shared["layers"] if name in stage_of})
             if holders > 1:
-                tail += collectives.allreduce(shared["bytes"], holders, _link(machine, holders), algorithm)
+                tail += collectives.allreduce(shared["bytes"], holders, link_for(machine, holders), algorithm)
         update = float(times.loc[times["phase"] == "update", "seconds"].sum())
         params = [
             sum(layer.param_bytes for layer in graph.layers[a:b]) for a, b in itertools.pairwise(bounds)
@@ -423,9 +423,9 @@ def predict(
     ways = devices
     graph = _graph_for(source, preset, batch_size, exact, faults, described_on)
     times = op_times(graph, machine, options)
-    gather_link, reduce_link = _link(machine, ways, "allgather"), _link(machine, ways, "allreduce")
+    gather_link, reduce_link = link_for(machine, ways, "allgather"), link_for(machine, ways, "allreduce")
     if graph.tp_regions:  # the split dnnperf's tensor parallelism makes (tensor_parallel.split_layout)
-        split, regions = _tp_regions(graph, times, ways, name)
+        split, regions = tp_regions(graph, times, ways, name)
     else:  # a description without it: every compute module by output channel, gathered
         split = set(strategies.split_modules(times))
         regions = [
@@ -433,7 +433,7 @@ def predict(
             for m in sorted(split)
             for i, o in [graph.module_io.get(m, [0, 0])]
         ]
-    comm = _tp_collectives(regions, ways, gather_link, reduce_link, algorithm)
+    comm = tp_collectives(regions, ways, gather_link, reduce_link, algorithm)
     if not split:
         raise UsageError(
             f"{name} has no layer tensor parallelism can split (no matrix products or convolutions)"
@@ -478,7 +478,7 @@ def predict(
     )
 
 
-def _tp_regions(
+def tp_regions(
     graph: StepGraph, times: pd.DataFrame, ways: int, name: str
 ) -> tuple[set[str], list[dict[str, Any]]]:
     """The modules split and the regions split, as the implementation splits: Megatron's attention
@@ -532,7 +532,7 @@ def _streamed_s(nbytes: float, machine: Machine) -> float:
     return nbytes / machine.memory_bandwidth
 
 
-def _tp_collectives(
+def tp_collectives(
     regions: Sequence[Mapping[str, Any]],
     ways: int,
     gather_link: collectives.Link,
@@ -580,11 +580,11 @@ def _zero_update(
     shares = strategies.zero_partition(list(graph.module_param_bytes.values()), ranks)
     heaviest = max(shares) / max(graph.param_bytes, 1)
     if stage == "zero1":
-        link = _link(machine, ranks, "broadcast")
+        link = link_for(machine, ranks, "broadcast")
         tail = sum(collectives.broadcast(n, ranks, link) for n in shares)
     else:
         heaviest = 1.0 / ranks
-        tail = collectives.allgather(graph.param_bytes, ranks, _link(machine, ranks, "allgather"))
+        tail = collectives.allgather(graph.param_bytes, ranks, link_for(machine, ranks, "allgather"))
     sharded = strategies.sharded_memory(stage, ranks, [], 0, graph.param_bytes, heaviest)
     return compute - _update_share(times, heaviest), tail, memory_estimate(graph, sharded=sharded)
 
@@ -600,7 +600,7 @@ def _fully_sharded(
     CPU (gloo, no streams) FSDP waits for each where it issues it: all exposed.
     Returns compute, exposed communication, detail and memory."""
     unit_bytes, root_bytes = strategies.unit_param_bytes(graph.module_param_bytes, units)
-    gather_link, reduce_link = _link(machine, ranks, "allgather"), _link(machine, ranks, "allreduce")
+    gather_link, reduce_link = link_for(machine, ranks, "allgather"), link_for(machine, ranks, "allreduce")
 
     def gather(n: int) -> float:
         return collectives.allgather(n, ranks, gather_link)

@@ -172,7 +172,7 @@ class OpRecord:
 
 
 @dataclass
-class _Call:
+class OpCall:
     """One operator call as the formulas see it: arguments by schema name, and the result."""
 
     args: Sequence[Any]
@@ -187,7 +187,7 @@ class _Call:
         return self.kwargs.get(name, default)
 
 
-Formula = Callable[[_Call], int]
+Formula = Callable[[OpCall], int]
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -208,7 +208,7 @@ def _numel(value: Any) -> int:
     return tensor.numel() if tensor is not None else 0
 
 
-def _out_numel(call: _Call) -> int:
+def _out_numel(call: OpCall) -> int:
     """Elements of the result; for operators returning nothing (in-place lists), of the first argument."""
     tensor = _first(call.out)
     return tensor.numel() if tensor is not None else _numel(call.args[0] if call.args else None)
@@ -227,7 +227,7 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-def _add_like(call: _Call) -> int:
+def _add_like(call: OpCall) -> int:
     # x + alpha * y is one operation per element, two when alpha scales the second operand
     alpha = call.arg("alpha", 1)
     return (1 if alpha == 1 else 2) * _out_numel(call)
@@ -297,20 +297,20 @@ _REDUCTION_COST = {
 }
 
 
-def _mv(call: _Call) -> int:
+def _mv(call: OpCall) -> int:
     return 2 * call.args[0].numel()
 
 
-def _dot(call: _Call) -> int:
+def _dot(call: OpCall) -> int:
     return 2 * call.args[0].numel()
 
 
-def _addmm_activation(call: _Call) -> int:
+def _addmm_activation(call: OpCall) -> int:
     m, k = call.arg("mat1").shape
     return 2 * m * k * call.arg("mat2").shape[1]
 
 
-def _addbmm(call: _Call) -> int:
+def _addbmm(call: OpCall) -> int:
     b, m, k = call.arg("batch1").shape
     return 2 * b * m * k * call.arg("batch2").shape[2]
 
@@ -323,7 +323,7 @@ def _conv_forward_flops(
     return 2 * x_shape[0] * math.prod(w_shape) * math.prod(spatial)
 
 
-def _convolution_backward(call: _Call) -> int:
+def _convolution_backward(call: OpCall) -> int:
     # Each gradient asked for (input, weight) costs one forward convolution's multiply-adds.
     grad_out, x, w = call.args[0], call.args[1], call.args[2]
     transposed = bool(call.arg("transposed"))
@@ -332,14 +332,14 @@ def _convolution_backward(call: _Call) -> int:
     return forward * (int(bool(mask[0])) + int(bool(mask[1])))
 
 
-def _flash_cpu_forward(call: _Call) -> int:
+def _flash_cpu_forward(call: OpCall) -> int:
     q, k, v = call.args[0], call.args[1], call.args[2]
     b, h, lq, e = q.shape
     s, ev = k.shape[-2], v.shape[-1]
     return 2 * b * h * lq * s * (e + ev)  # QKᵀ and PV
 
 
-def _flash_cpu_backward(call: _Call) -> int:
+def _flash_cpu_backward(call: OpCall) -> int:
     q, k, v = call.args[1], call.args[2], call.args[3]
     b, h, lq, e = q.shape
     s, ev = k.shape[-2], v.shape[-1]
@@ -365,18 +365,18 @@ def _oneDNN_layer(x: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor) -> tu
     return products, _RNN_CELL_COST.get(gates, gates * 3) * hidden * tokens
 
 
-def _mkldnn_rnn_layer(call: _Call) -> int:
+def _mkldnn_rnn_layer(call: OpCall) -> int:
     products, cells = _oneDNN_layer(call.args[0], call.args[1], call.args[2])
     return products + cells
 
 
-def _mkldnn_rnn_layer_backward(call: _Call) -> int:
+def _mkldnn_rnn_layer_backward(call: OpCall) -> int:
     # oneDNN computes every gradient: data (input and recurrence) and weights.
     products, cells = _oneDNN_layer(call.args[0], call.args[1], call.args[2])
     return 2 * products + 2 * cells
 
 
-def _cudnn_rnn_parts(call: _Call) -> tuple[int, int]:
+def _cudnn_rnn_parts(call: OpCall) -> tuple[int, int]:
     x = call.arg("input")
     tokens = _tokens(x)
     matrices = [w for w in _tensors(call.arg("weight")) if w.dim() == 2]
@@ -387,12 +387,12 @@ def _cudnn_rnn_parts(call: _Call) -> tuple[int, int]:
     return products, cells
 
 
-def _cudnn_rnn(call: _Call) -> int:
+def _cudnn_rnn(call: OpCall) -> int:
     products, cells = _cudnn_rnn_parts(call)
     return products + cells
 
 
-def _cudnn_rnn_backward(call: _Call) -> int:
+def _cudnn_rnn_backward(call: OpCall) -> int:
     products, cells = _cudnn_rnn_parts(call)
     mask = call.arg("output_mask") or (True, True, True, True)
     # cuDNN's backward-data pass runs whatever is asked; the weight pass only for weight gradients.
@@ -403,14 +403,14 @@ def _fused_cell(cost: int, arg: str) -> Formula:
     return lambda call: cost * call.arg(arg).numel()
 
 
-def _norm_forward(call: _Call, training: bool) -> int:
+def _norm_forward(call: OpCall, training: bool) -> int:
     n = call.args[0].numel()
     affine = call.arg("weight") is not None
     statistics = 4 * n if training else 0  # mean 1, variance 3
     return statistics + 2 * n + (2 * n if affine else 0)  # normalize 2, scale and shift 2
 
 
-def _batch_norm_forward(call: _Call) -> int:
+def _batch_norm_forward(call: OpCall) -> int:
     return _norm_forward(call, bool(call.arg("training", True)))
 
 
@@ -429,7 +429,7 @@ def _norm_backward_flops(n: int, mask: Sequence[bool], training: bool) -> int:
 
 
 def _norm_backward(train_arg: str | None) -> Formula:
-    def formula(call: _Call) -> int:
+    def formula(call: OpCall) -> int:
         x = call.arg("input")
         training = True if train_arg is None else bool(call.arg(train_arg, True))
         mask = call.arg("output_mask") or (True, True, True)
@@ -447,18 +447,18 @@ def _window(kernel: Any, dims: int) -> int:
 
 def _pool(dims: int, per_grad: bool = False) -> Formula:
     # k per output element (max: comparisons; avg: additions and the division)
-    def formula(call: _Call) -> int:
+    def formula(call: OpCall) -> int:
         size = call.arg("grad_output").numel() if per_grad else _out_numel(call)
         return _window(call.arg("kernel_size"), dims) * size
 
     return formula
 
 
-def _adaptive_avg_pool(call: _Call) -> int:
+def _adaptive_avg_pool(call: OpCall) -> int:
     return call.args[0].numel() + _out_numel(call)
 
 
-def _ctc_cells(call: _Call) -> tuple[int, int]:
+def _ctc_cells(call: OpCall) -> tuple[int, int]:
     log_probs, targets = call.arg("log_probs"), call.arg("targets")
     steps = log_probs.shape[0]
     batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
@@ -475,17 +475,17 @@ def _ctc_cells(call: _Call) -> tuple[int, int]:
     return steps * batch * (2 * longest + 1), log_probs.numel()
 
 
-def _ctc_forward(call: _Call) -> int:
+def _ctc_forward(call: OpCall) -> int:
     cells, _ = _ctc_cells(call)
     return 13 * cells
 
 
-def _ctc_backward(call: _Call) -> int:
+def _ctc_backward(call: OpCall) -> int:
     cells, elements = _ctc_cells(call)
     return 16 * cells + 6 * elements
 
 
-def _sort(call: _Call) -> int:
+def _sort(call: OpCall) -> int:
     x = call.args[0]
     if x.dim() == 0:
         return 0
@@ -493,17 +493,17 @@ def _sort(call: _Call) -> int:
     return x.numel() * max(1, math.ceil(math.log2(max(n, 1))))
 
 
-def _topk(call: _Call) -> int:
+def _topk(call: OpCall) -> int:
     k = int(call.arg("k"))
     return call.args[0].numel() * max(1, math.ceil(math.log2(max(k, 1))))
 
 
-def _sort_all(call: _Call) -> int:
+def _sort_all(call: OpCall) -> int:
     n = call.args[0].numel()
     return n * max(1, math.ceil(math.log2(max(n, 1))))
 
 
-def _searchsorted(call: _Call) -> int:
+def _searchsorted(call: OpCall) -> int:
     boundaries = call.args[0]
     n = boundaries.shape[-1] if boundaries.dim() else 1
     return _out_numel(call) * max(1, math.ceil(math.log2(max(n, 1))))
@@ -513,7 +513,7 @@ def _scatter_source(name: str) -> Formula:
     return lambda call: call.arg(name).numel()
 
 
-def _index_put(call: _Call) -> int:
+def _index_put(call: OpCall) -> int:
     return call.arg("values").numel() if call.arg("accumulate", False) else 0
 
 
@@ -521,21 +521,21 @@ def _foreach(cost: int) -> Formula:
     return lambda call: cost * sum(t.numel() for t in _tensors(call.args[0]))
 
 
-def _fused_adam(call: _Call) -> int:
+def _fused_adam(call: OpCall) -> int:
     # The foreach implementation's element-wise operations: lerp 3, mul 1, addcmul 3, sqrt 1,
     # div 1, add 1, addcdiv 3 = 13, plus weight decay and the amsgrad maximum.
     cost = 13 + int(call.arg("weight_decay", 0) != 0) + int(bool(call.arg("amsgrad", False)))
     return cost * sum(t.numel() for t in _tensors(call.args[0]))
 
 
-def _fused_sgd(call: _Call) -> int:
+def _fused_sgd(call: OpCall) -> int:
     cost = 1 + int(call.arg("weight_decay", 0) != 0)
     if call.arg("momentum", 0) != 0:
         cost += 2 + int(bool(call.arg("nesterov", False)))
     return cost * sum(t.numel() for t in _tensors(call.args[0]))
 
 
-def _zero(call: _Call) -> int:
+def _zero(call: OpCall) -> int:
     return 0
 
 
@@ -776,7 +776,7 @@ KERNEL_VARIANTS: dict[str, tuple[str, Any]] = {
 }
 
 
-def variant_name(name: str, call: _Call) -> str:
+def variant_name(name: str, call: OpCall) -> str:
     """The operator's row name: ``name``, or ``name[value]`` for a kernel variant (KERNEL_VARIANTS)."""
     variant = KERNEL_VARIANTS.get(name)
     if variant is None:
@@ -859,7 +859,7 @@ def _arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterator[tuple
     yield from kwargs.items()
 
 
-def _traffic(info: _OpInfo, call: _Call) -> tuple[int, int]:
+def _traffic(info: _OpInfo, call: OpCall) -> tuple[int, int]:
     """(bytes read, bytes written) of one call."""
     if info.family == "free":
         return 0, 0
@@ -915,7 +915,7 @@ def cpu_blas() -> str:
     return {"mkl": "MKL", "openblas": "OpenBLAS", "accelerate": "Accelerate"}.get(found[1], found[1])
 
 
-def _conv_library(base: str, call: _Call, device_type: str) -> str:
+def _conv_library(base: str, call: OpCall, device_type: str) -> str:
     """The library torch's own backend selection picks for this convolution (forward or backward)."""
     if _select_conv_backend is None:
         return "unknown"
@@ -933,7 +933,7 @@ def _conv_library(base: str, call: _Call, device_type: str) -> str:
     return _CONV_BACKENDS.get(name, name)
 
 
-def library_of(name: str, family: str, call: _Call) -> str:
+def library_of(name: str, family: str, call: OpCall) -> str:
     """Which library ran one operator call: oneDNN, MKL/OpenBLAS (CPU BLAS), cuDNN, cuBLAS, a fused
     attention kernel, or ``native`` (ATen's own kernels).
 
@@ -965,7 +965,7 @@ def library_of(name: str, family: str, call: _Call) -> str:
     return "native"
 
 
-def _dtype_of(call: _Call) -> str | None:
+def _dtype_of(call: OpCall) -> str | None:
     for value in (*call.args, *call.kwargs.values()):
         for tensor in _tensors(value):
             if tensor.is_floating_point():
@@ -978,7 +978,7 @@ def _dtype_of(call: _Call) -> str | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-class _HostTimer:
+class HostTimer:
     """Operator times on the host clock: exact on the CPU, where operators run synchronously."""
 
     def start(self) -> int:
@@ -1044,7 +1044,7 @@ class _Totals:
     dtype: str | None = None
 
 
-class _CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
+class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
     """The dispatch mode: sees every aten operator below autograd and reports it to the counter."""
 
     def __init__(self, counter: OpCounter) -> None:
@@ -1066,12 +1066,12 @@ class _CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
         timer = counter._timer
         if timer is None:
             out = func(*args, **kwargs)
-            counter._record(info, _Call(args, kwargs, out, info.index))
+            counter._record(info, OpCall(args, kwargs, out, info.index))
             return out
         token = timer.start()
         out = func(*args, **kwargs)
         elapsed = timer.stop(token)
-        counter._record(info, _Call(args, kwargs, out, info.index), elapsed)
+        counter._record(info, OpCall(args, kwargs, out, info.index), elapsed)
         return out
 
 
@@ -1108,7 +1108,7 @@ class OpCounter:
         count: bool = True,
         timed: bool = False,
         device: Any = None,
-        observer: Callable[[str, str, _Call, _OpInfo], None] | None = None,
+        observer: Callable[[str, str, OpCall, _OpInfo], None] | None = None,
         lead: Callable[[], None] | None = None,
     ) -> None:
         _check_available()
@@ -1117,9 +1117,9 @@ class OpCounter:
         #: Called after every operator with (module, phase, the call with its result, operator info).
         self.observer = observer
         self._device_type = torch.device(device).type if device is not None else "cpu"
-        self._timer: _HostTimer | _EventTimer | None = None
+        self._timer: HostTimer | _EventTimer | None = None
         if timed:
-            self._timer = _EventTimer(lead) if self._device_type == "cuda" else _HostTimer()
+            self._timer = _EventTimer(lead) if self._device_type == "cuda" else HostTimer()
         #: Forward calls per module name (a module called twice counts 2).
         self.module_calls: Counter[str] = Counter()
         #: Operator name -> the error of a formula that failed (the calls count as uncovered).
@@ -1135,7 +1135,7 @@ class OpCounter:
         # Results of the last operators, waiting for autograd to attach their grad_fn (see _record).
         self._pending: list[tuple[Any, str, bool]] = []
         self._handles: list[Any] = []
-        self._mode: _CountingMode | None = None
+        self._mode: CountingMode | None = None
 
     # -- context manager and stages ------------------------------------------------------------------
 
@@ -1149,7 +1149,7 @@ class OpCounter:
                     self._param_owner.setdefault(id(parameter), name or ROOT_MODULE)
                 self._handles.append(module.register_forward_pre_hook(self._enter_module))
                 self._handles.append(module.register_forward_hook(self._exit_module, always_call=True))
-            self._mode = _CountingMode(self)
+            self._mode = CountingMode(self)
             self._mode.__enter__()
         except BaseException:
             self._mode = None
@@ -1264,7 +1264,7 @@ class OpCounter:
             return self._stage
         return "forward"
 
-    def _record(self, info: _OpInfo, call: _Call, elapsed: Any = None) -> None:
+    def _record(self, info: _OpInfo, call: OpCall, elapsed: Any = None) -> None:
         phase = self._phase()
         name = variant_name(info.name, call)
         # Backward operators belong to the module that made their autograd node; the rest to the
@@ -1288,7 +1288,7 @@ class OpCounter:
             self.observer(module, phase, call, info)
         self._remember_results(call, module, info)
 
-    def _count(self, info: _OpInfo, call: _Call, totals: _Totals) -> None:
+    def _count(self, info: _OpInfo, call: OpCall, totals: _Totals) -> None:
         flops: int | None = None
         if info.formula is not None:
             try:
@@ -1307,7 +1307,7 @@ class OpCounter:
         if totals.dtype is None:
             totals.dtype = _dtype_of(call)
 
-    def _remember_results(self, call: _Call, module: str, info: _OpInfo) -> None:
+    def _remember_results(self, call: OpCall, module: str, info: _OpInfo) -> None:
         # Results that may get an autograd node: remember under which module they were made.
         if torch.is_grad_enabled() and any(
             t.requires_grad for value in (*call.args, *call.kwargs.values()) for t in _tensors(value)

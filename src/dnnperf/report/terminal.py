@@ -212,7 +212,7 @@ def hardware_table(profile: HardwareProfile) -> Table:
     return table
 
 
-def _text(value: Any) -> str:
+def cell_text(value: Any) -> str:
     """A table cell from a DataFrame value: missing (None, NaN) as empty, anything else as text."""
     if value is None or (isinstance(value, float) and value != value):
         return ""
@@ -270,9 +270,9 @@ def layers_tables(
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in layer_rows.head(top).to_dict("records"):
         table.add_row(
-            _text(row["module"]),
-            _text(row["type"]),
-            _text(row["phase"]),
+            cell_text(row["module"]),
+            cell_text(row["type"]),
+            cell_text(row["phase"]),
             milliseconds(row["time_s"]),
             _percent(row["share"]),
             _rate(row["flops"], ""),
@@ -281,8 +281,8 @@ def layers_tables(
             "n/a"
             if not isinstance(row["intensity"], float) or row["intensity"] != row["intensity"]
             else f"{row['intensity']:.1f}",
-            _text(row["bound"]),
-            _text(row["library"]),
+            cell_text(row["bound"]),
+            cell_text(row["library"]),
         )
 
     categories = layers.category_table(profile, hardware)
@@ -291,13 +291,13 @@ def layers_tables(
         by_type.add_column(name, justify="left" if name in ("layer type", "phase", "library") else "right")
     for row in categories.to_dict("records"):
         by_type.add_row(
-            _text(row["category"]),
-            _text(row["phase"]),
+            cell_text(row["category"]),
+            cell_text(row["phase"]),
             milliseconds(row["time_s"]),
             _percent(row["share"]),
             _rate(row["achieved_flops"], ""),
             _percent(row["efficiency"]),
-            _text(row["library"]),
+            cell_text(row["library"]),
         )
     notes = []
     cover = layers.coverage(profile)
@@ -543,8 +543,8 @@ def compare_table(frame: Any, a: str, b: str, top: int = 10) -> Table:
         flag = row["change"].upper() if row["flagged"] else row["change"]
         table.add_row(
             batch,
-            _text(row["name"]),
-            _text(row["phase"]),
+            cell_text(row["name"]),
+            cell_text(row["phase"]),
             _ms3(row["a_median_s"]),
             _ms3(row["b_median_s"]),
             _percent(row["delta_rel"]),
@@ -608,7 +608,7 @@ def memsave_plan_table(
     for row in rows:
         policy = str(row.get("policy", ""))
         table.add_row(
-            _text(row.get("unit")),
+            cell_text(row.get("unit")),
             policy if policy == "keep" else Text(policy, style="bold"),
             human_count(row.get("saved_bytes"), "B"),
             _ms3(row.get("forward_s")),
@@ -785,7 +785,7 @@ def validation_record_tables(result: Any) -> list[Table]:
         for row in rows:
             measured, predicted = row.get(f"measured{suffix}"), row.get(f"predicted{suffix}")
             error = predicted / measured - 1 if measured and predicted is not None else None
-            cells = [_text(row.get(k)) for k in keys]
+            cells = [cell_text(row.get(k)) for k in keys]
             table.add_row(*cells, shown(measured), shown(predicted), _percent(error))
         tables.append(table)
     return tables

@@ -7,23 +7,23 @@ import difflib
 from dnnperf.errors import UsageError
 from dnnperf.workloads.base import Workload
 
-_REGISTRY: dict[str, Workload] = {}
+REGISTRY: dict[str, Workload] = {}
 
 
 def register(workload: Workload) -> Workload:
-    if workload.name in _REGISTRY:
+    if workload.name in REGISTRY:
         raise ValueError(f"workload {workload.name!r} registered twice")
-    _REGISTRY[workload.name] = workload
+    REGISTRY[workload.name] = workload
     return workload
 
 
 def get_workload(name: str) -> Workload:
     """The workload called ``name``; a UsageError naming the closest matches otherwise."""
     try:
-        return _REGISTRY[name]
+        return REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(_REGISTRY)}"
+        close = difflib.get_close_matches(name, REGISTRY, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(REGISTRY)}"
         raise UsageError(f"unknown workload {name!r}{hint}") from None
 
 
@@ -43,4 +43,4 @@ DOMAIN_ORDER = (
 def all_workloads() -> list[Workload]:
     """Every registered workload, grouped by domain (registration order within a domain)."""
     rank = {domain: i for i, domain in enumerate(DOMAIN_ORDER)}
-    return sorted(_REGISTRY.values(), key=lambda w: rank.get(w.domain, len(rank)))
+    return sorted(REGISTRY.values(), key=lambda w: rank.get(w.domain, len(rank)))
