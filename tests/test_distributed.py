@@ -18,8 +18,9 @@ from tests.test_cli import assert_one_line_error
 from dnnperf import cli
 from dnnperf.data.sources import MemorySource
 from dnnperf.distributed.gather import decode, encode
-from dnnperf.distributed.ranks import RankBreakdown, bucket_table, rank_balance, rank_medians, rank_memory
+from dnnperf.distributed.ranks import bucket_table, rank_balance, rank_medians, rank_memory
 from dnnperf.distributed.worker import model_parallel_available
+from dnnperf.results.ranks import RankBreakdown
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.workloads import get_workload
 from dnnperf.workloads.base import count_parameters

@@ -18,8 +18,9 @@ from dnnperf.analysis import layers
 from dnnperf.calibration.compute import measure_compute
 from dnnperf.calibration.plans import PLANS
 from dnnperf.calibration.timing import Tracker
-from dnnperf.probes.layers import LayerProfile, LayerProfiler, layer_category
+from dnnperf.probes.layers import LayerProfiler, layer_category
 from dnnperf.probes.opcount import OpCall, cpu_blas, library_of
+from dnnperf.results.layers import LayerProfile
 from dnnperf.results.record import RecordError, RunRecord
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, bench

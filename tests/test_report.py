@@ -233,7 +233,7 @@ def test_resnet50_small_full_profile_report_is_under_5_mb(tmp_path):
 
 def with_ranks(record: RunRecord) -> RunRecord:
     """The record as a 2-rank run would have it: rank 0 the measured steps, rank 1 the same 20% slower."""
-    from dnnperf.distributed.ranks import RankBreakdown, RankSteps
+    from dnnperf.results.ranks import RankBreakdown, RankSteps
 
     record = RunRecord.from_dict(json.loads(json.dumps(record.to_dict())))
     for point in record.points:

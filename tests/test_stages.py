@@ -11,8 +11,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from dnnperf.data.formats import ImageFormat
-from dnnperf.probes.stages import StageBreakdown, StageProfiler
+from dnnperf.probes.stages import StageProfiler
 from dnnperf.results.record import RecordError, RunRecord
+from dnnperf.results.stages import StageBreakdown
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, RunFailed, bench
 from dnnperf.workloads import all_workloads, get_workload, registry
@@ -360,7 +361,8 @@ def test_the_documented_lines_profile_a_loop_as_documented():
 def test_garbage_collection_inside_a_step_is_its_own_stage():
     import gc
 
-    from dnnperf.probes.clock import GC, StageClock
+    from dnnperf.probes.clock import StageClock
+    from dnnperf.results.stages import GC
 
     clock = StageClock()
     callbacks = len(gc.callbacks)

@@ -21,14 +21,14 @@ from dnnperf.version import __version__
 _EXPORTS = {
     "BenchSettings": "dnnperf.runner",
     "HardwareProfile": "dnnperf.hardware",
-    "LayerProfile": "dnnperf.probes.layers",
+    "LayerProfile": "dnnperf.results.layers",
     "LayerProfiler": "dnnperf.probes.layers",
     "MemoryProfiler": "dnnperf.probes.memory_loop",
     "Point": "dnnperf.results",
     "RunRecord": "dnnperf.results",
     "RunStore": "dnnperf.results",
     "Samples": "dnnperf.stats",
-    "StageBreakdown": "dnnperf.probes.stages",
+    "StageBreakdown": "dnnperf.results.stages",
     "StageProfiler": "dnnperf.probes.stages",
     "StepMemory": "dnnperf.results.memory",
     "Task": "dnnperf.workloads",
@@ -70,11 +70,13 @@ __all__ = [
 if TYPE_CHECKING:
     from dnnperf.calibration import calibrate
     from dnnperf.hardware import HardwareProfile, load_profile
-    from dnnperf.probes.layers import LayerProfile, LayerProfiler
+    from dnnperf.probes.layers import LayerProfiler
     from dnnperf.probes.memory_loop import MemoryProfiler
-    from dnnperf.probes.stages import StageBreakdown, StageProfiler
+    from dnnperf.probes.stages import StageProfiler
     from dnnperf.results import Point, RunRecord, RunStore, read_record
+    from dnnperf.results.layers import LayerProfile
     from dnnperf.results.memory import StepMemory
+    from dnnperf.results.stages import StageBreakdown
     from dnnperf.runner import BenchSettings, bench
     from dnnperf.stats import Samples
     from dnnperf.watch.marks import mark_step

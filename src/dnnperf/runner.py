@@ -30,8 +30,9 @@ from dnnperf.probes.clock import StageClock, StepTiming, WallClock
 from dnnperf.probes.layers import CountingStages, LayerTimer, build_profile, with_outside_the_model
 from dnnperf.probes.memory import MemoryTracker, ResidentGrowth
 from dnnperf.probes.opcount import OpCounter, OpRecord
-from dnnperf.probes.stages import CpuMeter, StageBreakdown
+from dnnperf.probes.stages import CpuMeter
 from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
+from dnnperf.results.stages import StageBreakdown
 from dnnperf.results.store import RunStore
 from dnnperf.stats import Samples
 from dnnperf.workloads import get_workload
@@ -292,7 +293,7 @@ def _train_steps(
             (point.step_s if measured else point.warmup_s).append(timing.wall_s)
             point.loss.append(_as_float(loss))
             if measured and point.stages is not None:
-                point.stages.add(timing, point.batch_size, data_times)
+                point.stages.add(timing.wall_s, timing.stages, point.batch_size, data_times)
                 point.stages.cpu = cpu.read()
             if hooks is not None:
                 hooks.after_step(point, loss, measured)

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from dnnperf.hardware import HardwareProfile, NotMeasuredError
-from dnnperf.probes.layers import CATEGORIES, PROFILER, LayerProfile
+from dnnperf.probes.layers import CATEGORIES, PROFILER
 from dnnperf.probes.opcount import FREE_FAMILIES, NO_MODULE
+from dnnperf.results.layers import LayerProfile
 
 LAYER_PHASES = ("forward", "backward")
 #: Families whose operators do a layer's heavy arithmetic: the library that ran them is the layer's.

@@ -34,8 +34,8 @@ from dnnperf.distributed.ddp import DataParallelTask, check_divisible
 from dnnperf.distributed.gather import gather_json
 from dnnperf.distributed.heartbeat import Heartbeat
 from dnnperf.distributed.lifeline import ENV_RANK_DIR
-from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.errors import UsageError
+from dnnperf.results.ranks import RankBreakdown
 from dnnperf.results.record import Point, RunRecord, json_safe
 from dnnperf.results.store import RunStore
 from dnnperf.runner import BenchSettings, RunFailed, StepCallback, bench

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-OTHER = "other"
-GC = "python_gc"
+from dnnperf.results.stages import GC, OTHER
 
 
 @dataclass

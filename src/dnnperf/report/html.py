@@ -413,7 +413,7 @@ def ranks_section(report: Report) -> Section | None:
     """A distributed point: every rank's stages side by side (stacked bars), busy time and imbalance,
     and (``--memory``) every rank's peak by category."""
     from dnnperf.distributed.ranks import rank_balance, rank_medians, rank_memory
-    from dnnperf.probes.stages import STAGE_ORDER
+    from dnnperf.results.stages import STAGE_ORDER
 
     points = [p for p in report.record.points if p.ranks is not None and p.ranks.steps]
     if not points:

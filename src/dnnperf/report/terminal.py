@@ -9,10 +9,10 @@ from rich.text import Text
 
 from dnnperf.errors import printable
 from dnnperf.hardware import HardwareProfile
-from dnnperf.probes.layers import LayerProfile
-from dnnperf.probes.stages import StageBreakdown
+from dnnperf.results.layers import LayerProfile
 from dnnperf.results.memory import StepMemory
 from dnnperf.results.record import RunRecord
+from dnnperf.results.stages import StageBreakdown
 
 #: The most characters of one string a cell shows, and a title or caption.
 CELL_LIMIT, TITLE_LIMIT = 120, 2000

@@ -21,8 +21,8 @@ from typing import Any
 
 from dnnperf.analysis.layers import LAYER_PHASES
 from dnnperf.jsonio import write_json_atomic
-from dnnperf.probes.layers import LayerProfile
 from dnnperf.results.fields import GPU_KINDS, SERIES_KINDS
+from dnnperf.results.layers import LayerProfile
 from dnnperf.results.record import RunRecord
 from dnnperf.results.watch import WatchResult
 

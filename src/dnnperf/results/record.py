@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from dnnperf.distributed.ranks import RankBreakdown
 from dnnperf.errors import RecordError
-from dnnperf.probes.layers import LayerProfile
-from dnnperf.probes.stages import StageBreakdown
 from dnnperf.results.fields import FieldError, check_record_fields
+from dnnperf.results.layers import LayerProfile
 from dnnperf.results.memory import StepMemory, step_memory_from_document
+from dnnperf.results.ranks import RankBreakdown
+from dnnperf.results.stages import StageBreakdown
 from dnnperf.results.watch import WatchResult
 from dnnperf.stats import Samples
 
