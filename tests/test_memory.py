@@ -112,6 +112,31 @@ def test_the_resident_cross_check_trims_the_heap_only_when_asked(monkeypatch):
     )
 
 
+@pytest.mark.parametrize("preempted_s", [-0.003, 0.003])
+def test_a_preempted_start_marker_changes_no_attribution(monkeypatch, preempted_s):
+    """The trace's clock is put on the host's by a start marker; on a loaded machine the marker can be
+    preempted for milliseconds, misplacing that alignment by half as much. Injected here: every layer,
+    category and the peak come out as with the marker undisturbed."""
+    import dnnperf.probes.memory as probe
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    steady = tracked_step(model, optimizer, batch, resident=False)
+    enter = probe.AllocatorEvents.__enter__
+
+    def preempted_enter(self):
+        entered = enter(self)
+        self._marked_at += preempted_s
+        return entered
+
+    monkeypatch.setattr(probe.AllocatorEvents, "__enter__", preempted_enter)
+    disturbed = tracked_step(model, optimizer, batch, resident=False)
+    assert disturbed.layers == steady.layers
+    assert (disturbed.peak, disturbed.category_max) == (steady.peak, steady.category_max)
+    assert disturbed.peak_module == steady.peak_module and disturbed.peak_phase == steady.peak_phase
+
+
 def test_the_resident_growth_ends_with_the_step_not_the_profilers_trace(monkeypatch):
     """Reading the profiler's trace back after the step takes memory of its own (on WGAN-GP at
     `small` more than the step's): the resident figures are taken before it."""

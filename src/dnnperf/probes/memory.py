@@ -38,7 +38,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +239,11 @@ def _quiet_native_stderr() -> Iterator[None]:
 #: A backward node's evaluation, as the profiler names it (the node's name follows).
 _NODE_EVENT = "autograd::engine::evaluate_function: "
 _MARKER = "dnnperf::memory::start"
+#: The tracker's own moments (a module entered or left, a stage begun) as instant ranges in the trace:
+#: on the profiler's clock, like the allocations they place, so no clock alignment decides which side
+#: of a boundary an allocation falls on (the marker's alignment is only as good as the marker is short,
+#: and on a loaded machine it can be preempted for milliseconds).
+_MOMENT = "dnnperf::memory::moment::"
 
 
 @dataclass(frozen=True)
@@ -276,11 +281,24 @@ class StepTrace:
     allocations: list[AllocatorEvent] = field(default_factory=list)
     nodes: list[tuple[float, float, int | None]] = field(default_factory=list)
     forward_ops: dict[int, float] = field(default_factory=dict)
+    #: The tracker's moments by key (``record_moment``), when the profiler saw them.
+    moments: dict[str, float] = field(default_factory=dict)
     #: CUDA copies: kind ("HtoD", "DtoH", "DtoD"...) -> [bytes, seconds on the copy engine].
     copies: dict[str, list[float]] = field(default_factory=dict)
     #: CUDA work on the device (kernels, copies, memsets): (when the host launched it, on the step's
     #: clock; seconds it ran on the device), joined through the profiler's correlation ids.
     kernels: list[tuple[float, float]] = field(default_factory=list)
+
+    def shifted(self, by: float) -> StepTrace:
+        """The same trace with every moment ``by`` seconds later."""
+        return replace(
+            self,
+            allocations=[replace(event, ts=event.ts + by) for event in self.allocations],
+            nodes=[(start + by, stop + by, seq) for start, stop, seq in self.nodes],
+            forward_ops={seq: at + by for seq, at in self.forward_ops.items()},
+            moments={key: at + by for key, at in self.moments.items()},
+            kernels=[(at + by, seconds) for at, seconds in self.kernels],
+        )
 
     def copy_summary(self) -> dict[str, float]:
         """Bytes, seconds and achieved bandwidth of host-to-device and device-to-host copies."""
@@ -381,7 +399,9 @@ class AllocatorEvents:
                 totals[1] += float(event.get("dur", 0)) * 1e-6
             elif event.get("ph") == "X":
                 sequence = args.get("Sequence number")
-                if name.startswith(_NODE_EVENT):
+                if name.startswith(_MOMENT):
+                    trace.moments[name[len(_MOMENT) :]] = seconds(event["ts"])
+                elif name.startswith(_NODE_EVENT):
                     start = seconds(event["ts"])
                     trace.nodes.append((start, start + float(event.get("dur", 0)) * 1e-6, sequence))
                 elif sequence is not None:  # the first operator with a number made its node
@@ -409,6 +429,19 @@ class _Block:
     category: str = "temporaries"
     #: The module whose forward saved this storage for backward (None: not saved).
     saved_by: str | None = None
+
+
+def record_moment(key: str) -> None:
+    """Put one of the tracker's moments in the profiler's trace (nothing when no profiler runs)."""
+    with torch.profiler.record_function(_MOMENT + key):
+        pass
+
+
+def on_trace_clock(changes: list[tuple[float, str]], kind: str, trace: StepTrace) -> list[tuple[float, str]]:
+    """Changes recorded with ``record_moment(f"{kind}{index}")`` at the time the trace saw them (the
+    host clock's reading where the trace has none)."""
+    moved = [(trace.moments.get(f"{kind}{i}", t), value) for i, (t, value) in enumerate(changes)]
+    return sorted(moved, key=lambda change: change[0])
 
 
 class _Steps:
@@ -508,6 +541,7 @@ class MemoryTracker:
 
     def _mark(self, stage: str) -> None:
         self._stages.append((self._now(), stage))
+        record_moment(f"s{len(self._stages) - 1}")
 
     # -- context -------------------------------------------------------------------------------------
 
@@ -609,6 +643,7 @@ class MemoryTracker:
         name = self._names.get(id(module), type(module).__name__)
         self._module_stack.append(name)
         self._module_changes.append((self._now(), name))
+        record_moment(f"m{len(self._module_changes) - 1}")
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
         name = self._names.get(id(module), type(module).__name__)
@@ -617,6 +652,7 @@ class MemoryTracker:
         self._module_changes.append(
             (self._now(), self._module_stack[-1] if self._module_stack else NO_MODULE)
         )
+        record_moment(f"m{len(self._module_changes) - 1}")
         self._outputs[name] = self._outputs.get(name, 0) + sum(storages(_tensors(output)).values())
 
     def _on_saved(self, tensor: torch.Tensor) -> None:
@@ -634,8 +670,8 @@ class MemoryTracker:
         self, trace: StepTrace, end: float
     ) -> tuple[list[_Block], list[tuple[AllocatorEvent, _Block]]]:
         """Every allocation of the step with its release, layer and stage, and the events in order."""
-        modules = _Steps(self._module_changes, NO_MODULE)
-        stages = _Steps(self._stages, "other")
+        modules = _Steps(on_trace_clock(self._module_changes, "m", trace), NO_MODULE)
+        stages = _Steps(on_trace_clock(self._stages, "s", trace), "other")
         node_starts = [start for start, _, _ in trace.nodes]
         seq_module = {seq: modules.at(t) for seq, t in trace.forward_ops.items()}
 
@@ -696,8 +732,18 @@ class MemoryTracker:
             if block.freed is None and block.category == "temporaries":
                 block.category = "unattributed"  # held after the step and no category's
 
+    def _clock_skew(self, trace: StepTrace) -> float:
+        """How far the trace's clock runs ahead of the host clock's, from the tracker's moments: each
+        is read on the host clock just before the trace sees it, so the smallest difference is the
+        truest (the start marker alone is off by however long it was preempted)."""
+        pairs = [(f"m{i}", t) for i, (t, _) in enumerate(self._module_changes)]
+        pairs += [(f"s{i}", t) for i, (t, _) in enumerate(self._stages)]
+        ahead = [trace.moments[key] - t for key, t in pairs if key in trace.moments]
+        return min(ahead, default=0.0)
+
     def _finish(self, end: float) -> None:
         trace = self._allocator.trace if self._allocator is not None else StepTrace()
+        trace = trace.shifted(-self._clock_skew(trace))
         blocks, events = self._blocks(trace, end)
         # Blocks from before the step whose release the trace did report (CUDA's allocator always
         # does; torch's CPU reporter does for a block it saw allocated in an earlier profiled session):
