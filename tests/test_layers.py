@@ -409,10 +409,10 @@ def test_the_trace_parser_joins_kernels_to_their_launches():
     """kineto's CUDA trace: a kernel and a copy with the correlation ids of the host calls that launched
     them; their device seconds at the launch's moment on the step's clock (a kernel whose launch is not
     in the trace is dropped)."""
-    from dnnperf.probes.memory import _MARKER, AllocatorEvents
+    from dnnperf.probes.memory import START_MARKER, AllocatorEvents
 
     raw = [
-        {"ph": "X", "name": _MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
+        {"ph": "X", "name": START_MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1010.0, "dur": 3.0,
          "args": {"correlation": 5}},
         {"ph": "X", "cat": "kernel", "name": "sgemm", "ts": 1500.0, "dur": 40.0, "args": {"correlation": 5}},

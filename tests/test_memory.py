@@ -94,7 +94,7 @@ def test_the_resident_cross_check_trims_the_heap_only_when_asked(monkeypatch):
     import dnnperf.probes.memory as probe
 
     trims = []
-    monkeypatch.setattr(probe, "_release_free_heap", lambda: trims.append(1))
+    monkeypatch.setattr(probe, "release_free_heap", lambda: trims.append(1))
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
@@ -434,10 +434,10 @@ def test_the_tracker_keeps_nothing_alive_that_the_step_releases():
 def test_the_trace_parser_reads_allocations_nodes_and_cuda_copies():
     """The profiler's trace format, as kineto writes it for CUDA runs (which this machine cannot make):
     allocations on the tracked device only, backward nodes with their forward operator, copy bytes."""
-    from dnnperf.probes.memory import _MARKER, _NODE_EVENT, AllocatorEvents
+    from dnnperf.probes.memory import NODE_EVENT, START_MARKER, AllocatorEvents
 
     raw = [
-        {"ph": "X", "name": _MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
+        {"ph": "X", "name": START_MARKER, "ts": 1000.0, "dur": 2.0, "args": {}},
         # Backward's operator carries its node's number, and on CUDA (the engine's device thread) can be
         # listed before the forward operator that made the node (seen on an H200): the earliest counts.
         {"ph": "X", "name": "AddmmBackward0", "ts": 1101.0, "dur": 18.0, "args": {"Sequence number": 7}},
@@ -459,7 +459,7 @@ def test_the_trace_parser_reads_allocations_nodes_and_cuda_copies():
         },
         {
             "ph": "X",
-            "name": _NODE_EVENT + "AddmmBackward0",
+            "name": NODE_EVENT + "AddmmBackward0",
             "ts": 1100.0,
             "dur": 20.0,
             "args": {"Sequence number": 7},
@@ -502,8 +502,8 @@ def test_a_memory_profile_checks_resident_memory_in_a_step_of_its_own(monkeypatc
     from dnnperf.runner import BenchSettings, bench
 
     events: list[str] = []
-    trim = probe._release_free_heap
-    monkeypatch.setattr(probe, "_release_free_heap", lambda: (events.append("trim"), trim())[1])
+    trim = probe.release_free_heap
+    monkeypatch.setattr(probe, "release_free_heap", lambda: (events.append("trim"), trim())[1])
     enter, exit_ = probe.MemoryTracker.__enter__, probe.MemoryTracker.__exit__
     monkeypatch.setattr(probe.MemoryTracker, "__enter__", lambda s: (events.append("tracked"), enter(s))[1])
     monkeypatch.setattr(

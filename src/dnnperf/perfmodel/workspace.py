@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dnnperf.perfmodel.kernels import operands, resolve
-from dnnperf.probes.opcount import _tensors
+from dnnperf.probes.opcount import tensors_of
 
 
 def measure(calls: Iterable[Mapping[str, Any]], device: torch.device | str = "cpu") -> list[int]:
@@ -59,7 +59,7 @@ def _measure_one(call: Mapping[str, Any], device: torch.device) -> int:
         for event in events.trace.allocations:
             running += event.bytes
             highest = max(highest, running)
-    return max(highest - sum(storages(_tensors(result)).values()), 0)
+    return max(highest - sum(storages(tensors_of(result)).values()), 0)
 
 
 def per_module(kernels: Sequence[Mapping[str, Any]], device: torch.device | str = "cpu") -> dict[str, int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dnnperf.probes.opcount import _tensors
+from dnnperf.probes.opcount import tensors_of
 
 #: Operator (as the description names it) -> a call of it on one tensor, for the microbenchmark.
 CANDIDATES: dict[str, Callable[[torch.Tensor], Any]] = {
@@ -30,7 +30,7 @@ CANDIDATES: dict[str, Callable[[torch.Tensor], Any]] = {
 
 def zero_elements(value: Any) -> int:
     """Elements equal to zero in a tensor or a list of tensors (meta tensors: none known)."""
-    return sum(int((t == 0).sum()) for t in _tensors(value) if t.device.type != "meta")
+    return sum(int((t == 0).sum()) for t in tensors_of(value) if t.device.type != "meta")
 
 
 class ZeroCounts:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dnnperf.devices import synchronize
-from dnnperf.probes.memory import AllocatorEvents, StepTrace, _Steps
+from dnnperf.probes.memory import AllocatorEvents, ChangingValue, StepTrace
 from dnnperf.probes.opcount import NO_MODULE, ROOT_MODULE, UNATTRIBUTED, OpCounter, OpRecord
 from dnnperf.results.layers import LayerProfile, ModuleInfo, OpTiming
 
@@ -397,7 +397,7 @@ def device_times(
     was running when it was launched (the latest such node: re-entrant ones nest); else, in forward,
     the module innermost at that moment (``changes``: when each module became innermost). Work
     launched outside both (the loss, the optimizer, autograd between nodes) is no layer's."""
-    innermost = _Steps(list(changes), NO_MODULE)
+    innermost = ChangingValue(list(changes), NO_MODULE)
     ordered = sorted(nodes)
     starts = [start for start, _, _ in ordered]
     # Each node's nearest enclosing node (-1: none): nodes run on one thread, so they nest or follow.

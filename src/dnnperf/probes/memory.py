@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from dnnperf.devices import on_device
-from dnnperf.probes.opcount import NO_MODULE, ROOT_MODULE, _tensors
+from dnnperf.probes.opcount import NO_MODULE, ROOT_MODULE, tensors_of
 from dnnperf.probes.saved import observe_saved
 from dnnperf.results.memory import CATEGORIES, StepMemory
 
@@ -107,7 +107,7 @@ def _read_status(field_name: str) -> int | None:
     return None
 
 
-def _release_free_heap() -> None:
+def release_free_heap() -> None:
     """Return the C heap's free pages to the OS (glibc ``malloc_trim``), so that the resident memory
     at the start of a step is what is alive and its growth is the step's own. A no-op elsewhere."""
     with suppress(OSError, AttributeError):
@@ -142,7 +142,7 @@ class ResidentGrowth:
 
     def __enter__(self) -> ResidentGrowth:
         if self.trim:
-            _release_free_heap()
+            release_free_heap()
         self._faults = resource.getrusage(resource.RUSAGE_SELF)
         self._rss_start = _read_status("VmRSS")
         self._hwm_reset = _reset_peak_resident() if self.trim else False
@@ -237,8 +237,8 @@ def _quiet_native_stderr() -> Iterator[None]:
 
 
 #: A backward node's evaluation, as the profiler names it (the node's name follows).
-_NODE_EVENT = "autograd::engine::evaluate_function: "
-_MARKER = "dnnperf::memory::start"
+NODE_EVENT = "autograd::engine::evaluate_function: "
+START_MARKER = "dnnperf::memory::start"
 #: The tracker's own moments (a module entered or left, a stage begun) as instant ranges in the trace:
 #: on the profiler's clock, like the allocations they place, so no clock alignment decides which side
 #: of a boundary an allocation falls on (the marker's alignment is only as good as the marker is short,
@@ -334,10 +334,10 @@ class AllocatorEvents:
         with _quiet_native_stderr():
             self._profiler.__enter__()
         # The marker's middle on both clocks (its first call pays a one-off lookup: warmed up first).
-        with record_function(_MARKER + "::warm-up"):
+        with record_function(START_MARKER + "::warm-up"):
             pass
         before = time.perf_counter()
-        with record_function(_MARKER):
+        with record_function(START_MARKER):
             pass
         self._marked_at = (before + time.perf_counter()) / 2
         return self
@@ -357,7 +357,7 @@ class AllocatorEvents:
         self.trace = self._parse(raw)
 
     def _parse(self, raw: list[dict[str, Any]]) -> StepTrace:
-        marker = next((e for e in raw if e.get("name") == _MARKER), None)
+        marker = next((e for e in raw if e.get("name") == START_MARKER), None)
         if marker is None:
             return StepTrace()
         base = float(marker["ts"]) + float(marker.get("dur", 0)) / 2
@@ -401,7 +401,7 @@ class AllocatorEvents:
                 sequence = args.get("Sequence number")
                 if name.startswith(_MOMENT):
                     trace.moments[name[len(_MOMENT) :]] = seconds(event["ts"])
-                elif name.startswith(_NODE_EVENT):
+                elif name.startswith(NODE_EVENT):
                     start = seconds(event["ts"])
                     trace.nodes.append((start, start + float(event.get("dur", 0)) * 1e-6, sequence))
                 elif sequence is not None:  # the first operator with a number made its node
@@ -444,7 +444,7 @@ def on_trace_clock(changes: list[tuple[float, str]], kind: str, trace: StepTrace
     return sorted(moved, key=lambda change: change[0])
 
 
-class _Steps:
+class ChangingValue:
     """A value that changes at known times (the current module, the current stage): ``at(t)``."""
 
     def __init__(self, changes: list[tuple[float, str]], default: str) -> None:
@@ -551,7 +551,7 @@ class MemoryTracker:
             "gradients": self._grads(),
             "optimizer_state": list(optimizer_tensors(self.optimizers)),
             "input": list(
-                _tensors(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch)
+                tensors_of(list(self.batch.values()) if isinstance(self.batch, dict) else self.batch)
             ),
         }
         # Only what lies on the tracked device: a loop's host batch, before it is copied to the GPU, is
@@ -653,7 +653,7 @@ class MemoryTracker:
             (self._now(), self._module_stack[-1] if self._module_stack else NO_MODULE)
         )
         record_moment(f"m{len(self._module_changes) - 1}")
-        self._outputs[name] = self._outputs.get(name, 0) + sum(storages(_tensors(output)).values())
+        self._outputs[name] = self._outputs.get(name, 0) + sum(storages(tensors_of(output)).values())
 
     def _on_saved(self, tensor: torch.Tensor) -> None:
         if tensor.device.type != "meta":
@@ -670,8 +670,8 @@ class MemoryTracker:
         self, trace: StepTrace, end: float
     ) -> tuple[list[_Block], list[tuple[AllocatorEvent, _Block]]]:
         """Every allocation of the step with its release, layer and stage, and the events in order."""
-        modules = _Steps(on_trace_clock(self._module_changes, "m", trace), NO_MODULE)
-        stages = _Steps(on_trace_clock(self._stages, "s", trace), "other")
+        modules = ChangingValue(on_trace_clock(self._module_changes, "m", trace), NO_MODULE)
+        stages = ChangingValue(on_trace_clock(self._stages, "s", trace), "other")
         node_starts = [start for start, _, _ in trace.nodes]
         seq_module = {seq: modules.at(t) for seq, t in trace.forward_ops.items()}
 

@@ -190,17 +190,17 @@ class OpCall:
 Formula = Callable[[OpCall], int]
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
+def tensors_of(value: Any) -> Iterator[torch.Tensor]:
     """The tensors in an argument or result: itself, or the items of a (nested) list or tuple."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item)
+            yield from tensors_of(item)
 
 
 def _first(value: Any) -> torch.Tensor | None:
-    return next(_tensors(value), None)
+    return next(tensors_of(value), None)
 
 
 def _numel(value: Any) -> int:
@@ -379,7 +379,7 @@ def _mkldnn_rnn_layer_backward(call: OpCall) -> int:
 def _cudnn_rnn_parts(call: OpCall) -> tuple[int, int]:
     x = call.arg("input")
     tokens = _tokens(x)
-    matrices = [w for w in _tensors(call.arg("weight")) if w.dim() == 2]
+    matrices = [w for w in tensors_of(call.arg("weight")) if w.dim() == 2]
     products = 2 * tokens * sum(w.numel() for w in matrices)
     gates = _CUDNN_MODE_GATES.get(int(call.arg("mode")), 1)
     layers = int(call.arg("num_layers")) * (2 if call.arg("bidirectional") else 1)
@@ -518,21 +518,21 @@ def _index_put(call: OpCall) -> int:
 
 
 def _foreach(cost: int) -> Formula:
-    return lambda call: cost * sum(t.numel() for t in _tensors(call.args[0]))
+    return lambda call: cost * sum(t.numel() for t in tensors_of(call.args[0]))
 
 
 def _fused_adam(call: OpCall) -> int:
     # The foreach implementation's element-wise operations: lerp 3, mul 1, addcmul 3, sqrt 1,
     # div 1, add 1, addcdiv 3 = 13, plus weight decay and the amsgrad maximum.
     cost = 13 + int(call.arg("weight_decay", 0) != 0) + int(bool(call.arg("amsgrad", False)))
-    return cost * sum(t.numel() for t in _tensors(call.args[0]))
+    return cost * sum(t.numel() for t in tensors_of(call.args[0]))
 
 
 def _fused_sgd(call: OpCall) -> int:
     cost = 1 + int(call.arg("weight_decay", 0) != 0)
     if call.arg("momentum", 0) != 0:
         cost += 2 + int(bool(call.arg("nesterov", False)))
-    return cost * sum(t.numel() for t in _tensors(call.args[0]))
+    return cost * sum(t.numel() for t in tensors_of(call.args[0]))
 
 
 def _zero(call: OpCall) -> int:
@@ -867,14 +867,14 @@ def _traffic(info: _OpInfo, call: OpCall) -> tuple[int, int]:
     written: list[torch.Tensor] = []
     for key, value in _arguments(call.args, call.kwargs):
         if key in info.written:
-            written.extend(_tensors(value))
+            written.extend(tensors_of(value))
             if key in info.write_only:
                 continue
-        read.extend(_tensors(value))
-    written.extend(_tensors(call.out))
+        read.extend(tensors_of(value))
+    written.extend(tensors_of(call.out))
     if info.gather_indices is not None:  # the gathered rows (the result's size) and the indices
-        read = [t for name in info.gather_indices for t in _tensors(call.arg(name))]
-        read.extend(_tensors(call.out))
+        read = [t for name in info.gather_indices for t in tensors_of(call.arg(name))]
+        read.extend(tensors_of(call.out))
     return _bytes(iter(read)), _bytes(iter(written))
 
 
@@ -967,7 +967,7 @@ def library_of(name: str, family: str, call: OpCall) -> str:
 
 def _dtype_of(call: OpCall) -> str | None:
     for value in (*call.args, *call.kwargs.values()):
-        for tensor in _tensors(value):
+        for tensor in tensors_of(value):
             if tensor.is_floating_point():
                 return str(tensor.dtype).removeprefix("torch.")
     return None
@@ -1212,7 +1212,7 @@ class OpCounter:
         Functions (custom operators, ``torch.autograd.Function``), whose inner operators run with
         grad mode off and so leave no pending result."""
         self._resolve_pending()
-        stack = [t.grad_fn for t in _tensors(output) if t.grad_fn is not None]
+        stack = [t.grad_fn for t in tensors_of(output) if t.grad_fn is not None]
         while stack:
             node = stack.pop()
             if id(node) in self._nodes or getattr(node, "variable", None) is not None:
@@ -1230,7 +1230,7 @@ class OpCounter:
             return
         pending, self._pending = self._pending, []
         for out, module, mutated in pending:
-            for tensor in _tensors(out):
+            for tensor in tensors_of(out):
                 self._claim(tensor.grad_fn, module)
                 if mutated and tensor._is_view() and tensor._base is not None:
                     self._claim(tensor._base.grad_fn, module)  # CopySlices of an in-place op on a view
@@ -1310,7 +1310,7 @@ class OpCounter:
     def _remember_results(self, call: OpCall, module: str, info: _OpInfo) -> None:
         # Results that may get an autograd node: remember under which module they were made.
         if torch.is_grad_enabled() and any(
-            t.requires_grad for value in (*call.args, *call.kwargs.values()) for t in _tensors(value)
+            t.requires_grad for value in (*call.args, *call.kwargs.values()) for t in tensors_of(value)
         ):
             self._pending.append((call.out, module, bool(info.written)))
 
