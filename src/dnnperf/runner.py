@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from typing import Any, Protocol
 
 import torch
 
-from dnnperf import environment
 from dnnperf.data.integrity import CorruptDataset
 from dnnperf.data.sources import BatchSource, dataset_size, ensure_dataset, open_source, pop_data_times
 from dnnperf.devices import current, is_out_of_memory, resolve_device, synchronize, to_device
@@ -31,7 +29,8 @@ from dnnperf.probes.layers import CountingStages, LayerTimer, build_profile, wit
 from dnnperf.probes.memory import MemoryTracker, ResidentGrowth
 from dnnperf.probes.opcount import OpCounter, OpRecord
 from dnnperf.probes.stages import CpuMeter
-from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
+from dnnperf.results.record import Point, RunRecord, utc_now
+from dnnperf.results.settings import BenchRunSettings
 from dnnperf.results.stages import StageBreakdown
 from dnnperf.results.store import RunStore
 from dnnperf.stats import Samples
@@ -106,6 +105,29 @@ class BenchSettings:
         the tracked step and the resident cross-check's."""
         return self.warmup + self.steps + (self.steps + 3 if self.layers else 0) + (2 if self.memory else 0)
 
+    def record_settings(
+        self, batch_sizes: Sequence[int], device: str, torch_threads: int | None
+    ) -> BenchRunSettings:
+        """The record's settings: these, with the batch sizes and the device resolved (the hardware
+        profile is kept with the layers it describes)."""
+        return BenchRunSettings(
+            workload=self.workload,
+            preset=self.preset,
+            batch_sizes=list(batch_sizes),
+            steps=self.steps,
+            warmup=self.warmup,
+            device=device,
+            data=self.data,
+            workers=self.workers,
+            seed=self.seed,
+            data_dir=str(self.data_dir) if self.data_dir is not None else None,
+            stages=self.stages,
+            layers=self.layers,
+            memory=self.memory,
+            requested_device=self.device,
+            torch_threads=torch_threads,
+        )
+
     def validate(self) -> None:
         if self.steps <= 0:
             raise UsageError(f"--steps must be a positive integer, got {self.steps}")
@@ -148,24 +170,11 @@ def bench(
         for batch_size in batch_sizes:
             samples = dataset_size(batch_size, DISK_SAMPLES.get(settings.preset, 64))
             ensure_dataset(fmt, samples, settings.seed, settings.data_dir)
-    record = RunRecord(
-        id=new_run_id(workload.name, settings.preset),
-        kind="profile" if settings.stages or settings.layers or settings.memory else "bench",
-        command=list(command),
-        workload=workload_section(workload, settings.preset),
-        settings={
-            **{
-                k: str(v) if isinstance(v, Path) else v
-                for k, v in dataclasses.asdict(settings).items()
-                if k != "hardware"  # kept with the layers it describes
-            },
-            "batch_sizes": list(batch_sizes),
-            "device": str(device),
-            "requested_device": settings.device,
-            "torch_threads": torch.get_num_threads(),
-        },
-        environment=environment.describe(),
-        pid=os.getpid(),
+    record = RunRecord.start(
+        "profile" if settings.stages or settings.layers or settings.memory else "bench",
+        workload_section(workload, settings.preset),
+        settings.record_settings(batch_sizes, str(device), torch.get_num_threads()),
+        command=command,
     )
     if hooks is not None:
         hooks.on_record(record)

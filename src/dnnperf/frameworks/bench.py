@@ -14,7 +14,6 @@ child's result comes back.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import os
@@ -25,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from dnnperf import environment
 from dnnperf.errors import DnnperfError, UsageError
 from dnnperf.frameworks import FRAMEWORKS, KERAS_FRAMEWORKS, KERAS_WORKLOADS
-from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
+from dnnperf.results.record import Point, RunRecord, utc_now
+from dnnperf.results.settings import FrameworkBenchSettings
 from dnnperf.results.store import RunStore
 from dnnperf.results.watch import WatchResult
 from dnnperf.runner import BenchSettings, Interrupted, RunFailed, workload_section
@@ -138,23 +137,19 @@ def bench_framework(
     suite = get_workload(workload)
     sizes = list(settings.batch_sizes or (suite.default_batch_size[preset],))
     keras = framework in KERAS_FRAMEWORKS
-    record = RunRecord(
-        id=new_run_id(f"{suite.name}-{framework}", preset),
-        kind="bench",
-        command=list(command),
-        workload=workload_section(suite, preset),
-        settings={
-            **dataclasses.asdict(settings),
-            "batch_sizes": sizes,
-            "device": "cpu" if keras else device,
-            "requested_device": device,
-            "torch_threads": None,
-            "framework": framework,
-            "limitations": LIMITATIONS[framework],
-            "watch_interval_s": interval_s,
-        },
-        environment=environment.describe(),
-        pid=os.getpid(),
+    # Keras trains on the CPU here; a torch child reports its device and threads when it ends.
+    common = settings.record_settings(sizes, "cpu" if keras else device, None)
+    record = RunRecord.start(
+        "bench",
+        workload_section(suite, preset),
+        FrameworkBenchSettings(
+            **vars(common),
+            framework=framework,
+            limitations=LIMITATIONS[framework],
+            watch_interval_s=interval_s,
+        ),
+        command=command,
+        name=f"{suite.name}-{framework}",
     )
     data, result_file = MarksFile(), MarksFile()
     try:

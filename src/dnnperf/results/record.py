@@ -7,9 +7,11 @@ them on load, so a record edited by hand cannot disagree with itself.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,7 @@ from dnnperf.results.fields import FieldError, check_record_fields
 from dnnperf.results.layers import LayerProfile
 from dnnperf.results.memory import StepMemory, step_memory_from_document
 from dnnperf.results.ranks import RankBreakdown
+from dnnperf.results.settings import RunSettings
 from dnnperf.results.stages import StageBreakdown
 from dnnperf.results.watch import WatchResult
 from dnnperf.stats import Samples
@@ -114,6 +117,31 @@ class RunRecord:
     validation: ValidationResult | None = None
     #: ``dnnperf watch``: the command's process tree and GPUs, sampled until it ended.
     watch: WatchResult | None = None
+
+    @classmethod
+    def start(
+        cls,
+        kind: str,
+        workload: dict[str, Any],
+        settings: RunSettings,
+        *,
+        command: Sequence[str] = (),
+        name: str | None = None,
+    ) -> RunRecord:
+        """A new record, "running", written by this process on this machine: ``workload`` is its
+        workload section (a name and a preset at least), ``name`` what its id calls the run (default:
+        the workload's name)."""
+        from dnnperf import environment  # lazily: it imports torch
+
+        return cls(
+            id=new_run_id(name if name is not None else workload["name"], workload["preset"]),
+            kind=kind,
+            command=list(command),
+            workload=workload,
+            settings=settings.to_dict(),
+            environment=environment.describe(),
+            pid=os.getpid(),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         points = []
