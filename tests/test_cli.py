@@ -246,9 +246,9 @@ def test_a_record_with_nothing_measured_says_so_and_exports_nothing(tmp_path, ca
     refuses to write an empty trace or CSV directory, and writes neither. A validate record (its rows
     and no point) shows measured beside predicted (before: nothing at all)."""
     from dnnperf.cli import main
-    from dnnperf.perfmodel.validate import ValidationResult
     from dnnperf.results.record import RunRecord
     from dnnperf.results.store import RunStore
+    from dnnperf.results.validation import ValidationResult
 
     def record(**fields):
         base = {"workload": {"name": "basic_cnn", "preset": "tiny"}, "environment": {}, "points": []}
@@ -277,7 +277,7 @@ def test_a_record_with_nothing_measured_says_so_and_exports_nothing(tmp_path, ca
 def test_tables_written_to_a_pipe_take_columns_from_the_environment(monkeypatch) -> None:
     """Off a terminal (pytest captures stdout) rich would assume 80 columns: 140, or $COLUMNS where it
     asks for more (pytest-xdist's workers have COLUMNS=80)."""
-    from dnnperf.cli import Output
+    from dnnperf.cli.output import Output
 
     for columns, width in ((None, 140), ("220", 220), ("80", 140), ("wide", 140)):
         if columns is None:

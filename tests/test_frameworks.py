@@ -23,11 +23,11 @@ import pandas as pd
 import psutil
 import pytest
 
+from dnnperf.cli.frameworks import refuse_unsupported
 from dnnperf.errors import UsageError
 from dnnperf.frameworks import KERAS_FRAMEWORKS, KERAS_WORKLOADS
 from dnnperf.frameworks import bench as frameworks_bench
 from dnnperf.frameworks.bench import bench_framework, check_request, missing_packages, system_figures
-from dnnperf.frameworks.command import refuse_unsupported
 from dnnperf.reproduce.memory_subsystem import framework_claims
 from dnnperf.results.record import Point, RunRecord
 from dnnperf.results.store import RunStore

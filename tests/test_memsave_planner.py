@@ -8,10 +8,12 @@ import torch
 from torch import nn
 
 from dnnperf.errors import UsageError
+from dnnperf.memsave.budget import Budget
 from dnnperf.memsave.planner import MeasuredPlan, MemoryModel, UnitCost, plan_budget, read_ahead_window
-from dnnperf.memsave.policy import RECOMPUTE, Plan, Unit
-from dnnperf.memsave.run import MemsaveResult, memsave, parse_budget
+from dnnperf.memsave.policy import Unit
+from dnnperf.memsave.run import memsave
 from dnnperf.memsave.storages import Pack, Storage, StorageProfile, profile_storages
+from dnnperf.results.memsave import RECOMPUTE, MemsaveResult, Plan
 from dnnperf.workloads.base import SupervisedTask
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
@@ -78,14 +80,14 @@ def _planner_measures_over_budget(monkeypatch, times: int) -> list[int]:
         return variant
 
     budget_of = [0]
-    real_parse = run_module.parse_budget
+    real_bytes_for = Budget.bytes_for
 
-    def parse(text, peak):
-        budget_of[0] = real_parse(text, peak)
+    def bytes_for(budget, peak):
+        budget_of[0] = real_bytes_for(budget, peak)
         return budget_of[0]
 
     monkeypatch.setattr(run_module, "measure_variant", measure)
-    monkeypatch.setattr(run_module, "parse_budget", parse)
+    monkeypatch.setattr(Budget, "bytes_for", bytes_for)
     return predicted
 
 
@@ -141,11 +143,11 @@ def test_record_section_round_trips(feasible):
 
 
 def test_budget_parsing():
-    assert parse_budget("50%", 1000) == 500
-    assert parse_budget("2KiB", 1000) == 2048
+    assert Budget.parse("50%").bytes_for(1000) == 500
+    assert Budget.parse("2KiB").bytes_for(1000) == 2048
     for bad in ("0%", "150%", "lots", "-3"):
         with pytest.raises(UsageError):
-            parse_budget(bad, 1000)
+            Budget.parse(bad)
 
 
 # A Sequential of conv (a), relu (b), conv (c), relu (d): b saves its output B, and c saves the same

@@ -19,9 +19,10 @@ from conftest import open_files_in
 from dnnperf.errors import DnnperfError, UsageError
 from dnnperf.memsave import state as state_module
 from dnnperf.memsave.planner import MeasuredPlan, MemoryModel, UnitCost, plan_budget
-from dnnperf.memsave.policy import KEEP, OFFLOAD, Plan, Unit
+from dnnperf.memsave.policy import Unit
 from dnnperf.memsave.run import tracked_step
 from dnnperf.memsave.state import StateSaver, check_fusable
+from dnnperf.results.memsave import KEEP, OFFLOAD, Plan
 from dnnperf.workloads import get_workload
 from dnnperf.workloads.base import SupervisedTask
 

@@ -365,7 +365,7 @@ def test_a_calibrated_gpu_without_a_measured_link_predicts_one_device_only(
 ) -> None:
     import dataclasses
 
-    from dnnperf.perfmodel import command
+    from dnnperf.cli import predict as command
     from dnnperf.perfmodel.machine import preset
 
     gpu = dataclasses.replace(

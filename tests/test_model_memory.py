@@ -195,7 +195,7 @@ def test_validate_memory_cli_gives_one_json_document_and_a_record(capsys: pytest
 
 
 def test_validation_records_without_memory_still_load_and_bad_rows_are_refused() -> None:
-    from dnnperf.perfmodel.validate import ValidationResult
+    from dnnperf.results.validation import ValidationResult
 
     old = {"runs": [{"workload": "a", "strategy": "single", "measured_s": 1.0, "predicted_s": 2.0}]}
     result = ValidationResult.from_dict(old)

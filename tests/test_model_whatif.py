@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from dnnperf.cli import main
-from dnnperf.perfmodel.whatif import SweepResult, best_per_configuration, crossovers
+from dnnperf.perfmodel.whatif import best_per_configuration, crossovers
+from dnnperf.results.prediction import SweepResult
 from dnnperf.results.record import RecordError, RunRecord
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)

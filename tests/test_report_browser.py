@@ -118,9 +118,9 @@ def test_the_check_sees_errors_blocked_loads_and_blank_charts(report_page, tmp_p
 
 def test_prediction_and_validation_reports_load_and_every_chart_draws(tmp_path):
     """The what-if sweep's and the validation's charts (records made from hand-made tables)."""
-    from dnnperf.perfmodel.validate import ValidationResult
-    from dnnperf.perfmodel.whatif import SweepResult
+    from dnnperf.results.prediction import SweepResult
     from dnnperf.results.record import RunRecord
+    from dnnperf.results.validation import ValidationResult
     from test_model_whatif import _table
 
     sweep = SweepResult(

@@ -582,7 +582,7 @@ def test_a_watcher_failing_mid_sample_saves_a_record_that_loads(
 ) -> None:
     import argparse
 
-    from dnnperf.watch import command
+    from dnnperf.cli import watch as command
     from dnnperf.watch import run as run_module
 
     monkeypatch.setattr(run_module, "open_gpus", lambda: (FailingGpus(), None))
@@ -615,7 +615,7 @@ class FakeClocks:
 
 @pytest.mark.concurrent
 def test_saves_are_spaced_by_twenty_times_the_last_save() -> None:
-    from dnnperf.watch.command import Saver
+    from dnnperf.watch.recording import Saver
 
     clocks = FakeClocks()
     saved: list[float] = []
@@ -636,7 +636,7 @@ def test_saves_are_spaced_by_twenty_times_the_last_save() -> None:
 
 @pytest.mark.concurrent
 def test_fast_saves_are_spaced_by_one_second() -> None:
-    from dnnperf.watch.command import Saver
+    from dnnperf.watch.recording import Saver
 
     clocks = FakeClocks()
     saved: list[float] = []

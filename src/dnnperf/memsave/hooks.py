@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
-from dnnperf.memsave.policy import OFFLOAD
 from dnnperf.probes.saved import detached
+from dnnperf.results.memsave import OFFLOAD
 
 
 class Store(Protocol):

@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from dnnperf.memsave.policy import KEEP, OFFLOAD, RECOMPUTE, Plan, Unit, segments_of
+from dnnperf.memsave.policy import Unit, segments_of
 from dnnperf.memsave.storages import StorageProfile, profile_from_units
+from dnnperf.results.memsave import KEEP, OFFLOAD, RECOMPUTE, Plan
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dnnperf.analysis.memory import parse_bytes
 from dnnperf.devices import synchronize
 from dnnperf.errors import UsageError
+from dnnperf.memsave.budget import Budget
 from dnnperf.memsave.disk import measure_bandwidth
 from dnnperf.memsave.planner import (
     MeasuredPlan,
@@ -32,169 +31,19 @@ from dnnperf.memsave.planner import (
     read_ahead_window,
     sqrt_checkpointing,
 )
-from dnnperf.memsave.policy import KEEP, OFFLOAD, RECOMPUTE, Plan, Unit, find_units
+from dnnperf.memsave.policy import Unit, find_units
 from dnnperf.memsave.saver import MemorySaver
 from dnnperf.memsave.state import StateSaver, check_fusable
 from dnnperf.memsave.storages import profile_storages
 from dnnperf.probes.memory import MemoryTracker
 from dnnperf.results.memory import CATEGORIES, StepMemory
+from dnnperf.results.memsave import KEEP, OFFLOAD, RECOMPUTE, MemsaveResult, Plan, Variant
 from dnnperf.stats import Samples
 from dnnperf.workloads.base import Batch, Task
 
 _TIMELINE_POINTS = 300
 #: Plans measured before a budget the model calls feasible is called infeasible.
 _PLAN_ATTEMPTS = 3
-
-
-@dataclass
-class Variant:
-    """One way of running the step, measured: peak, paired step times, bytes to the offload tier."""
-
-    name: str
-    peak: int
-    step_s: list[float]
-    plain_s: list[float]
-    bytes_written: int = 0
-    predicted_peak: int | None = None
-    predicted_overhead: float | None = None
-    #: [seconds from the step's start, bytes allocated] of the tracked step.
-    timeline: list[list[float]] = field(default_factory=list)
-    #: Bytes the tracked step's forward left allocated for backward (at backward's start, less the
-    #: step's start): the saved activations, and what else forward holds (the loss, writes in flight).
-    forward_held: int | None = None
-
-    @property
-    def overhead(self) -> float:
-        """Step-time overhead over the paired plain steps (ratio of medians - 1)."""
-        return Samples.of(self.step_s).median / Samples.of(self.plain_s).median - 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "peak": self.peak,
-            "step_s": self.step_s,
-            "plain_s": self.plain_s,
-            "overhead": self.overhead,
-            "bytes_written": self.bytes_written,
-            "predicted_peak": self.predicted_peak,
-            "predicted_overhead": self.predicted_overhead,
-            "timeline": self.timeline,
-            "forward_held": self.forward_held,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Variant:
-        return cls(
-            name=str(data["name"]),
-            peak=int(data["peak"]),
-            step_s=[float(v) for v in data["step_s"]],
-            plain_s=[float(v) for v in data["plain_s"]],
-            bytes_written=int(data.get("bytes_written", 0)),
-            predicted_peak=None if data.get("predicted_peak") is None else int(data["predicted_peak"]),
-            predicted_overhead=(
-                None if data.get("predicted_overhead") is None else float(data["predicted_overhead"])
-            ),
-            timeline=[[float(t), float(b)] for t, b in data.get("timeline", [])],
-            forward_held=None if data.get("forward_held") is None else int(data["forward_held"]),
-        )
-
-
-@dataclass
-class MemsaveResult:
-    """The ``memsave`` section of a run record (docs/run-record.md)."""
-
-    budget: int
-    budget_text: str
-    baseline_peak: int
-    feasible: bool
-    reason: str
-    plan: Plan
-    plan_table: list[dict[str, Any]]
-    variants: list[Variant]
-    offload_s_per_byte: float
-    bandwidth: dict[str, float]
-    #: Measured / predicted recomputation seconds of the sqrt(n) baseline (planner's recompute cost
-    #: scale; 1.0 in records from before it was measured).
-    recompute_factor: float = 1.0
-    #: The exposed seconds per offloaded byte with the training state off the device (offload-all+state
-    #: over offload-state); None where the state was not measured.
-    state_offload_s_per_byte: float | None = None
-
-    def variant(self, name: str) -> Variant:
-        """The measured variant ``name``; a KeyError naming those there are (an infeasible budget has
-        no ``planner`` variant: ``reason`` says why)."""
-        for variant in self.variants:
-            if variant.name == name:
-                return variant
-        there = ", ".join(v.name for v in self.variants)
-        why = f"; the budget is infeasible: {self.reason}" if name == "planner" and not self.feasible else ""
-        raise KeyError(f"no variant {name!r} (measured: {there}){why}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "budget_text": self.budget_text,
-            "baseline_peak": self.baseline_peak,
-            "feasible": self.feasible,
-            "reason": self.reason,
-            "plan": self.plan.to_dict(),
-            "plan_table": self.plan_table,
-            "variants": [v.to_dict() for v in self.variants],
-            "offload_s_per_byte": self.offload_s_per_byte,
-            "recompute_factor": self.recompute_factor,
-            "state_offload_s_per_byte": self.state_offload_s_per_byte,
-            "bandwidth": self.bandwidth,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> MemsaveResult:
-        """Validated: a ValueError (or KeyError/TypeError) says what is wrong."""
-        if not isinstance(data, dict):
-            raise ValueError("memsave is not an object")
-        for key in ("budget", "baseline_peak"):
-            if not isinstance(data.get(key), int) or isinstance(data.get(key), bool) or data[key] <= 0:
-                raise ValueError(f"memsave.{key} must be a positive byte count")
-        if not isinstance(data.get("feasible"), bool):
-            raise ValueError("memsave.feasible must be true or false")
-        variants = data.get("variants")
-        if not isinstance(variants, list) or not variants:
-            raise ValueError("memsave.variants must be a non-empty list")
-        parsed = [Variant.from_dict(v) for v in variants]
-        for v in parsed:
-            if v.peak <= 0 or not v.step_s or not v.plain_s or min(v.step_s + v.plain_s) <= 0:
-                raise ValueError(f"memsave variant {v.name!r} needs a positive peak and step times")
-        return cls(
-            budget=data["budget"],
-            budget_text=str(data.get("budget_text", data["budget"])),
-            baseline_peak=data["baseline_peak"],
-            feasible=data["feasible"],
-            reason=str(data.get("reason", "")),
-            plan=Plan.from_dict(data["plan"]),
-            plan_table=list(data.get("plan_table", [])),
-            variants=parsed,
-            offload_s_per_byte=float(data.get("offload_s_per_byte", 0.0)),
-            bandwidth={str(k): float(v) for k, v in data.get("bandwidth", {}).items()},
-            recompute_factor=float(data.get("recompute_factor", 1.0)),
-            state_offload_s_per_byte=(
-                None
-                if data.get("state_offload_s_per_byte") is None
-                else float(data["state_offload_s_per_byte"])
-            ),
-        )
-
-
-def parse_budget(text: str, baseline_peak: int) -> int:
-    """'50%' of the unoptimised peak, or a size ('2GiB', '500000000')."""
-    text = text.strip()
-    if text.endswith("%"):
-        try:
-            share = float(text[:-1])
-        except ValueError:
-            raise UsageError(f"not a percentage: {text!r} (e.g. 50%)") from None
-        if not 0 < share <= 100:
-            raise UsageError(f"a budget percentage must be in (0, 100], got {text!r}")
-        return max(1, int(baseline_peak * share / 100))  # a byte at least: the record's budget is positive
-    return parse_bytes(text)
 
 
 # -- measuring ----------------------------------------------------------------------------------------
@@ -429,7 +278,7 @@ def memsave(
     task: Task,
     batch: Batch,
     device: torch.device,
-    budget_text: str,
+    budget: Budget | int | str,
     pairs: int = 6,
     offload_dir: Path | None = None,
     min_bytes: int = 64 * 1024,
@@ -438,9 +287,12 @@ def memsave(
 ) -> MemsaveResult:
     """Profile, run the baselines, plan for the budget, run the plan; every figure measured here.
 
+    ``budget``: a :class:`Budget`, a number of bytes, or its text ("50%" of the no-saving peak, "2GiB").
+
     ``training_state``: "auto" (the planner may fuse each update into backward and move the optimizer
     state off the device, where the task's update can be fused: ``state.check_fusable``), "keep"
     (never) or "offload" (always; a task whose update cannot be fused is an error)."""
+    wanted = Budget.of(budget)  # bad text is refused before anything runs
     if training_state not in ("auto", KEEP, OFFLOAD):
         raise UsageError(f"unknown training-state choice {training_state!r}: choose auto, keep or offload")
     units = find_units(task.model)
@@ -450,7 +302,7 @@ def memsave(
     baseline_peak = baseline_memory.measured_peak
     if baseline_peak <= 0:
         raise UsageError("the unoptimised step's peak could not be measured on this device")
-    budget = parse_budget(budget_text, baseline_peak)
+    budget = wanted.bytes_for(baseline_peak)
     costs = unit_costs(baseline_memory, units, unit_forward_times(task, batch, units, device))
     profile = profile_storages(task.model, units, lambda: task.step(batch), batch)
     bandwidth = measure_bandwidth(offload_dir) if device.type == "cpu" else {}
@@ -607,7 +459,7 @@ def memsave(
         )
     return MemsaveResult(
         budget=budget,
-        budget_text=budget_text,
+        budget_text=str(wanted),
         baseline_peak=baseline_peak,
         feasible=result.feasible,
         reason=result.reason,

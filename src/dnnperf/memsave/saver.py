@@ -31,8 +31,9 @@ from dnnperf.errors import UsageError
 from dnnperf.memsave.disk import DiskStore
 from dnnperf.memsave.hooks import SavedTensorHook, Store, protected_storages
 from dnnperf.memsave.pinned import PinnedPool, PinnedStore
-from dnnperf.memsave.policy import KEEP, OFFLOAD, Plan, find_units
+from dnnperf.memsave.policy import find_units
 from dnnperf.memsave.recompute import Checkpointing
+from dnnperf.results.memsave import KEEP, OFFLOAD, Plan
 
 #: The pinned pool's first size where none is asked for (it grows to what a step needs).
 DEFAULT_POOL_BYTES = 256 * 2**20

@@ -28,10 +28,11 @@ import torch
 from torch import nn
 
 from dnnperf.errors import UsageError
-from dnnperf.memsave.command import check_budget
-from dnnperf.memsave.run import MemsaveResult, memsave
+from dnnperf.memsave.budget import Budget
+from dnnperf.memsave.run import memsave
 from dnnperf.memsave.saver import refuse_compiled
 from dnnperf.restore import put_back
+from dnnperf.results.memsave import MemsaveResult
 from dnnperf.workloads.base import Batch, SupervisedTask
 
 
@@ -40,23 +41,19 @@ def plan_for(
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[nn.Module, Batch], torch.Tensor],
     batch: Batch,
-    budget: str | int,
+    budget: Budget | str | int,
     *,
     pairs: int = 6,
     offload_dir: Path | str | None = None,
     training_state: str = "auto",
 ) -> MemsaveResult:
     """Profile one step of ``loss_fn(model, batch)``, backward and ``optimizer.step()``; measure the
-    baselines; plan for ``budget`` ("50%" of the unoptimised peak, or a size such as "2GiB"); run the
-    plan. ``budget`` is a string ("50%", "2GiB") or a number of bytes. ``batch`` is already on the model's
-    device. Where ``result.feasible``, ``result.plan`` is what ``MemorySaver`` runs (with a ``StateSaver``
-    around the loop where ``result.plan.training_state == "offload"``); otherwise ``result.reason`` says
-    why no plan meets the budget."""
-    if isinstance(budget, int) and not isinstance(budget, bool):
-        budget = str(budget)  # bytes
-    if not isinstance(budget, str):
-        raise UsageError(f"a budget is a string ('50%', '2GiB') or a number of bytes, got {budget!r}")
-    check_budget(budget)  # before anything runs
+    baselines; plan for ``budget`` (a :class:`~dnnperf.memsave.budget.Budget`; its text, "50%" of the
+    unoptimised peak or a size such as "2GiB"; or a number of bytes); run the plan. ``batch`` is
+    already on the model's device. Where ``result.feasible``, ``result.plan`` is what ``MemorySaver``
+    runs (with a ``StateSaver`` around the loop where ``result.plan.training_state == "offload"``);
+    otherwise ``result.reason`` says why no plan meets the budget."""
+    wanted = Budget.of(budget)  # before anything runs
     if pairs < 1:
         raise UsageError(f"pairs must be at least 1, got {pairs}")
     refuse_compiled(model)
@@ -69,7 +66,7 @@ def plan_for(
             task,
             batch,
             parameter.device,
-            budget,
+            wanted,
             pairs=pairs,
             offload_dir=None if offload_dir is None else Path(offload_dir),
             training_state=training_state,

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -560,62 +559,6 @@ def ranking_agrees(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@dataclass
-class ValidationResult:
-    """``dnnperf validate`` as a record section: every run and collective, measured beside predicted."""
-
-    #: workload, batch, strategy ("single" for one process), measured_s, predicted_s
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    #: op, bytes, measured_s (median of the slowest rank), predicted_s, held_out (the fit never saw it)
-    collectives: list[dict[str, Any]] = field(default_factory=list)
-    #: ``--memory``: workload, batch, measured_bytes (the memory profiler's peak), predicted_bytes,
-    #: both phases and both sides' bytes per category at their peaks (``validate_memory``'s columns).
-    #: Absent from records made before it.
-    memory: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        document: dict[str, Any] = {"runs": self.runs, "collectives": self.collectives}
-        if self.memory:
-            document["memory"] = self.memory
-        return document
-
-    @classmethod
-    def from_dict(cls, data: Any) -> ValidationResult:
-        """Validated: ValueError or TypeError says what is wrong."""
-        if not isinstance(data, dict):
-            raise ValueError("not an object")
-        for part, keys in (("runs", ("workload", "strategy")), ("collectives", ("op",))):
-            rows = data.get(part, [])
-            if not isinstance(rows, list):
-                raise ValueError(f"{part} must be a list")
-            for i, row in enumerate(rows):
-                if not isinstance(row, dict) or any(not isinstance(row.get(k), str) for k in keys):
-                    raise ValueError(f"{part}[{i}] lacks {', '.join(keys)}")
-                for key in ("measured_s", "predicted_s"):
-                    _positive(row, key, f"{part}[{i}]")
-        memory = data.get("memory", [])
-        if not isinstance(memory, list):
-            raise ValueError("memory must be a list")
-        for i, row in enumerate(memory):
-            if not isinstance(row, dict) or not isinstance(row.get("workload"), str):
-                raise ValueError(f"memory[{i}] lacks workload")
-            for key in ("measured_bytes", "predicted_bytes"):
-                _positive(row, key, f"memory[{i}]")
-        return cls(
-            runs=list(data.get("runs", [])),
-            collectives=list(data.get("collectives", [])),
-            memory=list(memory),
-        )
-
-
-def _positive(row: dict[str, Any], key: str, where: str) -> None:
-    value = row.get(key)
-    if isinstance(value, bool) or not (
-        isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-    ):
-        raise ValueError(f"{where}.{key} must be a positive number, got {value!r}")
-
-
 def single_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """validate_single's table as ValidationResult rows (the model's variant)."""
     return [
@@ -683,3 +626,55 @@ def memory_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
         row.update({k: float(v) for k, v in r.items() if k.startswith(("measured[", "predicted["))})
         rows.append(row)
     return rows
+
+
+def calibrated_machine(device: str) -> Machine:
+    """This host's ``device`` as `dnnperf hw` profiled it, with the model's own calibrations (measured
+    once each and cached). A GPU's takes its per-call host overhead and its kernels' floor measured on
+    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, split regions)."""
+    from dnnperf import hardware
+    from dnnperf.devices import resolve_device
+    from dnnperf.perfmodel import machine as machines
+    from dnnperf.perfmodel.calibrate import (
+        calibrated,
+        ddp_cost,
+        dispatch_net_of_views,
+        op_overhead,
+        page_fault_cost,
+        split_region_cost,
+        zero_operand_cost,
+    )
+
+    resolved = resolve_device(device)
+    profile = hardware.load_profile(resolved)
+    if profile is None:
+        raise UsageError(
+            f"--machine hw needs a calibrated profile of {resolved.type}: run `dnnperf hw --device "
+            f"{resolved.type}` first"
+        )
+    base = machines.from_profile(profile)
+    if profile.device_type == "cuda":
+        device = gpu_of_this_host(profile)
+        zoo = calibrated(base)
+        return machines.from_profile(
+            profile,
+            op_overhead_s=dispatch_net_of_views(op_overhead(device=device), zoo.host_call_s, device),
+            efficiency=zoo.efficiency,
+            call_s=zoo.call_s,
+            kernel_s=zoo.kernel_s,
+            host_call_s=zoo.host_call_s,
+        )
+    from dnnperf.perfmodel.collective_calibration import link_calibration
+
+    zoo = calibrated(base)
+    return machines.from_profile(
+        profile,
+        link=link_calibration(),
+        op_overhead_s=op_overhead(),
+        efficiency=zoo.efficiency,
+        page_fault_s=page_fault_cost(),
+        call_s=zoo.call_s,
+        zero_operand_s=zero_operand_cost(),
+        split_region_s=split_region_cost(),
+        ddp_s=ddp_cost(),
+    )

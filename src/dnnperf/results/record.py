@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
@@ -22,16 +22,14 @@ from dnnperf.errors import RecordError
 from dnnperf.results.fields import FieldError, check_record_fields
 from dnnperf.results.layers import LayerProfile
 from dnnperf.results.memory import StepMemory, step_memory_from_document
+from dnnperf.results.memsave import MemsaveResult
+from dnnperf.results.prediction import SweepResult
 from dnnperf.results.ranks import RankBreakdown
 from dnnperf.results.settings import RunSettings
 from dnnperf.results.stages import StageBreakdown
+from dnnperf.results.validation import ValidationResult
 from dnnperf.results.watch import WatchResult
 from dnnperf.stats import Samples
-
-if TYPE_CHECKING:
-    from dnnperf.memsave.run import MemsaveResult
-    from dnnperf.perfmodel.validate import ValidationResult
-    from dnnperf.perfmodel.whatif import SweepResult
 
 SCHEMA = "dnnperf.run"
 SCHEMA_VERSION = 1
@@ -388,8 +386,6 @@ def _memory_from_dict(data: Any, where: str) -> StepMemory | None:
 def _memsave_from_dict(data: Any) -> MemsaveResult | None:
     if data is None:
         return None
-    from dnnperf.memsave.run import MemsaveResult  # lazily: memsave imports the probes, not the reverse
-
     try:
         return MemsaveResult.from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
@@ -399,8 +395,6 @@ def _memsave_from_dict(data: Any) -> MemsaveResult | None:
 def _prediction_from_dict(data: Any) -> SweepResult | None:
     if data is None:
         return None
-    from dnnperf.perfmodel.whatif import SweepResult
-
     if not isinstance(data, dict):
         raise RecordError("prediction: not an object")
     try:
@@ -412,8 +406,6 @@ def _prediction_from_dict(data: Any) -> SweepResult | None:
 def _validation_from_dict(data: Any) -> ValidationResult | None:
     if data is None:
         return None
-    from dnnperf.perfmodel.validate import ValidationResult
-
     try:
         return ValidationResult.from_dict(data)
     except (KeyError, TypeError, ValueError) as error:

@@ -129,6 +129,12 @@ class Workload:
     def data(self, preset: str) -> DataFormat:
         return self.make_data(self.config(preset))
 
+    def batch_size(self, preset: str, given: int | None = None) -> int:
+        """The batch size a run at ``preset`` trains: ``given``, else the preset's default (the one
+        place the default is looked up)."""
+        self.config(preset)  # an unknown preset is a UsageError naming the choices, not a KeyError
+        return given if given is not None else self.default_batch_size[preset]
+
 
 def count_parameters(module: nn.Module) -> int:
     """Number of trainable parameter elements, each shared tensor counted once."""

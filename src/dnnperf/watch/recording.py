@@ -1,4 +1,5 @@
-"""``dnnperf watch [options] -- COMMAND ...``: run a command, sample its process tree, keep a record.
+"""Watching a command with a record kept: ``dnnperf watch [options] -- COMMAND ...`` (its command
+line is ``dnnperf.cli.watch``).
 
 The record (kind "watch") is saved once the command has started, then while it runs (see
 :class:`Saver`: the record grows with the run, and so does a save) and once at the end, atomically
@@ -13,18 +14,19 @@ say how it ended); "partial" when the watcher was asked to stop (Ctrl-C, SIGTERM
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dnnperf.errors import UsageError
 from dnnperf.results.watch import WatchResult
+
+if TYPE_CHECKING:
+    from dnnperf.results.record import RunRecord
 
 #: The most often a running watch rewrites its record.
 SAVE_EVERY_S = 1.0
@@ -33,42 +35,6 @@ SAVE_EVERY_S = 1.0
 SAVE_SPACING = 20.0
 #: Interpreters whose first argument that is not an option is the program being run.
 INTERPRETERS = ("python", "python3", "bash", "sh", "node", "ruby", "perl")
-
-
-def seconds_argument(text: str) -> float:
-    """A positive, finite number of seconds (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """watch's own arguments (the CLI adds --json, -q and --runs-dir as for every command)."""
-    parser.add_argument(
-        "--interval", type=seconds_argument, default=0.1, help="seconds between samples (0.1)"
-    )
-    parser.add_argument(
-        "--grace",
-        type=seconds_argument,
-        default=30.0,
-        help="seconds a command asked to stop (Ctrl-C, SIGTERM) gets before it is killed (30)",
-    )
-    parser.add_argument(
-        "--leftover-grace",
-        type=seconds_argument,
-        default=5.0,
-        help="seconds processes left behind by the command get to end before SIGTERM (5)",
-    )
-    parser.add_argument(
-        "--no-report", action="store_true", help="do not write the HTML report beside the record"
-    )
-    parser.add_argument(
-        "watched", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the command to run and watch"
-    )
 
 
 def program_name(argv: list[str]) -> str:
@@ -85,7 +51,7 @@ def program_name(argv: list[str]) -> str:
     return program
 
 
-def new_record(argv: list[str], interval_s: float, command: list[str]) -> Any:
+def new_record(argv: list[str], interval_s: float, command: list[str]) -> RunRecord:
     """The record of a watch that is about to start ("running", this process its writer)."""
     from dnnperf import environment
     from dnnperf.results.record import RunRecord, new_run_id
@@ -132,18 +98,25 @@ def record_status(result: WatchResult) -> str:
     return "partial" if result.end == "interrupted" else "complete"
 
 
-def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
-    """Watch the command, keep the record, report; the command's exit status."""
+def watch_and_record(
+    argv: list[str],
+    runs_dir: Path | None,
+    command: list[str],
+    interval_s: float,
+    grace_s: float,
+    leftover_grace_s: float,
+    stdout: int | None = None,
+) -> tuple[RunRecord, Path, WatchResult]:
+    """Watch ``argv``, its record saved in ``runs_dir`` (None: the default) as it grows (see the
+    module) and at the end; the record, its path and the result. ``stdout``: where the command's own
+    output goes (inherited when None)."""
     from dnnperf.results.record import utc_now
     from dnnperf.results.store import RunStore
     from dnnperf.watch.run import check_arguments, watch
 
-    argv = list(args.watched)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    check_arguments(argv, args.interval)
-    store = RunStore(args.runs_dir)
-    record = new_record(argv, args.interval, command)
+    check_arguments(argv, interval_s)
+    store = RunStore(runs_dir)
+    record = new_record(argv, interval_s, command)
     saver = Saver(lambda: store.save(record))
 
     def update(result: WatchResult) -> None:
@@ -159,15 +132,13 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
         if result.cost.cpu_s:  # the save is the watcher's cost too: counted with the sample it follows
             result.cost.cpu_s[-1] += saved_cpu_s
 
-    # With --json the command's own output goes to stderr: stdout carries the one JSON document.
-    stdout = sys.stderr.fileno() if args.json else None
     try:
         result = watch(
             argv,
-            interval_s=args.interval,
+            interval_s=interval_s,
             on_sample=keep,
-            grace_s=args.grace,
-            outlive_grace_s=args.leftover_grace,
+            grace_s=grace_s,
+            outlive_grace_s=leftover_grace_s,
             stdout=stdout,
         )
     except BaseException as error:
@@ -181,26 +152,4 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
         raise
     update(result)
     record.status, record.finished = record_status(result), utc_now()
-    path = store.save(record)
-    finish(args, out, record, path)
-    return result.shell_exit_code
-
-
-def finish(args: argparse.Namespace, out: Any, record: Any, path: Path) -> None:
-    """The HTML report beside the record (unless --no-report), then the JSON document or the summary."""
-    from dnnperf.cli import write_html_report
-    from dnnperf.report.html import default_path
-
-    html = None if args.no_report else write_html_report(record, default_path(path), out)
-    if args.json:
-        out.json(
-            {"record_path": str(path), "record": record.to_dict(), "report_path": str(html) if html else None}
-        )
-        return
-    from dnnperf.report.terminal import watch_tables
-
-    for table in watch_tables(record):
-        out.print(table)
-    out.print(f"record: {path}")
-    if html is not None:
-        out.print(f"report: {html}")
+    return record, store.save(record), result

@@ -1,4 +1,5 @@
-"""``dnnperf predict WORKLOAD``: the CLI side of the performance model (docs/performance-model.md).
+"""``dnnperf predict WORKLOAD`` and ``dnnperf validate``: the command line of the performance model
+(docs/performance-model.md, docs/validation.md).
 
 One configuration (every applicable strategy when there is more than one device) or, with
 ``--sweep axis=v1,v2,...`` (repeatable), a what-if table over the combinations. ``--machine``: ``hw``
@@ -12,19 +13,35 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dnnperf.cli.options import common, positive_int, preset_and_batch
+from dnnperf.cli.output import Output
 from dnnperf.errors import UsageError
 from dnnperf.paths import path_argument
 from dnnperf.perfmodel.machine import AXES, PRESETS, Machine
 
 
-def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
+def add_parsers(commands: Any) -> None:
+    predict = commands.add_parser(
+        "predict", help="predict step time, throughput and memory: one device, dp, pp, tp; what-if sweeps"
+    )
+    add_arguments(predict)
+    common(predict, runs=True)
+    predict.set_defaults(handler=run)
+
+    validate = commands.add_parser(
+        "validate", help="predict single-process steps, run them for real, and print the errors"
+    )
+    add_validate_arguments(validate)
+    common(validate, runs=True)
+    validate.set_defaults(handler=run_validate)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
-    parser.add_argument("--preset", default="small", help="tiny, small or full (default: small)")
-    parser.add_argument("-b", "--batch-size", type=positive_int, help="global batch (default: the preset's)")
+    preset_and_batch(parser, preset="small", batch="global batch")
     parser.add_argument(
         "--machine", default="hw", help=f"hw (calibrated), a JSON file, or one of {', '.join(PRESETS)} (hw)"
     )
@@ -115,6 +132,8 @@ def load_machine(spec: str, device: str = "cpu") -> Machine:
     from dnnperf.perfmodel import machine as machines
 
     if spec == "hw":
+        from dnnperf.perfmodel.validate import calibrated_machine
+
         return calibrated_machine(device)
     if spec in PRESETS:
         return machines.preset(spec)
@@ -128,61 +147,7 @@ def load_machine(spec: str, device: str = "cpu") -> Machine:
     return machines.from_dict(document)
 
 
-def calibrated_machine(device: str) -> Machine:
-    """This host's ``device`` as `dnnperf hw` profiled it, with the model's own calibrations (measured
-    once each and cached). A GPU's takes its per-call host overhead and its kernels' floor measured on
-    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, split regions)."""
-    from dnnperf import hardware
-    from dnnperf.devices import resolve_device
-    from dnnperf.perfmodel import machine as machines
-    from dnnperf.perfmodel.calibrate import (
-        calibrated,
-        ddp_cost,
-        dispatch_net_of_views,
-        op_overhead,
-        page_fault_cost,
-        split_region_cost,
-        zero_operand_cost,
-    )
-
-    resolved = resolve_device(device)
-    profile = hardware.load_profile(resolved)
-    if profile is None:
-        raise UsageError(
-            f"--machine hw needs a calibrated profile of {resolved.type}: run `dnnperf hw --device "
-            f"{resolved.type}` first"
-        )
-    base = machines.from_profile(profile)
-    if profile.device_type == "cuda":
-        from dnnperf.perfmodel.validate import gpu_of_this_host
-
-        device = gpu_of_this_host(profile)
-        zoo = calibrated(base)
-        return machines.from_profile(
-            profile,
-            op_overhead_s=dispatch_net_of_views(op_overhead(device=device), zoo.host_call_s, device),
-            efficiency=zoo.efficiency,
-            call_s=zoo.call_s,
-            kernel_s=zoo.kernel_s,
-            host_call_s=zoo.host_call_s,
-        )
-    from dnnperf.perfmodel.collective_calibration import link_calibration
-
-    zoo = calibrated(base)
-    return machines.from_profile(
-        profile,
-        link=link_calibration(),
-        op_overhead_s=op_overhead(),
-        efficiency=zoo.efficiency,
-        page_fault_s=page_fault_cost(),
-        call_s=zoo.call_s,
-        zero_operand_s=zero_operand_cost(),
-        split_region_s=split_region_cost(),
-        ddp_s=ddp_cost(),
-    )
-
-
-def run(args: argparse.Namespace, out: Any) -> int:
+def run(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.perfmodel.predict import best_strategy, predict, sweep
     from dnnperf.perfmodel.whatif import crossovers
     from dnnperf.report.terminal import crossover_table, prediction_table, sweep_table
@@ -206,7 +171,7 @@ def run(args: argparse.Namespace, out: Any) -> int:
             "--machine hw on a GPU has measured no link between devices: predict several devices on a "
             "preset or a described machine (a JSON file)"
         )
-    batch = args.batch_size or workload.default_batch_size[args.preset]
+    batch = workload.batch_size(args.preset, args.batch_size)
     options = {
         "preset": args.preset,
         "micro_batches": args.micro_batches,
@@ -275,8 +240,8 @@ def save_sweep(
     """The sweep as a record of kind ``predict`` (its ``prediction`` section) and, unless
     ``--no-report``, its HTML report beside it."""
     from dnnperf import environment
-    from dnnperf.perfmodel.whatif import SweepResult
     from dnnperf.report.html import default_path, write_report
+    from dnnperf.results.prediction import SweepResult
     from dnnperf.results.record import RunRecord, json_safe, new_run_id, utc_now
     from dnnperf.results.store import RunStore
     from dnnperf.runner import workload_section
@@ -316,7 +281,7 @@ def save_sweep(
     return path, report
 
 
-def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "workloads", nargs="*", help="suite workloads to predict and run single-process (see `dnnperf list`)"
     )
@@ -375,14 +340,13 @@ def add_validate_arguments(parser: argparse.ArgumentParser, positive_int: Callab
     )
 
 
-def run_validate(args: argparse.Namespace, out: Any) -> int:
+def run_validate(args: argparse.Namespace, out: Output) -> int:
     """Single process: calibrate from microbenchmarks, then predict and run every configuration."""
     import pandas as pd
 
     from dnnperf import hardware
     from dnnperf.devices import resolve_device
     from dnnperf.perfmodel.validate import (
-        ValidationResult,
         ablation,
         calibrated_machines,
         collective_rows,
@@ -395,6 +359,7 @@ def run_validate(args: argparse.Namespace, out: Any) -> int:
         validate_single,
     )
     from dnnperf.report.terminal import distributed_memory_table, memory_validation_table, validation_tables
+    from dnnperf.results.validation import ValidationResult
     from dnnperf.workloads import get_workload
 
     if not args.workloads and not args.collectives:

@@ -1,4 +1,5 @@
-"""``dnnperf bench WORKLOAD --framework torch|tensorflow|jax``: the options and what the CLI calls.
+"""``dnnperf bench WORKLOAD --framework torch|tensorflow|jax``: a child process per framework, under
+watch.
 
 ``add_arguments`` adds ``--framework`` to the bench parser; ``run`` is the bench command when it is
 given. Options of the in-process bench that a framework child does not take are refused, not ignored.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from dnnperf.cli.options import EXIT_FAILED
+from dnnperf.cli.output import command_line
 from dnnperf.errors import UsageError
 from dnnperf.frameworks import FRAMEWORKS
 
@@ -62,7 +65,6 @@ def system_table(figures: list[dict[str, Any]], title: str) -> Any:
 
 def run(args: argparse.Namespace, out: Any, store: RunStore) -> int:
     """The bench command with ``--framework``: exit code 0, 1 (the run failed) or 130/143 (stopped)."""
-    from dnnperf.cli import EXIT_FAILED, command_line
     from dnnperf.frameworks.bench import bench_framework, system_figures
     from dnnperf.interrupts import interrupted_exit_code
     from dnnperf.report.terminal import points_table

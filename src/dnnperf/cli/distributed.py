@@ -1,7 +1,8 @@
 """``dnnperf profile W --nproc N --strategy dp|fsdp|zero1|pp|tp``: the command-line side of distributed runs.
 
-Without RANK/WORLD_SIZE in the environment the command launches the ranks (``launch.py``) and prints
-what rank 0 recorded; under torchrun (ours or the user's, across machines) it runs as one rank."""
+Without RANK/WORLD_SIZE in the environment the command launches the ranks
+(``dnnperf.distributed.launch``) and prints what rank 0 recorded; under torchrun (ours or the
+user's, across machines) it runs as one rank."""
 
 from __future__ import annotations
 
@@ -9,28 +10,14 @@ import argparse
 import os
 from typing import Any
 
+from dnnperf.cli.options import EXIT_FAILED, non_negative_float, positive_float, positive_int
+from dnnperf.cli.output import command_line, finish_run
 from dnnperf.distributed import DATA_PARALLEL, DEFAULT_TIMEOUT_S, SCHEDULES, STRATEGIES, DistributedSettings
 from dnnperf.errors import UsageError
 from dnnperf.paths import output_file, path_argument
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    if text.strip() in ("0", "0.0"):
-        return 0.0
-    return _positive_float(text)
-
-
-def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The distributed options of ``dnnperf profile``."""
     group = parser.add_argument_group("distributed training (see docs/distributed.md)")
     group.add_argument("--nproc", type=positive_int, help="launch this many ranks on this machine (torchrun)")
@@ -45,12 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     group.add_argument("--rank-threads", type=positive_int, help="intra-op threads per rank (1 when shared)")
     group.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         help=f"seconds without progress after which a hung run is stopped ({DEFAULT_TIMEOUT_S:g})",
     )
     group.add_argument(
         "--bucket-cap-mb",
-        type=_positive_float,
+        type=positive_float,
         help="dp bucket size in MiB (default: DDP's own: 25, the first bucket 1)",
     )
     group.add_argument(
@@ -60,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Any) -> None:
     )
     group.add_argument("--mixed-precision", choices=("bf16",), help="fsdp: all-gather and compute in bf16")
     group.add_argument("--netns", action="store_true", help="each rank in its own network namespace (root)")
-    group.add_argument("--link-mbit", type=_positive_float, help="--netns: link bandwidth in Mbit/s")
-    group.add_argument("--link-delay-ms", type=_non_negative_float, help="--netns: link delay")
+    group.add_argument("--link-mbit", type=positive_float, help="--netns: link bandwidth in Mbit/s")
+    group.add_argument("--link-delay-ms", type=non_negative_float, help="--netns: link delay")
     group.add_argument(
         "--save-params", type=path_argument, help="dp: write the trained parameters to this .npz"
     )
@@ -177,7 +164,7 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
             raise UsageError(f"--netns joins exactly 2 ranks with one veth pair; got --nproc {nproc}")
     check_gpus(settings.device, nproc)
     workload = get_workload(settings.workload)
-    sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
+    sizes = settings.batch_sizes or (workload.batch_size(settings.preset),)
     if config.strategy in DATA_PARALLEL:
         require_supervised(workload.build(settings.preset, "meta"), workload.name, config.strategy)
         for size in sizes:
@@ -198,7 +185,6 @@ def check_launch(config: DistributedSettings, settings: Any) -> None:
 def run(args: argparse.Namespace, out: Any, settings: Any, store: Any, report: bool = False) -> int:
     """Launch the ranks, or be one; print and return the exit code like ``dnnperf profile`` (``report``:
     the HTML report beside the record of a run that ended well, written where the record is)."""
-    from dnnperf.cli import EXIT_FAILED, command_line, finish_run
     from dnnperf.distributed import launch, worker
     from dnnperf.results.record import new_run_id
     from dnnperf.runner import RunFailed

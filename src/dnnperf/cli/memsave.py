@@ -1,4 +1,4 @@
-"""``dnnperf memsave WORKLOAD --budget X``: the CLI side of ``memsave.run`` (docs/memsave.md).
+"""``dnnperf memsave WORKLOAD --budget X``: the command line of ``dnnperf.memsave`` (docs/memsave.md).
 
 Plans for the budget, prints the plan, runs it and the baselines, and saves a run record of kind
 ``memsave`` (its ``memsave`` section, docs/run-record.md) with the HTML report beside it. A budget the
@@ -10,26 +10,30 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from typing import Any
 
+from dnnperf.cli.options import budget_argument, common, positive_int, preset_and_batch
+from dnnperf.cli.output import Output, command_line
 from dnnperf.errors import UsageError
 from dnnperf.paths import path_argument
 
 DEFAULT_PAIRS = 6
 
 
-def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
+def add_parsers(commands: Any) -> None:
     from dnnperf.devices import DEVICE_CHOICES
 
+    parser = commands.add_parser(
+        "memsave", help="plan offload/recompute per layer for a peak-memory budget, run it and the baselines"
+    )
     parser.add_argument("workload", help="a workload of the suite (see `dnnperf list`)")
     parser.add_argument(
         "--budget",
         required=True,
+        type=budget_argument,
         help="peak memory allowed: a size (2GiB, 500MB, 1000000) or a share of the unoptimised peak (60%%)",
     )
-    parser.add_argument("--preset", default="tiny", help="tiny, small or full (default: tiny)")
-    parser.add_argument("-b", "--batch-size", type=positive_int, help="batch size (default: the preset's)")
+    preset_and_batch(parser)
     parser.add_argument(
         "--steps",
         type=positive_int,
@@ -51,16 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str],
         "(default: auto)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    common(parser, runs=True)
+    parser.set_defaults(handler=run)
 
 
-def check_budget(text: str) -> None:
-    """Refuse a budget that is not a positive size or a share in (0, 100%] before anything runs."""
-    from dnnperf.memsave.run import parse_budget
-
-    parse_budget(text, 2**40)  # the peak is not known yet: any positive one checks the form
-
-
-def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
+def run(args: argparse.Namespace, out: Output) -> int:
     """Profile, plan, run and measure; save the record; print or emit JSON. Returns the exit code."""
     import torch
 
@@ -74,7 +73,6 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
     from dnnperf.runner import workload_section
     from dnnperf.workloads import get_workload
 
-    check_budget(args.budget)
     workload = get_workload(args.workload)
     workload.config(args.preset)  # an unknown preset is a UsageError naming the choices
     if args.offload_dir is not None and not args.offload_dir.is_dir():
@@ -82,12 +80,12 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
     device = resolve_device(args.device)
     if device.type == "cuda" and args.offload_dir is not None:
         out.warn("--offload-dir is not used on CUDA: offloaded tensors go to pinned host memory")
-    batch_size = args.batch_size or workload.default_batch_size[args.preset]
+    batch_size = workload.batch_size(args.preset, args.batch_size)
     store = RunStore(args.runs_dir)
     record = RunRecord(
         id=new_run_id(workload.name, args.preset),
         kind="memsave",
-        command=command,
+        command=command_line(),
         workload=workload_section(workload, args.preset),
         settings={
             "workload": workload.name,
@@ -98,7 +96,7 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
             "device": str(device),
             "requested_device": args.device,
             "data": "memory",
-            "budget": args.budget,
+            "budget": str(args.budget),
             "training_state": args.state,
             "offload_dir": str(args.offload_dir) if args.offload_dir is not None else None,
             "torch_threads": torch.get_num_threads(),
@@ -116,7 +114,7 @@ def run(args: argparse.Namespace, out: Any, command: list[str]) -> int:
             memsave_plan_table(
                 plan.table.to_dict("records"),
                 plan.budget,
-                args.budget,
+                str(args.budget),
                 baseline_peak,
                 plan.feasible,
                 plan.predicted_peak,
