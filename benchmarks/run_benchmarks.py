@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -152,18 +151,6 @@ OTHER_PAGES = (
 )
 
 
-def source_commit() -> str:
-    """The checkout's commit, marked when the working tree differs from it ("unknown" outside git)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit} with local changes" if dirty else commit
-
-
 def spread(samples: Samples) -> dict[str, float]:
     """Median, p10 and p90 of step seconds, in milliseconds."""
     return {"median": samples.median * 1e3, "p10": samples.p10 * 1e3, "p90": samples.p90 * 1e3}
@@ -195,7 +182,7 @@ def measure(steps: int) -> dict:
         )
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": source_commit(),
+        "commit": environment.source_commit(),
         "machine": (
             f"{machine['cpu_model']}, {machine['cores_usable']} usable cores, "
             f"{machine['memory_bytes'] / 2**30:.0f} GiB, "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,3 +84,17 @@ def software() -> dict[str, Any]:
 def describe() -> dict[str, Any]:
     """Everything a run record stores about where it ran."""
     return {"machine": machine(), "software": software()}
+
+
+def source_commit() -> str:
+    """The commit of the dnnperf checkout this code runs from, marked when its working tree differs;
+    "unknown" for an installed copy outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=here
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True, cwd=here).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit} with local changes" if dirty else commit

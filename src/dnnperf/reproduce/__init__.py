@@ -49,7 +49,8 @@ def render_markdown(reproduction: Reproduction) -> str:
     lines = [
         f"## Seed {reproduction.seed}: {reproduction.title}",
         "",
-        f"`dnnperf reproduce {reproduction.key} --size {reproduction.size}` on {reproduction.date}: "
+        f"`dnnperf reproduce {reproduction.key} --size {reproduction.size}` on {reproduction.date} at "
+        f"commit `{reproduction.commit}`: "
         f"{machine.get('cpu_model', '?')}, {machine.get('cores_usable', '?')} usable cores, "
         f"{machine.get('memory_bytes', 0) / 2**30:.0f} GiB, {gpus}; torch {software.get('torch', '?')}; "
         f"{reproduction.seconds / 60:.1f} minutes.",

@@ -54,6 +54,7 @@ class Reproduction:
     machine: dict[str, Any] = field(default_factory=dict)
     software: dict[str, Any] = field(default_factory=dict)
     date: str = ""
+    commit: str = ""
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -114,6 +115,7 @@ def finish(reproduction: Reproduction, start: float) -> Reproduction:
 
     reproduction.machine = environment.machine()
     reproduction.software = environment.software()
+    reproduction.commit = environment.source_commit()
     reproduction.date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     reproduction.seconds = time.perf_counter() - start
     return reproduction
