@@ -18,12 +18,18 @@ def register(workload: Workload) -> Workload:
 
 
 def get_workload(name: str) -> Workload:
-    """The workload called ``name``; a UsageError naming the closest matches otherwise."""
+    """The workload called ``name`` (a suite workload, or a third-party model: ``timm:NAME``,
+    ``hf:MODEL_TYPE``); a UsageError naming the closest matches otherwise."""
+    if ":" in name:  # the zoo imports its library only now, when such a name is asked for
+        from dnnperf.workloads.zoo import third_party_workload
+
+        return third_party_workload(name)
     try:
         return REGISTRY[name]
     except KeyError:
         close = difflib.get_close_matches(name, REGISTRY, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; available: {', '.join(REGISTRY)}"
+        hint += " (or a third-party model: timm:NAME, hf:MODEL_TYPE)"
         raise UsageError(f"unknown workload {name!r}{hint}") from None
 
 

@@ -1,0 +1,337 @@
+"""Third-party networks as workloads: ``timm:NAME`` (a timm image classifier) and ``hf:MODEL_TYPE`` (a
+HuggingFace transformers language model built from its configuration's defaults).
+
+Nothing is downloaded: timm models are built with ``pretrained=False`` and transformers models from
+``AutoConfig.for_model``, both with random weights. Neither library is imported until such a name is
+asked for (``pip install dnnperf[zoo]`` installs both).
+
+The presets shrink a model as the suite's own presets do:
+
+- timm (image classification: cross-entropy, the suite's SGD): ``full`` is the library's model with
+  1000 classes at its default input size; ``small`` 100 classes at about half that size; ``tiny`` 10
+  classes at about a quarter, and 2 blocks where the model's constructor takes a ``depth``. Width is the
+  library's at every preset.
+- transformers (the model's own loss: causal LM with labels = input ids, masked LM for encoders,
+  seq2seq for encoder-decoders): ``full`` is the configuration's defaults with sequences of the longest
+  power of two its positions allow (at most 1024; 512 without learned positions); ``small`` 4 layers,
+  width 256, 4 heads, a 4096-token vocabulary and 128-token sequences; ``tiny`` 2 layers, width 64,
+  4 heads, 256 tokens and 16-token sequences (feed-forward 4x the width, 2x the sequence in positions).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from dnnperf.data.formats import ImageFormat, LanguageModelFormat, TranslationFormat
+from dnnperf.errors import UsageError
+from dnnperf.workloads.base import PRESET_NAMES, Batch, SupervisedTask, Task, Workload
+from dnnperf.workloads.classification import LEARNING_RATE, classification_loss
+
+INSTALL_HINT = "pip install 'dnnperf[zoo]'"
+CLASSES = {"tiny": 10, "small": 100, "full": 1000}
+#: Per preset: the share of the model's default input size, as the suite's image presets shrink 224.
+RESOLUTION_SCALE = {"tiny": 64 / 224, "small": 128 / 224, "full": 1.0}
+#: The transformers presets: layers, width, heads, vocabulary, sequence length (``full``: the defaults).
+LANGUAGE_PRESETS = {"tiny": (2, 64, 4, 256, 16), "small": (4, 256, 4, 4096, 128)}
+#: Token ids below 3 never occur in the suite's token data (padding, BOS, EOS): 1 marks masked tokens.
+MASKED_TOKEN = 1
+MASKED_SHARE = 0.15  # BERT's
+CAUSAL, MASKED, SEQ2SEQ = "causal", "masked", "seq2seq"
+
+
+def _library(name: str, workload: str) -> Any:
+    """The library imported, or a one-line UsageError saying how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except Exception as error:  # not installed, or broken (a torchvision built for another torch)
+        missing = isinstance(error, ModuleNotFoundError) and error.name == name
+        why = "which is not installed" if missing else f"which cannot be imported ({error})"
+        raise UsageError(f"{workload} needs {name}, {why}: {INSTALL_HINT}") from None
+
+
+def _suggest(kind: str, name: str, prefix: str, choices: list[str]) -> UsageError:
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
+    return UsageError(f"unknown {kind} {name!r}{hint}")
+
+
+@cache
+def third_party_workload(name: str) -> Workload:
+    """The workload ``timm:NAME`` or ``hf:MODEL_TYPE``; a one-line UsageError for a bad name."""
+    prefix, _, model = name.partition(":")
+    if not model:
+        raise UsageError(f"workload {name!r} names no model: write timm:NAME or hf:MODEL_TYPE")
+    if prefix == "timm":
+        return _timm_workload(model)
+    if prefix == "hf":
+        return _hf_workload(model)
+    raise UsageError(f"unknown workload {name!r}: third-party models are named timm:NAME or hf:MODEL_TYPE")
+
+
+def _training_on(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model in training mode on ``device`` (a library may build it in evaluation mode)."""
+    return model.to(device).train()
+
+
+# ---------------------------------------------------------------------------------------------------
+# timm
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimmConfig:
+    """A timm model at one preset: ``timm.create_model(model, num_classes=..., **arguments)``."""
+
+    model: str
+    image_size: int
+    num_classes: int
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+def _default_input_size(timm: Any, name: str) -> int:
+    config = timm.models.get_pretrained_cfg(name)
+    size = getattr(config, "input_size", None) if config is not None else None
+    return int(size[-1]) if size else 224
+
+
+def _timm_constructor_parameters(timm: Any, name: str) -> set[str]:
+    """The keyword arguments the model's class takes (its class known by building it on ``meta``)."""
+    with torch.device("meta"):
+        probe = timm.create_model(name, pretrained=False)
+    return set(inspect.signature(type(probe)).parameters)
+
+
+def _timm_presets(timm: Any, name: str) -> dict[str, TimmConfig]:
+    default = _default_input_size(timm, name)
+    accepted = _timm_constructor_parameters(timm, name)
+    presets = {}
+    for preset in PRESET_NAMES:
+        # Multiples of 32: the stride of most backbones, so every stage keeps whole feature maps.
+        size = default if preset == "full" else max(32, 32 * round(default * RESOLUTION_SCALE[preset] / 32))
+        arguments: dict[str, Any] = {}
+        if "img_size" in accepted and preset != "full":  # models built for one input size (ViT, Swin)
+            arguments["img_size"] = size
+        if "depth" in accepted and preset == "tiny":
+            arguments["depth"] = 2
+        presets[preset] = TimmConfig(name, size, CLASSES[preset], arguments)
+    return presets
+
+
+def _timm_task(config: TimmConfig, device: torch.device) -> Task:
+    import timm
+
+    model = timm.create_model(
+        config.model, pretrained=False, num_classes=config.num_classes, **config.arguments
+    )
+    model = _training_on(model, device)
+    # The suite's image-classification recipe (workloads.classification).
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=1e-4)
+    return SupervisedTask(model, classification_loss, optimizer)
+
+
+def _timm_workload(name: str) -> Workload:
+    timm = _library("timm", f"timm:{name}")
+    if not timm.is_model(name):
+        raise _suggest("timm model", name, "timm:", timm.list_models())
+    try:
+        presets = _timm_presets(timm, name)
+    except Exception as error:  # the library's own refusal, in one line
+        raise UsageError(f"timm:{name} cannot be built: {error}") from None
+    return Workload(
+        name=f"timm:{name}",
+        domain="image classification",
+        summary=f"timm's {name} (random weights)",
+        presets=presets,
+        default_batch_size={"tiny": 8, "small": 32, "full": 64},
+        make_task=_timm_task,
+        make_data=lambda c: ImageFormat(image_size=c.image_size, num_classes=c.num_classes),
+        sample_unit="image",
+        notes=(
+            "full: the library's model, 1000 classes, its default input size; small: 100 classes at half "
+            "the size; tiny: 10 classes at a quarter, 2 blocks where the constructor takes a depth",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# transformers
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """A transformers model at one preset: ``AutoConfig.for_model(model_type, **settings)`` with the
+    head ``head`` (causal, masked or seq2seq), trained on ``seq_len``-token sequences."""
+
+    model_type: str
+    head: str
+    seq_len: int
+    vocab_size: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _head(model_type: str, config: Any) -> str:
+    from transformers.models.auto import modeling_auto
+
+    if getattr(config, "is_encoder_decoder", False):
+        if model_type in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+            return SEQ2SEQ
+    elif model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return MASKED  # an encoder (BERT-like); decoders have no masked-LM head
+    elif model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return CAUSAL
+    raise UsageError(
+        f"hf:{model_type} has no language-modelling head in transformers (causal, masked or seq2seq)"
+    )
+
+
+def _present(config: Any, names: tuple[str, ...]) -> list[str]:
+    """The names (standard ones mapped to the model's own) the configuration sets to a value."""
+    mapping = getattr(config, "attribute_map", {})
+    found = []
+    for name in names:
+        own = mapping.get(name, name)
+        if getattr(config, own, None) is not None and own not in found:
+            found.append(own)
+    return found
+
+
+def _shrunk(config: Any, layers: int, width: int, heads: int, vocab: int, seq_len: int) -> dict[str, Any]:
+    """The settings that shrink a configuration; only attributes it has are set."""
+    settings: dict[str, Any] = {}
+    groups = (
+        (layers, ("num_hidden_layers", "num_decoder_layers", "encoder_layers", "decoder_layers")),
+        (width, ("hidden_size", "d_model")),
+        (
+            heads,
+            (
+                "num_attention_heads",
+                "num_key_value_heads",
+                "encoder_attention_heads",
+                "decoder_attention_heads",
+            ),
+        ),
+        (width // heads, ("head_dim",)),
+        (
+            4 * width,
+            ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim"),
+        ),
+        (vocab, ("vocab_size",)),
+        (2 * seq_len, ("max_position_embeddings",)),  # room for models whose positions start past 0
+    )
+    for value, names in groups:
+        for name in _present(config, names):
+            settings[name] = value
+    # Special tokens past the shrunk vocabulary would index outside the embeddings.
+    for name, value in vars(config).items():
+        if name.endswith("_token_id") and isinstance(value, int) and value >= vocab:
+            settings[name] = 0
+    return settings
+
+
+def _full_seq_len(config: Any) -> int:
+    positions = next((getattr(config, n) for n in _present(config, ("max_position_embeddings",))), None)
+    if not isinstance(positions, int) or positions <= 0:
+        return 512
+    return min(1024, 1 << (positions.bit_length() - 1))
+
+
+def _hf_presets(transformers: Any, model_type: str) -> dict[str, HFConfig]:
+    default = transformers.AutoConfig.for_model(model_type)
+    head = _head(model_type, default)
+    presets = {"full": HFConfig(model_type, head, _full_seq_len(default), int(default.vocab_size))}
+    for preset, (layers, width, heads, vocab, seq_len) in LANGUAGE_PRESETS.items():
+        settings = _shrunk(default, layers, width, heads, vocab, seq_len)
+        presets[preset] = HFConfig(model_type, head, seq_len, vocab, settings)
+    return {p: presets[p] for p in PRESET_NAMES}
+
+
+def hf_model(config: HFConfig) -> nn.Module:
+    """The transformers model of a preset, as the library builds it (random weights)."""
+    import transformers
+
+    model_config = transformers.AutoConfig.for_model(config.model_type, **config.settings)
+    if getattr(model_config, "use_cache", None):
+        # A training step needs no key/value cache, and a cache filled again when a recomputed block
+        # reruns its forward would no longer match the one the forward saw (memsave).
+        model_config.use_cache = False
+    auto = {
+        CAUSAL: transformers.AutoModelForCausalLM,
+        MASKED: transformers.AutoModelForMaskedLM,
+        SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
+    }[config.head]
+    return auto.from_config(model_config)
+
+
+def _causal_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(input_ids=batch["tokens"], labels=batch["tokens"]).loss
+
+
+def _masked_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    tokens = batch["tokens"]
+    scores = torch.rand(tokens.shape, device=tokens.device)
+    # A share of the positions masked, and at least one per sequence (no empty loss).
+    masked = (scores < MASKED_SHARE) | (scores == scores.min(dim=1, keepdim=True).values)
+    inputs = torch.where(masked, torch.full_like(tokens, MASKED_TOKEN), tokens)
+    labels = torch.where(masked, tokens, torch.full_like(tokens, -100))  # -100: ignored by the loss
+    return model(input_ids=inputs, labels=labels).loss
+
+
+def _seq2seq_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # The decoder's inputs given (BOS + target): a configuration built from defaults may name no
+    # decoder start token for the model to shift the labels with.
+    return model(input_ids=batch["src"], decoder_input_ids=batch["tgt_in"], labels=batch["tgt_out"]).loss
+
+
+def _hf_task(config: HFConfig, device: torch.device) -> Task:
+    model = _training_on(hf_model(config), device)
+    if config.head == SEQ2SEQ:  # the suite's translation recipe (workloads.translation)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+        return SupervisedTask(model, _seq2seq_loss, optimizer)
+    # The suite's language-modelling recipe (workloads.language).
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    return SupervisedTask(model, _causal_loss if config.head == CAUSAL else _masked_loss, optimizer)
+
+
+def _hf_data(config: HFConfig) -> LanguageModelFormat | TranslationFormat:
+    if config.head == SEQ2SEQ:
+        return TranslationFormat(vocab_size=config.vocab_size, src_len=config.seq_len, tgt_len=config.seq_len)
+    return LanguageModelFormat(vocab_size=config.vocab_size, seq_len=config.seq_len)
+
+
+def _hf_workload(model_type: str) -> Workload:
+    transformers = _library("transformers", f"hf:{model_type}")
+    types = list(transformers.CONFIG_MAPPING.keys())
+    if model_type not in types:
+        raise _suggest("transformers model type", model_type, "hf:", types)
+    try:
+        presets = _hf_presets(transformers, model_type)
+    except UsageError:
+        raise
+    except Exception as error:  # the library's own refusal, in one line
+        raise UsageError(f"hf:{model_type} cannot be configured: {error}") from None
+    head = presets["full"].head
+    translation = head == SEQ2SEQ
+    return Workload(
+        name=f"hf:{model_type}",
+        domain="machine translation" if translation else "language modelling",
+        summary=f"transformers' {model_type} ({head} LM, configuration defaults, random weights)",
+        presets=presets,
+        default_batch_size={"tiny": 8, "small": 16, "full": 8},
+        make_task=_hf_task,
+        make_data=_hf_data,
+        sample_unit="sentence pair" if translation else "sequence",
+        notes=(
+            "full: the configuration's defaults; small: 4 layers, width 256, 4 heads, vocabulary 4096, "
+            "128 tokens; tiny: 2 layers, width 64, 4 heads, vocabulary 256, 16 tokens",
+        ),
+    )
