@@ -92,10 +92,6 @@ def settings_from(args: argparse.Namespace) -> DistributedSettings:
         raise UsageError(
             f"--save-params writes a dp replica's parameters; --strategy {strategy} splits them over ranks"
         )
-    if strategy == "fsdp" and getattr(args, "memory", False):
-        # The memory probe reads storages of plain tensors; fsdp's parameters, gradients and optimizer
-        # state are DTensors (their shards are plain tensors inside).
-        raise UsageError("--memory with --strategy fsdp: the memory profiler reads no DTensors")
     fsdp_only = [
         flag
         for flag, given in (

@@ -62,6 +62,16 @@ def storage_key(tensor: torch.Tensor) -> tuple[int, int] | None:
     return storage._cdata, storage.nbytes()
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """What of ``tensor`` this process holds: a sharded tensor's (a DTensor's, as FSDP2 makes parameters,
+    gradients and optimizer state) local shard; any other tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is None:
+        return tensor
+    with torch.no_grad():  # a view of the shard, not a node of the next backward
+        return to_local()
+
+
 def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
     """Distinct storages among ``tensors``: identity -> bytes."""
     found: dict[int, int] = {}
@@ -78,7 +88,7 @@ def optimizer_tensors(optimizers: Iterable[torch.optim.Optimizer]) -> Iterator[t
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor) and value.numel() > 1:
-                    yield value
+                    yield local(value)
 
 
 @dataclass
@@ -547,7 +557,7 @@ class MemoryTracker:
 
     def __enter__(self) -> MemoryTracker:
         before = {
-            "parameters": list(self.model.parameters()),
+            "parameters": [local(p) for p in self.model.parameters()],
             "gradients": self._grads(),
             "optimizer_state": list(optimizer_tensors(self.optimizers)),
             "input": list(
@@ -662,7 +672,7 @@ class MemoryTracker:
             self._saved_storages.append((self._now(), storage.data_ptr(), storage.nbytes(), module))
 
     def _grads(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.model.parameters() if p.grad is not None]
+        return [local(p.grad) for p in self.model.parameters() if p.grad is not None]
 
     # -- the result ----------------------------------------------------------------------------------
 
@@ -839,10 +849,10 @@ class MemoryTracker:
     def _layer_bytes(self, blocks: list[_Block]) -> dict[str, dict[str, int]]:
         layers: dict[str, dict[str, int]] = {}
         for name, module in self.model.named_modules():
-            params = list(module.parameters(recurse=False))
+            params = [(local(p), p.requires_grad) for p in module.parameters(recurse=False)]
             layers[name or ROOT_MODULE] = {
-                "parameters": sum(p.numel() * p.element_size() for p in params),
-                "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+                "parameters": sum(p.numel() * p.element_size() for p, _ in params),
+                "gradients": sum(p.numel() * p.element_size() for p, trained in params if trained),
                 "outputs": self._outputs.get(name or ROOT_MODULE, 0),
                 "saved": 0,
                 "forward_peak": 0,
