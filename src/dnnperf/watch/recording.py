@@ -53,18 +53,15 @@ def program_name(argv: list[str]) -> str:
 
 def new_record(argv: list[str], interval_s: float, command: list[str]) -> RunRecord:
     """The record of a watch that is about to start ("running", this process its writer)."""
-    from dnnperf import environment
-    from dnnperf.results.record import RunRecord, new_run_id
+    from dnnperf.results.record import RunRecord
+    from dnnperf.results.settings import WatchSettings
 
     name = program_name(argv)
-    return RunRecord(
-        id=new_run_id(name, "watch"),
-        kind="watch",
+    return RunRecord.start(
+        "watch",
+        {"name": name, "preset": "watch"},
+        WatchSettings(device="cpu", data="external", interval_s=interval_s),
         command=command,
-        workload={"name": name, "preset": "watch"},
-        settings={"device": "cpu", "data": "external", "interval_s": interval_s},
-        environment=environment.describe(),
-        pid=os.getpid(),
     )
 
 
