@@ -335,3 +335,107 @@ def test_forward_held_is_what_the_step_saves(feasible):
     assert none.forward_held == pytest.approx(expected, rel=0.01)  # the loss is a few bytes more
     # sqrt(n) keeps its segments' inputs only (offload-everything depends on the writer's lag).
     assert feasible.variant("sqrt(n)").forward_held < expected / 2
+
+
+# -- units of third-party models: the walk goes to any depth ------------------------------------------
+
+
+class Block(nn.Module):
+    """A residual block whose projection is a Sequential of unlike layers (a block, not a stack)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.proj = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(torch.relu(self.fc(x)))
+
+
+class Backbone(nn.Module):
+    def __init__(self, embed: nn.Module) -> None:
+        super().__init__()
+        self.embed = embed
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Nested(nn.Module):
+    """Blocks two levels down, inside a backbone that is no container; the embedding reached twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.model = nn.ModuleDict({"backbone": Backbone(self.embed)})
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.model["backbone"](x))
+
+
+def test_units_are_the_blocks_of_a_backbone_at_any_depth():
+    from dnnperf.memsave.policy import find_units
+
+    model = Nested()
+    names = [u.name for u in find_units(model)]
+    blocks = [f"model.backbone.layers.{i}" for i in range(3)]
+    assert names == ["embed", *blocks, "head"]  # the shared embedding once, under its first name
+    assert set(names) <= dict(model.named_modules()).keys()
+
+
+def hf_gpt2(layers: int = 4, width: int = 64, seq_len: int = 64) -> tuple[SupervisedTask, dict]:
+    """transformers' GPT-2 with ``layers`` blocks of width ``width`` (random weights), as the workload
+    ``hf:gpt2`` builds it, and a batch of 8 sequences."""
+    import dataclasses
+
+    try:
+        from dnnperf.workloads import get_workload
+
+        workload = get_workload("hf:gpt2")
+    except UsageError as error:
+        pytest.skip(str(error))
+    tiny = workload.config("tiny")
+    settings = {**tiny.settings, "n_layer": layers, "n_embd": width, "n_positions": seq_len}
+    config = dataclasses.replace(tiny, seq_len=seq_len, settings=settings)
+    torch.manual_seed(0)
+    task = workload.make_task(config, torch.device("cpu"))
+    return task, workload.make_data(config).synthesize(8, seed=0)
+
+
+def test_units_of_a_transformers_gpt2_are_its_blocks():
+    from dnnperf.memsave.policy import find_units
+
+    task, _ = hf_gpt2()
+    names = [u.name for u in find_units(task.model)]
+    blocks = [f"transformer.h.{i}" for i in range(len(task.model.transformer.h))]
+    assert len(blocks) == 4 and all(b in names for b in blocks), names
+    assert "transformer" not in names  # not the backbone as one unit
+
+
+def test_units_of_a_timm_vit_are_its_blocks():
+    from dnnperf.memsave.policy import find_units
+
+    try:
+        from dnnperf.workloads import get_workload
+
+        model = get_workload("timm:vit_tiny_patch16_224").build("tiny", "meta").model
+    except UsageError as error:
+        pytest.skip(str(error))
+    names = [u.name for u in find_units(model)]
+    blocks = [f"blocks.{i}" for i in range(len(model.blocks))]
+    assert blocks and all(b in names for b in blocks), names
+
+
+def test_half_the_peak_is_feasible_on_a_transformers_gpt2():
+    """Only the blocks as units let a plan reach half the no-saving peak: the backbone as one unit must
+    have all its saved tensors back at once in backward. Measured, not predicted."""
+    task, batch = hf_gpt2()
+    result = memsave(task, batch, torch.device("cpu"), "50%", pairs=1, min_bytes=0, training_state="keep")
+    assert result.feasible, result.reason
+    assert result.budget == int(0.5 * result.baseline_peak)
+    assert result.variant("planner").peak <= result.budget

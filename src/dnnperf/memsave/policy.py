@@ -1,15 +1,20 @@
 """What to do with each layer's saved activations: keep, offload or recompute.
 
-A *unit* is a layer the policies apply to: the model is walked from its root and containers
-(``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``, the root itself) are opened, so a unit is a
-leaf layer or a block (a ResNet bottleneck, a transformer layer). Recomputed units are grouped into
-*segments*: consecutive units of one ``nn.Sequential`` can be checkpointed together (only the
-segment's input is kept), any other unit is a segment of its own. The plan itself, a value kept in
-the run record, is ``dnnperf.results.memsave.Plan``.
+A *unit* is a layer the policies apply to: the model is walked from its root, to any depth, and
+opened are the root, containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) and any module
+that holds a stack of blocks somewhere below it (a container with two or more children of one class
+that have children of their own: HF's ``transformer.h`` and ``encoder.layer``, timm's ``stages`` and
+``blocks``), so a unit is a leaf layer or a block (a ResNet bottleneck, a transformer layer), never a
+whole backbone. A module reached twice (shared weights) is a unit once, under its first name, as
+``named_modules`` names it. Recomputed units are grouped into *segments*: consecutive units of one
+``nn.Sequential`` can be checkpointed together (only the segment's input is kept), any other unit is a
+segment of its own. The plan itself, a value kept in the run record, is
+``dnnperf.results.memsave.Plan``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,29 +38,44 @@ class Unit:
 
 
 def find_units(model: nn.Module) -> list[Unit]:
-    """The model's units: its layers and blocks, containers opened, in registration order."""
+    """The model's units: its layers and blocks, in registration order (see the module doc)."""
     units: list[Unit] = []
+    seen: set[int] = set()
 
-    def walk(module: nn.Module, name: str, is_root: bool) -> None:
-        children = list(module.named_children())
-        if children and (is_root or isinstance(module, _CONTAINERS)):
-            for index, (child_name, child) in enumerate(children):
-                full = f"{name}.{child_name}" if name else child_name
-                if not children_or_container(child):
-                    units.append(Unit(full, name if isinstance(module, nn.Sequential) else None, index))
-                else:
-                    walk(child, full, False)
-            return
-        if not is_root:
-            units.append(Unit(name, None, 0))
+    def walk(module: nn.Module, name: str) -> None:
+        for index, (child_name, child) in enumerate(module.named_children()):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            full = f"{name}.{child_name}" if name else child_name
+            if opens(child):
+                walk(child, full)
+            else:
+                units.append(Unit(full, name if isinstance(module, nn.Sequential) else None, index))
 
-    def children_or_container(module: nn.Module) -> bool:
-        return isinstance(module, _CONTAINERS) and any(True for _ in module.children())
-
-    walk(model, "", True)
+    walk(model, "")
     if not units:  # a model without children: the whole model is the one unit
         units.append(Unit("", None, 0))
     return units
+
+
+def opens(module: nn.Module) -> bool:
+    """Whether the walk goes inside a module below the root: a container with children, or a module
+    holding a stack of blocks somewhere below it."""
+    if isinstance(module, _CONTAINERS):
+        return any(True for _ in module.children())
+    return holds_blocks(module)
+
+
+def holds_blocks(module: nn.Module) -> bool:
+    """Whether a container below ``module`` holds repeated blocks: two or more children of one class
+    that have children of their own (transformer layers, residual blocks, a network's stages)."""
+    for inner in module.modules():
+        if isinstance(inner, _CONTAINERS):
+            classes = Counter(type(c) for c in inner.children() if any(True for _ in c.children()))
+            if any(count > 1 for count in classes.values()):
+                return True
+    return False
 
 
 def segments_of(
