@@ -39,6 +39,7 @@ _EXPORTS = {
     "get_workload": "dnnperf.workloads",
     "load_profile": "dnnperf.hardware",
     "mark_step": "dnnperf.watch.marks",
+    "predict": "dnnperf.perfmodel.user",
     "read_record": "dnnperf.results",
 }
 
@@ -64,12 +65,14 @@ __all__ = [
     "get_workload",
     "load_profile",
     "mark_step",
+    "predict",
     "read_record",
 ]
 
 if TYPE_CHECKING:
     from dnnperf.calibration import calibrate
     from dnnperf.hardware import HardwareProfile, load_profile
+    from dnnperf.perfmodel.user import predict
     from dnnperf.probes.layers import LayerProfiler
     from dnnperf.probes.memory_loop import MemoryProfiler
     from dnnperf.probes.stages import StageProfiler

@@ -600,6 +600,24 @@ def capture(
     )
 
 
+@dataclass(frozen=True)
+class ScalableGraph:
+    """A model described at two batch sizes: its step at any batch size by affine interpolation
+    (:meth:`StepGraph.at_batch`), the description itself at the batch it was made at."""
+
+    graph: StepGraph
+    other: StepGraph
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    def at(self, batch_size: int) -> StepGraph:
+        if batch_size == self.graph.batch_size:
+            return self.graph
+        return self.graph.at_batch(self.other, batch_size)
+
+
 def describe_model(
     model: nn.Module,
     batch: Mapping[str, torch.Tensor] | torch.Tensor,

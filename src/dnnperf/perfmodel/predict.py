@@ -28,7 +28,7 @@ from dnnperf.perfmodel.compute import (
     op_times,
     step_time,
 )
-from dnnperf.perfmodel.graph import StepGraph, workload_graph
+from dnnperf.perfmodel.graph import ScalableGraph, StepGraph, workload_graph
 from dnnperf.perfmodel.kernels import split_kernels
 from dnnperf.perfmodel.machine import AXES, Machine
 
@@ -87,13 +87,15 @@ def _pipeline_starts(graph: StepGraph, names: list[str], seconds: np.ndarray, st
 
 
 def _graph_for(
-    source: str | StepGraph,
+    source: str | StepGraph | ScalableGraph,
     preset: str,
     batch: int,
     exact: bool,
     count_faults: bool = False,
     device: str = "cpu",
 ) -> StepGraph:
+    if isinstance(source, ScalableGraph):
+        return source.at(batch)
     if isinstance(source, StepGraph):
         if batch != source.batch_size:
             raise UsageError(
@@ -242,7 +244,7 @@ def link_for(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = Fa
 
 
 def predict(
-    source: str | StepGraph,
+    source: str | StepGraph | ScalableGraph,
     machine: Machine,
     batch_size: int,
     strategy: str = "single",
@@ -254,8 +256,9 @@ def predict(
     options: ComputeOptions = DEFAULT_OPTIONS,
     exact: bool = True,
 ) -> Prediction:
-    """Predict one step of ``source`` (a suite workload's name, or a :class:`StepGraph` from
-    ``describe_model``) on ``machine`` (all its devices for dp/pp/tp, one for single)."""
+    """Predict one step of ``source`` (a suite workload's name, a :class:`StepGraph` from
+    ``describe_model`` or a :class:`ScalableGraph` of two) on ``machine`` (all its devices for
+    dp/pp/tp, one for single)."""
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     if schedule not in SCHEDULES:
@@ -266,7 +269,7 @@ def predict(
     devices = 1 if strategy == "single" else machine.devices
     faults = machine.page_fault_s > 0 and options.faults  # count them only where they are charged
     described_on = machine.stream_device or "cpu"  # this host's GPU runs its own operators
-    name = source.name if isinstance(source, StepGraph) else source
+    name = source if isinstance(source, str) else source.name
     common = dict(
         workload=name,
         machine=machine.name,
@@ -289,11 +292,19 @@ def predict(
         if machine.asynchronous:  # host and device overlap (compute.step_time); the copy is "other"
             step = step_time(graph, machine, options)
             compute = step.forward_s + step.backward_s + step.update_s
-        exposed, detail, memory = 0.0, {}, None
+        exposed, memory = 0.0, None
+        if machine.asynchronous:
+            phases = {"forward": step.forward_s, "backward": step.backward_s, "update": step.update_s}
+        else:
+            by_phase = times.groupby("phase")["seconds"].sum()
+            phases = {phase: float(by_phase.get(phase, 0.0)) for phase in ("forward", "backward", "update")}
+        # The device's own step by phase, before any strategy's additions (DDP's passes, sharding).
+        detail: dict[str, Any] = {"phases_s": phases}
         if strategy == "fsdp" and devices > 1:
-            compute, exposed, detail, memory = _fully_sharded(
+            compute, exposed, sharded, memory = _fully_sharded(
                 graph, times, machine, devices, compute, _units(source, preset)
             )
+            detail.update(sharded)
         elif devices > 1:
             link = link_for(machine, devices)
             ready, sizes, backward_s = strategies.gradient_buckets(times, graph.module_param_bytes)
@@ -310,7 +321,7 @@ def predict(
             else:
                 costs = [collectives.allreduce(n, devices, link, algorithm) for n in sizes]
             exposed = strategies.bucket_overlap(ready, costs, backward_s)
-            detail = {"buckets": len(sizes), "allreduce_s": sum(costs), "backward_s": backward_s}
+            detail.update(buckets=len(sizes), allreduce_s=sum(costs), backward_s=backward_s)
             # DDP's copies into and out of its buckets and its averaging (priced by their bytes), and
             # its hooks' and reducer's host work (calibrated per step and per parameter tensor).
             tensors = graph.param_tensors or len(graph.module_param_bytes)  # older descriptions
@@ -552,10 +563,10 @@ def tp_collectives(
     )
 
 
-def _units(source: str | StepGraph, preset: str) -> list[str]:
+def _units(source: str | StepGraph | ScalableGraph, preset: str) -> list[str]:
     """The units fsdp shards a suite workload by (``distributed.sharded.shard_units``); none for a
     described model (every parameter is then the root's: one all-gather of everything)."""
-    if isinstance(source, StepGraph):
+    if not isinstance(source, str):
         return []
     from dnnperf.distributed.sharded import shard_units
     from dnnperf.workloads import get_workload

@@ -1,0 +1,69 @@
+"""``dnnperf.predict``: the performance model's answer for a user's own model, in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from dnnperf.errors import UsageError
+from dnnperf.perfmodel.graph import ScalableGraph, describe_model
+from dnnperf.perfmodel.machine import Machine, preset
+from dnnperf.perfmodel.predict import Prediction
+from dnnperf.perfmodel.predict import predict as predict_graph
+
+
+def predict(
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor] | torch.Tensor,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    machine: str | Machine | None = None,
+    batch_size: int | None = None,
+    strategy: str = "single",
+) -> Prediction:
+    """Predict one training step of ``model`` on ``batch`` (its first dimension is the batch): step time
+    (``.step_s``, with ``.compute_s``, ``.communication_s``, ``.bubble_s``, ``.other_s`` and, per phase,
+    ``.detail["phases_s"]``) and the peak memory per device (``.memory_bytes``, its parts in
+    ``.memory``).
+
+    ``machine``: a preset's name (``dnnperf.perfmodel.machine.PRESETS``), a :class:`Machine`, or None for
+    this host's device the batch is on, as ``dnnperf hw`` calibrated it. ``batch_size``: the batch to
+    predict at (default: the example batch's; dp: the global batch), from a second description at half
+    the example batch (FLOPs, bytes and activations are affine in the batch). Loss and optimizer as in
+    :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back."""
+    first = batch if isinstance(batch, torch.Tensor) else next(iter(batch.values()), None)
+    if not isinstance(first, torch.Tensor) or first.dim() == 0:
+        raise UsageError("the example batch must be a tensor (or a dict of tensors) with a batch dimension")
+    resolved = resolve_machine(machine, first.device)
+    example = len(first)
+    graph = describe_model(model, batch, loss_fn=loss_fn, optimizer=optimizer)
+    if batch_size is None:
+        return predict_graph(graph, resolved, example, strategy)
+    if example < 2:
+        raise UsageError("predicting at another batch size needs an example batch of at least 2")
+    # FLOPs, bytes and activations are affine in the batch: a second description at half the example
+    # batch gives the step at any batch size.
+    half = describe_model(model, _first_rows(batch, example // 2), loss_fn=loss_fn, optimizer=optimizer)
+    return predict_graph(ScalableGraph(graph, half), resolved, batch_size, strategy)
+
+
+def _first_rows(batch: Mapping[str, torch.Tensor] | torch.Tensor, rows: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:rows]
+    return {key: value[:rows] for key, value in batch.items()}
+
+
+def resolve_machine(machine: str | Machine | None, device: torch.device) -> Machine:
+    """A preset by name, a Machine as given, or (None) ``device`` as this host's profile calibrated it."""
+    if isinstance(machine, Machine):
+        return machine
+    if isinstance(machine, str):
+        return preset(machine)
+    if machine is None:
+        from dnnperf.perfmodel.validate import calibrated_machine  # runs the model's calibrations
+
+        return calibrated_machine(device.type)
+    raise UsageError(f"machine must be a preset's name, a Machine or None, got {type(machine).__name__}")
