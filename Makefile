@@ -14,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,frameworks]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,frameworks,zoo]"
 	touch $@
 
 # The most complete profile dnnperf makes of its default workload: the machine calibrated once (reused

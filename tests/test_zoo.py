@@ -135,14 +135,17 @@ def test_a_misspelt_timm_name_gets_the_closest_matches():
         get_workload("timm:resnt18")
 
 
-@pytest.mark.parametrize(("name", "module"), [("timm:resnet34", "timm"), ("hf:gpt_neo", "transformers")])
-def test_a_missing_library_is_one_line_saying_how_to_install_it(monkeypatch, name, module):
+@pytest.mark.parametrize(
+    ("name", "module", "extra"),
+    [("timm:resnet34", "timm", "timm"), ("hf:gpt_neo", "transformers", "zoo")],
+)
+def test_a_missing_library_is_one_line_saying_how_to_install_it(monkeypatch, name, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if the package were not installed
     with pytest.raises(UsageError) as refused:
         get_workload(name)
     message = str(refused.value)
     assert "\n" not in message
-    assert f"needs {module}" in message and "pip install 'dnnperf[zoo]'" in message
+    assert f"needs {module}" in message and f"pip install 'dnnperf[{extra}]'" in message
 
 
 def test_the_suite_imports_neither_library():

@@ -34,7 +34,8 @@ from dnnperf.errors import UsageError
 from dnnperf.workloads.base import PRESET_NAMES, Batch, SupervisedTask, Task, Workload
 from dnnperf.workloads.classification import LEARNING_RATE, classification_loss
 
-INSTALL_HINT = "pip install 'dnnperf[zoo]'"
+#: The extra that installs each library (timm also needs a torchvision built for the installed torch).
+INSTALL_HINTS = {"timm": "pip install 'dnnperf[timm]'", "transformers": "pip install 'dnnperf[zoo]'"}
 CLASSES = {"tiny": 10, "small": 100, "full": 1000}
 #: Per preset: the share of the model's default input size, as the suite's image presets shrink 224.
 RESOLUTION_SCALE = {"tiny": 64 / 224, "small": 128 / 224, "full": 1.0}
@@ -55,7 +56,7 @@ def _library(name: str, workload: str) -> Any:
     except Exception as error:  # not installed, or broken (a torchvision built for another torch)
         missing = isinstance(error, ModuleNotFoundError) and error.name == name
         why = "which is not installed" if missing else f"which cannot be imported ({error})"
-        raise UsageError(f"{workload} needs {name}, {why}: {INSTALL_HINT}") from None
+        raise UsageError(f"{workload} needs {name}, {why}: {INSTALL_HINTS[name]}") from None
 
 
 def _suggest(kind: str, name: str, prefix: str, choices: list[str]) -> UsageError:
