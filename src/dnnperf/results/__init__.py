@@ -1,7 +1,7 @@
 """Run records and the store that keeps them.
 
-The names are imported on first use (PEP 562): a leaf module such as ``dnnperf.results.watch`` imports
-without the record's sections (and torch, which some of them import).
+The values here import no torch. The names are imported on first use (PEP 562): a leaf module such as
+``dnnperf.results.watch`` imports without the record and its other sections.
 """
 
 from __future__ import annotations
