@@ -61,7 +61,7 @@ FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 MEMORY = Maybe(
     {
         "device": TEXT,
-        "peak": {"*": NUMBER},  # "unattributed" may be negative; probes.memory checks the rest
+        "peak": {"*": NUMBER},  # "unattributed" may be negative; results.memory checks the rest
         "category_max": {"*": AMOUNT},
         "tracked_peak": nullable(AMOUNT),
         "measured_peak": nullable(AMOUNT),
