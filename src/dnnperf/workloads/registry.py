@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 
 from dnnperf.errors import UsageError
 from dnnperf.workloads.base import Workload
 
 REGISTRY: dict[str, Workload] = {}
+#: Where names with a ``:`` go: the resolver of third-party models (``workloads.zoo``), registered on import.
+_third_party: list[Callable[[str], Workload]] = []
 
 
 def register(workload: Workload) -> Workload:
@@ -17,13 +20,16 @@ def register(workload: Workload) -> Workload:
     return workload
 
 
+def register_third_party(resolve: Callable[[str], Workload]) -> None:
+    """Send every name with a ``:`` (``timm:NAME``, ``hf:MODEL_TYPE``) to ``resolve``."""
+    _third_party[:] = [resolve]
+
+
 def get_workload(name: str) -> Workload:
     """The workload called ``name`` (a suite workload, or a third-party model: ``timm:NAME``,
     ``hf:MODEL_TYPE``); a UsageError naming the closest matches otherwise."""
-    if ":" in name:  # the zoo imports its library only now, when such a name is asked for
-        from dnnperf.workloads.zoo import third_party_workload
-
-        return third_party_workload(name)
+    if ":" in name and _third_party:  # the zoo imports its library only now, when such a name is asked for
+        return _third_party[0](name)
     try:
         return REGISTRY[name]
     except KeyError:

@@ -33,6 +33,7 @@ from dnnperf.data.formats import ImageFormat, LanguageModelFormat, TranslationFo
 from dnnperf.errors import UsageError
 from dnnperf.workloads.base import PRESET_NAMES, Batch, SupervisedTask, Task, Workload
 from dnnperf.workloads.classification import LEARNING_RATE, classification_loss
+from dnnperf.workloads.registry import register_third_party
 
 #: The extra that installs each library (timm also needs a torchvision built for the installed torch).
 INSTALL_HINTS = {"timm": "pip install 'dnnperf[timm]'", "transformers": "pip install 'dnnperf[zoo]'"}
@@ -336,3 +337,6 @@ def _hf_workload(model_type: str) -> Workload:
             "128 tokens; tiny: 2 layers, width 64, 4 heads, vocabulary 256, 16 tokens",
         ),
     )
+
+
+register_third_party(third_party_workload)
