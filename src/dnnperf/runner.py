@@ -165,7 +165,7 @@ def bench(
     fmt = workload.data(settings.preset)
     if settings.data == "disk" and not fmt.storable:
         raise UsageError(f"{workload.name}: {fmt.why_not_storable}; --data disk does not apply")
-    batch_sizes = settings.batch_sizes or (workload.default_batch_size[settings.preset],)
+    batch_sizes = settings.batch_sizes or (workload.batch_size(settings.preset),)
     if settings.data == "disk":  # written, checked, rebuilt or refused before there is a record
         for batch_size in batch_sizes:
             samples = dataset_size(batch_size, DISK_SAMPLES.get(settings.preset, 64))

@@ -135,7 +135,7 @@ def bench_framework(
     )
     settings.validate()
     suite = get_workload(workload)
-    sizes = list(settings.batch_sizes or (suite.default_batch_size[preset],))
+    sizes = list(settings.batch_sizes or (suite.batch_size(preset),))
     keras = framework in KERAS_FRAMEWORKS
     # Keras trains on the CPU here; a torch child reports its device and threads when it ends.
     common = settings.record_settings(sizes, "cpu" if keras else device, None)
