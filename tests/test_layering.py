@@ -177,7 +177,6 @@ def broken_contracts(config: Path, cwd: Path, pythonpath: Path | None = None) ->
     return broken, report
 
 
-@pytest.mark.xfail(strict=False, reason="layering in progress")
 def test_the_import_contracts_hold() -> None:
     broken, report = broken_contracts(ROOT / "pyproject.toml", ROOT)
     assert not broken, f"broken import contracts: {', '.join(broken)}\n{report}"
