@@ -198,3 +198,23 @@ def test_a_new_run_id_has_nothing_a_shell_or_a_file_name_trips_on() -> None:
 
     run_id = new_run_id("gpt2 dp+gpt2 pp/x", "tiny")
     assert re.fullmatch(r"\d{8}-\d{6}-gpt2-dp\+gpt2-pp-x-tiny-[0-9a-f]{6}", run_id), run_id
+
+
+def test_a_started_record_stores_the_documented_settings():
+    """The truth: the settings block docs/run-record.md documents for a profile run."""
+    from dnnperf.results.settings import BenchRunSettings
+
+    settings = BenchRunSettings(
+        workload="resnet18", preset="tiny", batch_sizes=[8], steps=20, warmup=5, device="cpu",
+        data="memory", workers=None, seed=0, data_dir=None, stages=True, layers=False, memory=False,
+        requested_device="auto", torch_threads=2,
+    )  # fmt: skip
+    record = RunRecord.start("profile", {"name": "resnet18", "preset": "tiny"}, settings)
+    documented = {
+        "workload": "resnet18", "preset": "tiny", "batch_sizes": [8], "steps": 20, "warmup": 5,
+        "device": "cpu", "requested_device": "auto", "data": "memory", "workers": None, "seed": 0,
+        "data_dir": None, "stages": True, "layers": False, "memory": False, "torch_threads": 2,
+    }  # fmt: skip
+    assert record.to_dict()["settings"] == documented
+    assert record.pid == os.getpid() and record.status == "running" and "-resnet18-tiny-" in record.id
+    assert RunRecord.from_dict(json.loads(json.dumps(record.to_dict()))).settings == documented
