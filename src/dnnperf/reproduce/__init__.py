@@ -38,8 +38,18 @@ def paper(name: str) -> ModuleType:
     raise UsageError(f"unknown paper {name!r}: choose one of {known}, or all")
 
 
+def _escape(text: str) -> str:
+    """A table cell's text with its pipes escaped: a bare ``|`` would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def _markdown_table(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".3g") if not frame.empty else "(no rows)"
+    if frame.empty:
+        return "(no rows)"
+    # Text cells and headings escaped; numbers stay numbers, for their format and alignment.
+    escaped = frame.map(lambda v: _escape(v) if isinstance(v, str) else v)
+    escaped.columns = [_escape(str(c)) for c in frame.columns]
+    return escaped.to_markdown(index=False, floatfmt=".3g")
 
 
 def render_markdown(reproduction: Reproduction) -> str:
@@ -61,7 +71,7 @@ def render_markdown(reproduction: Reproduction) -> str:
     for claim in reproduction.claims:
         commands = "<br>".join(f"`{c}`" for c in claim.commands) or "-"
         cells = [claim.claim, claim.measured, f"**{claim.verdict}**", claim.why, commands]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
     for note in reproduction.notes:
         lines += ["", note]
     for title, frame in reproduction.tables:
