@@ -9,7 +9,6 @@ saved, and the exit code is 0. A budget that is not a size or a share in (0, 100
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from dnnperf.cli.options import budget_argument, common, positive_int, preset_and_batch
@@ -63,12 +62,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     """Profile, plan, run and measure; save the record; print or emit JSON. Returns the exit code."""
     import torch
 
-    from dnnperf import environment
     from dnnperf.devices import resolve_device, to_device
     from dnnperf.memsave.planner import PlanResult
     from dnnperf.memsave.run import memsave
     from dnnperf.report.terminal import memsave_plan_table, memsave_variants_table
-    from dnnperf.results.record import Point, RunRecord, new_run_id, utc_now
+    from dnnperf.results.record import Point, RunRecord, utc_now
+    from dnnperf.results.settings import MemsaveSettings
     from dnnperf.results.store import RunStore
     from dnnperf.runner import workload_section
     from dnnperf.workloads import get_workload
@@ -82,27 +81,22 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.warn("--offload-dir is not used on CUDA: offloaded tensors go to pinned host memory")
     batch_size = workload.batch_size(args.preset, args.batch_size)
     store = RunStore(args.runs_dir)
-    record = RunRecord(
-        id=new_run_id(workload.name, args.preset),
-        kind="memsave",
-        command=command_line(),
-        workload=workload_section(workload, args.preset),
-        settings={
-            "workload": workload.name,
-            "preset": args.preset,
-            "batch_sizes": [batch_size],
-            "steps": args.steps,
-            "warmup": 2,
-            "device": str(device),
-            "requested_device": args.device,
-            "data": "memory",
-            "budget": str(args.budget),
-            "training_state": args.state,
-            "offload_dir": str(args.offload_dir) if args.offload_dir is not None else None,
-            "torch_threads": torch.get_num_threads(),
-        },
-        environment=environment.describe(),
-        pid=os.getpid(),
+    settings = MemsaveSettings(
+        workload=workload.name,
+        preset=args.preset,
+        batch_sizes=[batch_size],
+        steps=args.steps,
+        warmup=2,
+        device=str(device),
+        requested_device=args.device,
+        data="memory",
+        budget=str(args.budget),
+        training_state=args.state,
+        offload_dir=str(args.offload_dir) if args.offload_dir is not None else None,
+        torch_threads=torch.get_num_threads(),
+    )
+    record = RunRecord.start(
+        "memsave", workload_section(workload, args.preset), settings, command=command_line()
     )
     point = Point(batch_size=batch_size)
     record.points.append(point)

@@ -239,10 +239,10 @@ def save_sweep(
 ) -> tuple[Path, Path | None]:
     """The sweep as a record of kind ``predict`` (its ``prediction`` section) and, unless
     ``--no-report``, its HTML report beside it."""
-    from dnnperf import environment
     from dnnperf.report.html import default_path, write_report
     from dnnperf.results.prediction import SweepResult
-    from dnnperf.results.record import RunRecord, json_safe, new_run_id, utc_now
+    from dnnperf.results.record import RunRecord, json_safe, utc_now
+    from dnnperf.results.settings import PredictSettings
     from dnnperf.results.store import RunStore
     from dnnperf.runner import workload_section
 
@@ -255,25 +255,20 @@ def save_sweep(
         strategies=list(strategies),
         rows=json_safe(frame.astype(object).where(frame.notna(), None).to_dict(orient="records")),
     )
-    record = RunRecord(
-        id=new_run_id(workload.name, args.preset),
-        kind="predict",
-        command=["dnnperf", *args.argv],
-        workload=workload_section(workload, args.preset),
-        settings={
-            "workload": workload.name,
-            "preset": args.preset,
-            "batch_sizes": [batch],
-            "device": f"predicted: {machine}",
-            "data": "none",
-            "machine": args.machine,
-            "strategies": list(strategies),
-            "sweep": list(args.sweep),
-        },
-        environment=environment.describe(),
-        status="complete",
-        prediction=result,
+    settings = PredictSettings(
+        workload=workload.name,
+        preset=args.preset,
+        batch_sizes=[batch],
+        device=f"predicted: {machine}",
+        data="none",
+        machine=args.machine,
+        strategies=list(strategies),
+        sweep=list(args.sweep),
     )
+    record = RunRecord.start(
+        "predict", workload_section(workload, args.preset), settings, command=["dnnperf", *args.argv]
+    )
+    record.status, record.prediction = "complete", result
     record.finished = utc_now()
     store = RunStore(args.runs_dir)
     path = store.save(record)
@@ -463,34 +458,31 @@ def run_validate(args: argparse.Namespace, out: Output) -> int:
 
 def _save_validation(args: argparse.Namespace, result: Any) -> tuple[Path, Path | None]:
     """The validation as a record of kind ``validate`` and, unless ``--no-report``, its HTML report."""
-    import os
 
-    from dnnperf import environment
     from dnnperf.report.html import default_path, write_report
-    from dnnperf.results.record import RunRecord, new_run_id, utc_now
+    from dnnperf.results.record import RunRecord, utc_now
+    from dnnperf.results.settings import ValidateSettings
     from dnnperf.results.store import RunStore
 
     names = sorted({r["workload"] for r in [*result.runs, *result.memory]}) or ["collectives"]
-    record = RunRecord(
-        id=new_run_id("+".join(names)[:40], args.preset),
-        kind="validate",
-        command=["dnnperf", *args.argv],
-        workload={"name": ", ".join(names), "preset": args.preset},
-        settings={
-            "device": args.device,
-            "data": "memory",
-            "batch_sizes": sorted({r["batch"] for r in [*result.runs, *result.memory]}),
-            "steps": args.steps,
-            "distributed": args.distributed,
-            "memory": args.memory,
-            "collectives": args.collectives,
-            "hw": str(args.hw) if args.hw else None,
-        },
-        environment=environment.describe(),
-        status="complete",
-        pid=os.getpid(),
-        validation=result,
+    settings = ValidateSettings(
+        device=args.device,
+        data="memory",
+        batch_sizes=sorted({r["batch"] for r in [*result.runs, *result.memory]}),
+        steps=args.steps,
+        distributed=args.distributed,
+        memory=args.memory,
+        collectives=args.collectives,
+        hw=str(args.hw) if args.hw else None,
     )
+    record = RunRecord.start(
+        "validate",
+        {"name": ", ".join(names), "preset": args.preset},
+        settings,
+        command=["dnnperf", *args.argv],
+        name="+".join(names)[:40],
+    )
+    record.status, record.validation = "complete", result
     record.finished = utc_now()
     path = RunStore(args.runs_dir).save(record)
     report = None if args.no_report else write_report(record, default_path(path))
