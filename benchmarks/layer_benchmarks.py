@@ -55,7 +55,7 @@ def layer_overhead(name: str, pairs: int) -> dict:
     workload = get_workload(name)
     torch.manual_seed(0)
     task = workload.build("small", device)
-    source = MemorySource(workload.data("small"), workload.default_batch_size["small"])
+    source = MemorySource(workload.data("small"), workload.batch_size("small"))
     plain_clock, timed_clock = StageClock(device), StageClock(device)
     timer = LayerTimer(task.model, device)
     plain: list = []

@@ -111,7 +111,7 @@ def memory_overhead(name: str, rounds: int) -> dict[str, Samples]:
     workload = get_workload(name)
     torch.manual_seed(0)
     task = workload.build("small", device)
-    source = MemorySource(workload.data("small"), workload.default_batch_size["small"])
+    source = MemorySource(workload.data("small"), workload.batch_size("small"))
     clock = WallClock(device)
     for _ in range(3):
         timed_step(task, source, device, clock)

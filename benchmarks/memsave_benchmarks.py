@@ -47,7 +47,7 @@ def main() -> None:
         workload = get_workload(name)
         torch.manual_seed(0)
         task = workload.build(preset)
-        size = batch_size or workload.default_batch_size[preset]
+        size = workload.batch_size(preset, batch_size)
         batch = workload.data(preset).synthesize(size, seed=1)
         if budget == "sqrt":
             budget = str(sqrt_peak)

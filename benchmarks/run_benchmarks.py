@@ -64,7 +64,7 @@ def runner_overhead(name: str, rounds: int, steps: int) -> tuple[Samples, Sample
         store = RunStore(runs)
         torch.manual_seed(0)
         task = workload.build("tiny", device)
-        size = workload.default_batch_size["tiny"]
+        size = workload.batch_size("tiny")
         batches = [workload.data("tiny").synthesize(size, seed=s) for s in range(2)]
         bare_loop_time(task, batches, 5, device)  # warm-up
         for _ in range(rounds):
@@ -86,7 +86,7 @@ def stage_overhead(name: str, pairs: int) -> tuple[Samples, Samples]:
     workload = get_workload(name)
     torch.manual_seed(0)
     task = workload.build("tiny", device)
-    source = MemorySource(workload.data("tiny"), workload.default_batch_size["tiny"])
+    source = MemorySource(workload.data("tiny"), workload.batch_size("tiny"))
     clocks = {"plain": WallClock(device), "stages": StageClock(device)}
     for _ in range(5):  # warm-up
         timed_step(task, source, device, clocks["stages"])
