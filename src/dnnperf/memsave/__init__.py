@@ -1,6 +1,7 @@
 """Memory saving: keep, offload or recompute each layer's saved activations, and the training state off the
 device (docs/memsave.md)."""
 
+from dnnperf.memsave.budget import Budget
 from dnnperf.memsave.policy import Unit, find_units, plan_of
 from dnnperf.memsave.saver import MemorySaver
 from dnnperf.memsave.state import StateSaver
@@ -12,6 +13,7 @@ __all__ = [
     "OFFLOAD",
     "POLICIES",
     "RECOMPUTE",
+    "Budget",
     "MemorySaver",
     "Plan",
     "StateSaver",
