@@ -277,6 +277,7 @@ def main() -> None:
         machine = environment.describe()["machine"]
         run = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "steps": args.steps}
         run |= {"cpu": machine["cpu_model"], "cores": machine["cores_usable"], "torch": torch.__version__}
+        run["commit"] = environment.source_commit()
         run["load_before"] = os.getloadavg()[0]
         run["link_mbit"] = args.link_mbit
         run["compute_cpu"] = args.compute_cpu
@@ -347,7 +348,8 @@ def main() -> None:
     lines = [
         "# Distributed benchmarks",
         "",
-        f"Run {run['date']} on {run['cpu']} ({run['cores']} usable cores), torch {run['torch']}, 2 ranks, "
+        f"Run {run['date']} at commit `{run.get('commit', 'unknown')}` on {run['cpu']} "
+        f"({run['cores']} usable cores), torch {run['torch']}, 2 ranks, "
         "gloo, 1 thread per rank, "
         + (
             f"each rank in its own network namespace, the veth link between them shaped to "
