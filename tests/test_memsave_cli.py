@@ -25,8 +25,9 @@ from dnnperf.workloads import get_workload
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
 #: basic_cnn tiny (batch 8) peaks near 0.5 MB, almost all of it parameters, optimizer state, input
-#: and workspace: 600 kB is feasible (nothing to change), half the peak is not.
-FEASIBLE = "600kB"
+#: and workspace: 95% of that peak is below it (the plan must change something) and within reach (the
+#: planner's floor is near 88%), half the peak is not.
+FEASIBLE = "95%"
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +44,15 @@ def feasible(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_json_fields_and_measured_peak_within_a_feasible_budget(feasible):
     m = feasible["memsave"]
-    assert m["budget"] == 600 * 1000 and m["budget_text"] == FEASIBLE
-    assert m["feasible"] is True and m["reason"] == ""
     names = [v["name"] for v in m["variants"]]
     assert names == ["none", "offload-all", "sqrt(n)", "offload-state", "offload-all+state", "planner"]
-    planned = m["variants"][-1]
-    assert planned["peak"] <= m["budget"]  # measured by the allocator, not predicted
+    none, planned = m["variants"][0], m["variants"][-1]
+    # The budget is below the no-saving peak measured in this run: a plan that saved nothing misses it.
+    assert none["peak"] == m["baseline_peak"]
+    assert m["budget"] == int(0.95 * none["peak"]) and m["budget_text"] == FEASIBLE
+    assert m["feasible"] is True and m["reason"] == ""
+    # Both peaks measured by the allocator in the same run, not predicted.
+    assert planned["peak"] <= m["budget"] < none["peak"]
     assert feasible["within_budget"] is True
     assert planned["predicted_peak"] is not None and planned["predicted_overhead"] is not None
     for v in m["variants"]:
