@@ -121,6 +121,7 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
         from dnnperf.report.terminal import suite_table
 
         out.print(suite_table(rows, presets))
+        out.print("Third-party networks: hf:MODEL_TYPE (transformers) and timm:NAME (docs/workloads.md).")
     return 0
 
 
