@@ -45,21 +45,28 @@ def conv_task() -> tuple[SupervisedTask, dict]:
 
 @pytest.fixture(scope="module")
 def feasible() -> MemsaveResult:
-    task, batch = conv_task()
-    # Every measured variant of this model peaks near 96% (a convolution's backward workspace, which
-    # the calibrated model respects): 99% needs a change and is within reach.
-    return memsave(task, batch, torch.device("cpu"), "99%", pairs=1, min_bytes=0)
+    """Half the no-saving peak of the MLP below, the training state kept: the planner's own plan
+    (offloading some of the saved activations), not a measured baseline."""
+    task, batch = mlp_task()
+    return memsave(task, batch, torch.device("cpu"), "50%", pairs=1, min_bytes=0, training_state="keep")
 
 
 def test_feasible_budget_holds_when_measured(feasible):
     assert feasible.feasible, feasible.reason
-    planned = feasible.variant("planner")
-    assert feasible.budget == int(0.99 * feasible.baseline_peak)
-    assert planned.predicted_peak <= feasible.budget
-    assert planned.peak <= feasible.budget  # measured by the allocator, not predicted
+    assert feasible.reason == ""  # the memory model's plan, not a measured baseline chosen instead
+    none, planned = feasible.variant("none"), feasible.variant("planner")
+    assert none.peak == feasible.baseline_peak
+    assert feasible.budget == int(0.5 * none.peak)
     assert feasible.plan.policies  # something had to change
+    # The prediction fits the budget, and the allocator's measured peak is the predicted one: the model
+    # counts the one write the disk store lets be in flight as still held, so the step holds at most
+    # that (1% for the loss and the allocator's rounding), and at least that less one unit's saved
+    # activation (the write done early), 2048 x 64 float32 values.
+    assert planned.predicted_peak <= feasible.budget
+    assert planned.predicted_peak - 2048 * 64 * 4 <= planned.peak <= 1.01 * planned.predicted_peak
+    assert planned.peak <= feasible.budget < none.peak
     names = {v.name for v in feasible.variants}
-    assert names == {"none", "offload-all", "sqrt(n)", "offload-state", "offload-all+state", "planner"}
+    assert names == {"none", "offload-all", "sqrt(n)", "planner"}  # keep: no training-state variants
     assert feasible.variant("offload-all").bytes_written > 0
 
 
@@ -324,7 +331,7 @@ def test_profiled_savers_match_the_model(tmp_path):
 def test_forward_held_is_what_the_step_saves(feasible):
     """The measured bytes forward leaves for backward (from the allocator's timeline) against the
     storages a saved-tensor hook sees saved (each once, the input batch left out)."""
-    task, batch = conv_task()
+    task, batch = mlp_task()
     units = [Unit(f"{i}", "", i) for i in range(len(task.model))]
     profile = profile_storages(task.model, units, lambda: task.step(batch), batch)
     saved = {
