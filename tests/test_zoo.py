@@ -1,6 +1,7 @@
-"""Third-party models as workloads (``timm:NAME``, ``hf:MODEL_TYPE``): they train, their parameters are
-the library's own model's, bad names and a missing library get one line, and nothing imports either
-library until such a name is asked for. The timm tests need a working timm (and its torchvision)."""
+"""Third-party models as workloads (``timm:NAME``, ``hf:MODEL_TYPE`` for transformers' language models
+and image classifiers): they train, their parameters are the library's own model's, bad names and a
+missing library get one line, and nothing imports either library until such a name is asked for.
+The timm tests need a working timm (and its torchvision)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,64 @@ def test_gpt2_presets_match_their_analytic_counts():
     assert workload.config("full").seq_len == 1024 and workload.config("full").settings == {}
 
 
+HF_IMAGE_MODELS = [
+    # model type, the library's class for it (a CNN, a plain transformer, one of two classes for the
+    # type, windowed attention)
+    ("resnet", "ResNetForImageClassification"),
+    ("vit", "ViTForImageClassification"),
+    ("deit", "DeiTForImageClassification"),
+    ("swin", "SwinForImageClassification"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "model_class"), HF_IMAGE_MODELS)
+def test_a_transformers_image_classifier_trains_on_the_suites_images(model_type, model_class):
+    library("transformers")
+    workload = get_workload(f"hf:{model_type}")
+    assert workload.domain == "image classification"
+    assert type(workload.build("tiny", "meta").model).__name__ == model_class
+    config = workload.config("tiny")
+    assert config.image_size == 64 and config.num_classes == 10
+    assert workload.data("tiny").synthesize(2, seed=0)["image"].shape == (2, 3, 64, 64)
+    assert_trains(losses_on_a_fixed_batch(f"hf:{model_type}"))
+
+
+@pytest.mark.parametrize(("model_type", "model_class"), HF_IMAGE_MODELS)
+def test_a_transformers_image_classifiers_parameters_are_the_librarys(model_type, model_class):
+    """The record counts on ``meta``; the library's class, built from the same configuration on the
+    CPU, counts the same."""
+    transformers = library("transformers")
+    workload = get_workload(f"hf:{model_type}")
+    config = workload.config("small")
+    model_config = transformers.AutoConfig.for_model(model_type, **config.settings)
+    own = getattr(transformers, model_class)(model_config)
+    assert workload_section(workload, "small")["parameters"] == sum(p.numel() for p in own.parameters())
+    assert own.config.num_labels == 100
+
+
+@pytest.mark.parametrize(
+    ("model_type", "parameters"),
+    [("resnet", 25_557_032), ("vit", 86_567_656), ("mobilenet_v2", 3_504_872)],
+)
+def test_image_classifiers_full_is_the_published_model(model_type, parameters):
+    """``full``: the defaults with 1000 classes, the published ResNet-50, ViT-B/16 and MobileNetV2."""
+    library("transformers")
+    workload = get_workload(f"hf:{model_type}")
+    assert workload_section(workload, "full")["parameters"] == parameters
+    assert workload.config("full").image_size == 224
+
+
+def test_efficientnet_below_full_is_b0():
+    """The defaults are B7 (600 pixels); tiny and small are B0 at a quarter and half of its 224 pixels,
+    and small with 1000 classes would be B0's published 5,288,548 parameters less its classifier's
+    (1280 + 1) x 900."""
+    library("transformers")
+    workload = get_workload("hf:efficientnet")
+    assert workload.config("full").image_size == 600
+    assert (workload.config("tiny").image_size, workload.config("small").image_size) == (64, 128)
+    assert workload_section(workload, "small")["parameters"] == 5_288_548 - 1281 * 900
+
+
 @pytest.mark.parametrize("name", ["resnet18", "vit_tiny_patch16_224"])
 def test_a_timm_model_trains_and_its_parameters_are_the_librarys(name):
     timm = library("timm")
@@ -115,10 +174,10 @@ def test_timm_full_is_the_librarys_default_model():
 
 
 def test_bad_names_get_one_line_with_the_closest_matches():
-    argvs = [["bench", "hf:gtp2"], ["bench", "hf:"], ["bench", "zoo:resnet18"], ["bench", "hf:clip"]]
+    argvs = [["bench", "hf:gtp2"], ["bench", "hf:"], ["bench", "zoo:resnet18"], ["bench", "hf:detr"]]
     results = run_cli_batch(argvs)
     named = "timm:NAME or hf:MODEL_TYPE"
-    expected = [("hf:gpt2",), (named,), (named,), ("no language",)]
+    expected = [("hf:gpt2",), (named,), (named,), ("no language", "no image classifier")]
     for result, needles in zip(results, expected, strict=True):
         if "cannot be imported" in result.stderr or "not installed" in result.stderr:
             continue  # the refusal of a library not usable here is tested below

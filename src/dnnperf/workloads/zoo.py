@@ -1,5 +1,5 @@
 """Third-party networks as workloads: ``timm:NAME`` (a timm image classifier) and ``hf:MODEL_TYPE`` (a
-HuggingFace transformers language model built from its configuration's defaults).
+HuggingFace transformers language model or image classifier built from its configuration's defaults).
 
 Nothing is downloaded: timm models are built with ``pretrained=False`` and transformers models from
 ``AutoConfig.for_model``, both with random weights. Neither library is imported until such a name is
@@ -16,12 +16,20 @@ The presets shrink a model as the suite's own presets do:
   power of two its positions allow (at most 1024; 512 without learned positions); ``small`` 4 layers,
   width 256, 4 heads, a 4096-token vocabulary and 128-token sequences; ``tiny`` 2 layers, width 64,
   4 heads, 256 tokens and 16-token sequences (feed-forward 4x the width, 2x the sequence in positions).
+- transformers image classifiers (a model type with no language-modelling head that maps to
+  ``AutoModelForImageClassification``: cross-entropy through the model's ``labels``, the suite's SGD):
+  ``full`` is the configuration's defaults with 1000 classes at its ``image_size`` (224 without one);
+  ``small`` 100 classes at about half that size, half the blocks of each stage (rounded up) or, for a
+  plain transformer (ViT, DeiT), 4 layers of width 256 with 4 heads; ``tiny`` 10 classes at about a
+  quarter, one block a stage or 2 layers of width 64. Stage widths are the library's. A compound-scaled
+  family (EfficientNet, whose defaults are B7 at 600 pixels) is its base model B0 at 224 below ``full``.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -29,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dnnperf.data.formats import ImageFormat, LanguageModelFormat, TranslationFormat
+from dnnperf.data.formats import DataFormat, ImageFormat, LanguageModelFormat, TranslationFormat
 from dnnperf.errors import UsageError
 from dnnperf.workloads.base import PRESET_NAMES, Batch, SupervisedTask, Task, Workload
 from dnnperf.workloads.classification import LEARNING_RATE, classification_loss
@@ -38,6 +46,7 @@ from dnnperf.workloads.registry import register_third_party
 #: The extra that installs each library (timm also needs a torchvision built for the installed torch).
 INSTALL_HINTS = {"timm": "pip install 'dnnperf[timm]'", "transformers": "pip install 'dnnperf[zoo]'"}
 CLASSES = {"tiny": 10, "small": 100, "full": 1000}
+IMAGE_BATCH_SIZES = {"tiny": 8, "small": 32, "full": 64}
 #: Per preset: the share of the model's default input size, as the suite's image presets shrink 224.
 RESOLUTION_SCALE = {"tiny": 64 / 224, "small": 128 / 224, "full": 1.0}
 #: The transformers presets: layers, width, heads, vocabulary, sequence length (``full``: the defaults).
@@ -45,7 +54,13 @@ LANGUAGE_PRESETS = {"tiny": (2, 64, 4, 256, 16), "small": (4, 256, 4, 4096, 128)
 #: Token ids below 3 never occur in the suite's token data (padding, BOS, EOS): 1 marks masked tokens.
 MASKED_TOKEN = 1
 MASKED_SHARE = 0.15  # BERT's
-CAUSAL, MASKED, SEQ2SEQ = "causal", "masked", "seq2seq"
+CAUSAL, MASKED, SEQ2SEQ, IMAGE = "causal", "masked", "seq2seq", "image"
+#: The image classifiers' presets for a plain transformer (ViT, DeiT): layers, width, heads.
+IMAGE_TRANSFORMER_PRESETS = {"tiny": (2, 64, 4), "small": (4, 256, 4)}
+#: A compound-scaled family's base model (EfficientNet-B0): its coefficients, the width of its last
+#: convolution (``hidden_dim`` must equal it) and its input size.
+BASE_SCALING = {"width_coefficient": 1.0, "depth_coefficient": 1.0, "hidden_dim": 1280}
+BASE_SCALING_IMAGE_SIZE = 224
 
 
 def _library(name: str, workload: str) -> Any:
@@ -112,13 +127,21 @@ def _timm_constructor_parameters(timm: Any, name: str) -> set[str]:
     return set(inspect.signature(type(probe)).parameters)
 
 
+def preset_image_size(default: int, preset: str) -> int:
+    """The input size of ``preset`` for a model whose default is ``default`` pixels: the default at
+    ``full``, else its RESOLUTION_SCALE share in a multiple of 32 (the stride of most backbones, so
+    every stage keeps whole feature maps)."""
+    if preset == "full":
+        return default
+    return max(32, 32 * round(default * RESOLUTION_SCALE[preset] / 32))
+
+
 def _timm_presets(timm: Any, name: str) -> dict[str, TimmConfig]:
     default = _default_input_size(timm, name)
     accepted = _timm_constructor_parameters(timm, name)
     presets = {}
     for preset in PRESET_NAMES:
-        # Multiples of 32: the stride of most backbones, so every stage keeps whole feature maps.
-        size = default if preset == "full" else max(32, 32 * round(default * RESOLUTION_SCALE[preset] / 32))
+        size = preset_image_size(default, preset)
         arguments: dict[str, Any] = {}
         if "img_size" in accepted and preset != "full":  # models built for one input size (ViT, Swin)
             arguments["img_size"] = size
@@ -153,7 +176,7 @@ def _timm_workload(name: str) -> Workload:
         domain="image classification",
         summary=f"timm's {name} (random weights)",
         presets=presets,
-        default_batch_size={"tiny": 8, "small": 32, "full": 64},
+        default_batch_size=IMAGE_BATCH_SIZES,
         make_task=_timm_task,
         make_data=lambda c: ImageFormat(image_size=c.image_size, num_classes=c.num_classes),
         sample_unit="image",
@@ -181,6 +204,18 @@ class HFConfig:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HFImageConfig:
+    """A transformers image classifier at one preset: ``AutoConfig.for_model(model_type, **settings)``
+    (``settings`` names its classes) trained on ``image_size`` pixels square."""
+
+    model_type: str
+    image_size: int
+    num_classes: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    head: str = IMAGE
+
+
 def _head(model_type: str, config: Any) -> str:
     from transformers.models.auto import modeling_auto
 
@@ -191,8 +226,11 @@ def _head(model_type: str, config: Any) -> str:
         return MASKED  # an encoder (BERT-like); decoders have no masked-LM head
     elif model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return CAUSAL
+    if model_type in modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return IMAGE
     raise UsageError(
-        f"hf:{model_type} has no language-modelling head in transformers (causal, masked or seq2seq)"
+        f"hf:{model_type} has no language-modelling head (causal, masked or seq2seq) and no image "
+        "classifier in transformers"
     )
 
 
@@ -207,9 +245,9 @@ def _present(config: Any, names: tuple[str, ...]) -> list[str]:
     return found
 
 
-def _shrunk(config: Any, layers: int, width: int, heads: int, vocab: int, seq_len: int) -> dict[str, Any]:
-    """The settings that shrink a configuration; only attributes it has are set."""
-    settings: dict[str, Any] = {}
+def _shrunk_body(config: Any, layers: int, width: int, heads: int) -> dict[str, Any]:
+    """The settings that shrink a transformer's layers, width, heads and feed-forward (4x the width);
+    only attributes the configuration has are set."""
     groups = (
         (layers, ("num_hidden_layers", "num_decoder_layers", "encoder_layers", "decoder_layers")),
         (width, ("hidden_size", "d_model")),
@@ -227,12 +265,17 @@ def _shrunk(config: Any, layers: int, width: int, heads: int, vocab: int, seq_le
             4 * width,
             ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim"),
         ),
-        (vocab, ("vocab_size",)),
-        (2 * seq_len, ("max_position_embeddings",)),  # room for models whose positions start past 0
     )
-    for value, names in groups:
-        for name in _present(config, names):
-            settings[name] = value
+    return {name: value for value, names in groups for name in _present(config, names)}
+
+
+def _shrunk(config: Any, layers: int, width: int, heads: int, vocab: int, seq_len: int) -> dict[str, Any]:
+    """The settings that shrink a language model's configuration; only attributes it has are set."""
+    settings = _shrunk_body(config, layers, width, heads)
+    for name in _present(config, ("vocab_size",)):
+        settings[name] = vocab
+    for name in _present(config, ("max_position_embeddings",)):
+        settings[name] = 2 * seq_len  # room for models whose positions start past 0
     # Special tokens past the shrunk vocabulary would index outside the embeddings.
     for name, value in vars(config).items():
         if name.endswith("_token_id") and isinstance(value, int) and value >= vocab:
@@ -247,17 +290,46 @@ def _full_seq_len(config: Any) -> int:
     return min(1024, 1 << (positions.bit_length() - 1))
 
 
-def _hf_presets(transformers: Any, model_type: str) -> dict[str, HFConfig]:
+def _hf_presets(transformers: Any, model_type: str) -> dict[str, HFConfig | HFImageConfig]:
     default = transformers.AutoConfig.for_model(model_type)
     head = _head(model_type, default)
-    presets = {"full": HFConfig(model_type, head, _full_seq_len(default), int(default.vocab_size))}
+    if head == IMAGE:
+        return {p: _image_preset(default, model_type, p) for p in PRESET_NAMES}
+    presets: dict[str, HFConfig | HFImageConfig] = {
+        "full": HFConfig(model_type, head, _full_seq_len(default), int(default.vocab_size))
+    }
     for preset, (layers, width, heads, vocab, seq_len) in LANGUAGE_PRESETS.items():
         settings = _shrunk(default, layers, width, heads, vocab, seq_len)
         presets[preset] = HFConfig(model_type, head, seq_len, vocab, settings)
     return {p: presets[p] for p in PRESET_NAMES}
 
 
-def hf_model(config: HFConfig) -> nn.Module:
+def _image_preset(default: Any, model_type: str, preset: str) -> HFImageConfig:
+    """An image classifier's configuration at ``preset`` (the module docstring says how each shrinks)."""
+    settings: dict[str, Any] = {"num_labels": CLASSES[preset]}
+    own_size = getattr(default, "image_size", None)
+    size = own_size if isinstance(own_size, int) else 224
+    if preset != "full":
+        if all(hasattr(default, name) for name in BASE_SCALING):
+            settings.update(BASE_SCALING)
+            size = BASE_SCALING_IMAGE_SIZE
+        depths = getattr(default, "depths", None)
+        if isinstance(depths, (list, tuple)):  # a model in stages: fewer blocks a stage, widths kept
+            settings["depths"] = [1 if preset == "tiny" else math.ceil(d / 2) for d in depths]
+        elif all(isinstance(getattr(default, n, None), int) for n in ("hidden_size", "num_attention_heads")):
+            settings.update(_shrunk_body(default, *IMAGE_TRANSFORMER_PRESETS[preset]))
+    size = preset_image_size(size, preset)
+    if isinstance(own_size, int):  # models built for one input size (ViT's positions, Swin's windows)
+        settings["image_size"] = size
+    window, patch, depths = (getattr(default, n, None) for n in ("window_size", "patch_size", "depths"))
+    if preset != "full" and all(isinstance(v, int) for v in (window, patch)) and depths:
+        # Attention windows no larger than the last stage's feature map: the library cannot shrink a
+        # window's position biases to a smaller map.
+        settings["window_size"] = max(1, min(window, size // patch // 2 ** (len(depths) - 1)))
+    return HFImageConfig(model_type, size, CLASSES[preset], settings)
+
+
+def hf_model(config: HFConfig | HFImageConfig) -> nn.Module:
     """The transformers model of a preset, as the library builds it (random weights)."""
     import transformers
 
@@ -266,10 +338,15 @@ def hf_model(config: HFConfig) -> nn.Module:
         # A training step needs no key/value cache, and a cache filled again when a recomputed block
         # reruns its forward would no longer match the one the forward saw (memsave).
         model_config.use_cache = False
+    if model_config.architectures is None:
+        # A type with several classes for one head (DeiT's with and without teacher) picks the first
+        # when the configuration names none; the library reads the names as a list.
+        model_config.architectures = []
     auto = {
         CAUSAL: transformers.AutoModelForCausalLM,
         MASKED: transformers.AutoModelForMaskedLM,
         SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
+        IMAGE: transformers.AutoModelForImageClassification,
     }[config.head]
     return auto.from_config(model_config)
 
@@ -294,8 +371,15 @@ def _seq2seq_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return model(input_ids=batch["src"], decoder_input_ids=batch["tgt_in"], labels=batch["tgt_out"]).loss
 
 
-def _hf_task(config: HFConfig, device: torch.device) -> Task:
+def _image_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(pixel_values=batch["image"], labels=batch["label"]).loss
+
+
+def _hf_task(config: HFConfig | HFImageConfig, device: torch.device) -> Task:
     model = _training_on(hf_model(config), device)
+    if config.head == IMAGE:  # the suite's image-classification recipe (workloads.classification)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.9, weight_decay=1e-4)
+        return SupervisedTask(model, _image_loss, optimizer)
     if config.head == SEQ2SEQ:  # the suite's translation recipe (workloads.translation)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
         return SupervisedTask(model, _seq2seq_loss, optimizer)
@@ -304,7 +388,9 @@ def _hf_task(config: HFConfig, device: torch.device) -> Task:
     return SupervisedTask(model, _causal_loss if config.head == CAUSAL else _masked_loss, optimizer)
 
 
-def _hf_data(config: HFConfig) -> LanguageModelFormat | TranslationFormat:
+def _hf_data(config: HFConfig | HFImageConfig) -> DataFormat:
+    if isinstance(config, HFImageConfig):
+        return ImageFormat(image_size=config.image_size, num_classes=config.num_classes)
     if config.head == SEQ2SEQ:
         return TranslationFormat(vocab_size=config.vocab_size, src_len=config.seq_len, tgt_len=config.seq_len)
     return LanguageModelFormat(vocab_size=config.vocab_size, seq_len=config.seq_len)
@@ -322,20 +408,33 @@ def _hf_workload(model_type: str) -> Workload:
     except Exception as error:  # the library's own refusal, in one line
         raise UsageError(f"hf:{model_type} cannot be configured: {error}") from None
     head = presets["full"].head
-    translation = head == SEQ2SEQ
+    if head == IMAGE:
+        domain, kind, unit = "image classification", "image classifier", "image"
+        batch_sizes = IMAGE_BATCH_SIZES
+        notes = (
+            "full: the configuration's defaults, 1000 classes at its image size; small: 100 classes at "
+            "half the size, half the blocks a stage (a plain transformer: 4 layers, width 256); tiny: 10 "
+            "classes at a quarter, one block a stage (2 layers, width 64); EfficientNet: B0 below full"
+        )
+    else:
+        translation = head == SEQ2SEQ
+        domain = "machine translation" if translation else "language modelling"
+        kind, unit = f"{head} LM", "sentence pair" if translation else "sequence"
+        batch_sizes = {"tiny": 8, "small": 16, "full": 8}
+        notes = (
+            "full: the configuration's defaults; small: 4 layers, width 256, 4 heads, vocabulary 4096, "
+            "128 tokens; tiny: 2 layers, width 64, 4 heads, vocabulary 256, 16 tokens"
+        )
     return Workload(
         name=f"hf:{model_type}",
-        domain="machine translation" if translation else "language modelling",
-        summary=f"transformers' {model_type} ({head} LM, configuration defaults, random weights)",
+        domain=domain,
+        summary=f"transformers' {model_type} ({kind}, configuration defaults, random weights)",
         presets=presets,
-        default_batch_size={"tiny": 8, "small": 16, "full": 8},
+        default_batch_size=batch_sizes,
         make_task=_hf_task,
         make_data=_hf_data,
-        sample_unit="sentence pair" if translation else "sequence",
-        notes=(
-            "full: the configuration's defaults; small: 4 layers, width 256, 4 heads, vocabulary 4096, "
-            "128 tokens; tiny: 2 layers, width 64, 4 heads, vocabulary 256, 16 tokens",
-        ),
+        sample_unit=unit,
+        notes=(notes,),
     )
 
 
