@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -79,12 +79,18 @@ CATEGORIES = (
 )
 
 
-def layer_category(module: nn.Module) -> str:
-    """The layer type of a module; modules of the user's own classes by their name (``...Attention``,
-    ``...Norm``, ``...Embedding``), else "other"."""
+def layer_category(module: nn.Module, families: Iterable[str] = ()) -> str:
+    """The layer type of a module: torch's own layer classes by class; any other module by the operators
+    it runs itself in forward (``families``, as the operator counter names them: transformers' ``Conv1D``
+    runs ``addmm``, a linear layer), then by its class's name (``...Attention``, ``...Norm``,
+    ``...Embedding``); else "other"."""
     for classes, category in _CATEGORIES:
         if isinstance(module, classes):
             return category
+    leaf = next(module.children(), None) is None
+    category = category_of_operators(set(families), leaf)
+    if category is not None:
+        return category
     name = type(module).__name__.lower()
     for word, category in (("attention", "attention"), ("norm", "normalization"), ("embed", "embedding")):
         if word in name:
@@ -92,16 +98,47 @@ def layer_category(module: nn.Module) -> str:
     return "other"
 
 
+def category_of_operators(families: set[str], leaf: bool = True) -> str | None:
+    """The layer type the operator families of a module's own forward make it (None: none decides):
+    scores through a softmax between matrix products are attention; then, for a leaf (a block's own
+    glue, its residual adds and reshapes, says nothing of it), the heaviest kind of work."""
+    families = families - {"memory", "free"}  # views and copies say nothing of a layer
+    if "attention" in families or {"matmul", "softmax"} <= families:
+        return "attention"
+    if not leaf or "random" in families:  # dropout's masking is no activation
+        return None
+    for family, category in (
+        ("convolution", "convolution"),
+        ("rnn", "recurrent"),
+        ("matmul", "linear"),
+        ("normalization", "normalization"),
+        ("pooling", "pooling"),
+        ("embedding", "embedding"),
+    ):
+        if family in families:
+            return category
+    if families and families <= {"elementwise", "softmax"}:
+        return "activation"
+    return None
+
+
 #: The layer timer's own forward work (finding each call's autograd nodes), timed apart: not a layer.
 PROFILER = "(profiler)"
 
 
-def describe_modules(model: nn.Module) -> dict[str, ModuleInfo]:
-    """Every module by qualified name (the model itself as ``(root)``), plus the pseudo-modules the
-    counter books work under that no module did."""
+def describe_modules(model: nn.Module, counted: Iterable[OpRecord] = ()) -> dict[str, ModuleInfo]:
+    """Every module by qualified name (the model itself as ``(root)``) with its layer type (from the
+    operators ``counted`` books to it in forward), plus the pseudo-modules the counter books work under
+    that no module did."""
+    families: dict[str, set[str]] = {}
+    for record in counted:
+        if record.phase == "forward":
+            families.setdefault(record.module, set()).add(record.family)
     modules: dict[str, ModuleInfo] = {}
     for name, module in model.named_modules():
-        modules.setdefault(name or ROOT_MODULE, ModuleInfo(type(module).__name__, layer_category(module)))
+        key = name or ROOT_MODULE
+        category = layer_category(module, families.get(key, ()))
+        modules.setdefault(key, ModuleInfo(type(module).__name__, category))
     modules[NO_MODULE] = ModuleInfo("(outside the model)", "other")
     modules[UNATTRIBUTED] = ModuleInfo("(unattributed backward)", "other")
     modules[PROFILER] = ModuleInfo("(dnnperf's layer hooks)", "other")
@@ -157,7 +194,7 @@ def build_profile(
                 seconds=[r.seconds or 0.0 if r is not None else 0.0 for r in seen],
             )
         )
-    modules = describe_modules(model)
+    modules = describe_modules(model, counted)
     for name, calls in module_calls.items():
         if name in modules:
             modules[name].calls = calls
