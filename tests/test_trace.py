@@ -167,3 +167,17 @@ def test_a_distributed_records_ranks_are_its_tracks(record):
         truth = [v * scale for p in record.points for v in p.stages.steps["forward"]]
         assert forward == pytest.approx(truth, abs=1e-9)
     assert {s["pid"] for s in spans if s["cat"] == "layer"} == {0}  # layers were profiled on rank 0
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_quoted(tmp_path):
+    """A module named like a formula (a hostile or unlucky name) is text in the CSV, not a formula a
+    spreadsheet runs; numbers, negative ones included, stay numbers."""
+    from dnnperf.report.export import write_csv
+
+    frame = pd.DataFrame(
+        {"module": ['=HYPERLINK("http://x")', "+1", "-a", "@SUM(A1)", "conv1"], "delta_s": [-0.5, 1, 2, 3, 4]}
+    )
+    write_csv({"layers": frame}, tmp_path)
+    read = pd.read_csv(tmp_path / "layers.csv")
+    assert list(read["module"]) == ['\'=HYPERLINK("http://x")', "'+1", "'-a", "'@SUM(A1)", "conv1"]
+    assert list(read["delta_s"]) == [-0.5, 1, 2, 3, 4]

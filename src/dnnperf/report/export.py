@@ -102,6 +102,22 @@ def write_csv(tables: dict[str, pd.DataFrame], directory: Path) -> list[Path]:
     written = []
     for name, frame in tables.items():
         path = directory / f"{name}.csv"
-        write_text_atomic(path, frame.to_csv(index=False))
+        write_text_atomic(path, inert(frame).to_csv(index=False))
         written.append(path)
     return written
+
+
+#: What a spreadsheet reads as the start of a formula in a text cell.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every text cell a spreadsheet would run as a formula (a module or command named
+    ``=HYPERLINK(...)``) quoted by a leading apostrophe; numbers as they are."""
+    frame = frame.copy()
+    for column in frame.select_dtypes(include="object").columns:
+        frame[column] = [
+            f"'{cell}" if isinstance(cell, str) and cell.startswith(FORMULA_STARTS) else cell
+            for cell in frame[column]
+        ]
+    return frame
