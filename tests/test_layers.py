@@ -54,11 +54,12 @@ class Spin(nn.Module):
         return spin(x, "forward")
 
 
-def profile_loop(model: nn.Module, steps: int = 7) -> LayerProfile:
-    """The documented loop: two operator-timed steps, then layer-timed ones."""
+def profile_loop(model: nn.Module, steps: int = 7, data: TensorDataset | None = None) -> LayerProfile:
+    """The documented loop: two operator-timed steps, then layer-timed ones; batches of 8 of ``data``
+    (16 features to 4 targets by default)."""
     torch.manual_seed(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 4))
+    data = data or TensorDataset(torch.randn(8 * steps, 16), torch.randn(8 * steps, 4))
     profiler = LayerProfiler(model, optimizer)
     with profiler:
         for inputs, targets in DataLoader(data, batch_size=8):
@@ -274,16 +275,8 @@ def test_convolution_flops_per_layer_are_the_analytic_ones():
         nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, stride=2, padding=1), nn.Flatten(),
         nn.Linear(4 * 3 * 3, 2),
     )  # fmt: skip
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = TensorDataset(torch.randn(8 * 4, 3, 6, 6), torch.randn(8 * 4, 2))
-    profiler = LayerProfiler(model, optimizer)
-    with profiler:
-        for inputs, targets in DataLoader(data, batch_size=8):
-            nn.functional.mse_loss(model(inputs), targets).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            profiler.step()
-    table = layers.layer_table(profiler.result()).set_index(["module", "phase"])["flops"]
+    table = layers.layer_table(profile_loop(model, data=data)).set_index(["module", "phase"])["flops"]
     first = 2 * 8 * (8 * 3 * 3 * 3) * (6 * 6)  # 6x6 positions (padding 1)
     second = 2 * 8 * (4 * 8 * 3 * 3) * (3 * 3)  # 3x3 positions (stride 2)
     assert table[("0", "forward")] == first and table[("0", "backward")] == first
