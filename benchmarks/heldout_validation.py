@@ -1,0 +1,301 @@
+"""Held-out validation of the performance model: third-party models (transformers' ``hf:`` workloads)
+that no calibration and no rule of the model was chosen on.
+
+For each model x batch size B, in one process at this process's thread count:
+
+- predicted step and peak memory: ``dnnperf.predict(model, example, loss_fn, optimizer, machine,
+  batch_size=B)`` with the example batch at E = 3B/2 (the call describes E and E/2 and interpolates to
+  B), on the machine ``dnnperf validate`` calibrates from a ``dnnperf hw`` profile and the model's
+  microbenchmarks. No input is of the configuration predicted: no step at B is described, an
+  interpolated description replays no convolution, and the page faults are those counted in this
+  process at E and E/2, interpolated. Three predictions, each from descriptions of its own; the row
+  takes their median and their spread.
+- measured step: the fastest of ``--rounds`` interleaved rounds (each round times ``--steps`` steps of
+  every configuration in turn and keeps their median), after ``--warmup`` steps of each.
+- measured peak memory: the memory profiler's peak of one tracked step at B (as ``dnnperf validate
+  --memory``), against the first prediction's.
+
+The suite's in-sample figures are read from docs/validation.md and docs/validation-memory.md.
+
+    OMP_NUM_THREADS=1 dnnperf hw -q --output /tmp/hw1.json
+    OMP_NUM_THREADS=1 python benchmarks/heldout_validation.py --profile /tmp/hw1.json \\
+        --json heldout.json --markdown heldout.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import dnnperf
+from dnnperf import environment
+from dnnperf.hardware import read_profile
+from dnnperf.jsonio import write_json_atomic, write_text_atomic
+from dnnperf.perfmodel.validate import calibrated_machines
+from dnnperf.runner import BenchSettings, bench
+from dnnperf.workloads import get_workload
+
+#: (workload, preset, batch sizes, family): presets and batches chosen so that a step takes 50-500 ms
+#: on one thread of a 2-core Xeon.
+MODELS = (
+    ("hf:resnet", "tiny", (4, 8), "CNN, bottleneck residual"),
+    ("hf:regnet", "tiny", (4, 8), "CNN, grouped convolutions"),
+    ("hf:convnext", "tiny", (4, 8), "CNN, depthwise 7x7 + MLP"),
+    ("hf:mobilenet_v2", "tiny", (4, 8), "CNN, inverted residual"),
+    ("hf:efficientnet", "tiny", (4, 8), "CNN, inverted residual + squeeze-excite"),
+    ("hf:poolformer", "tiny", (4, 8), "pooling mixer + MLP"),
+    ("hf:swin", "tiny", (4, 8), "windowed vision transformer"),
+    ("hf:vit", "small", (4, 8), "vision transformer"),
+    ("hf:deit", "small", (4, 8), "vision transformer (distilled)"),
+    ("hf:bert", "small", (2, 4), "encoder, masked LM"),
+    ("hf:electra", "small", (2, 4), "encoder, masked LM"),
+    ("hf:gpt2", "small", (2, 4), "decoder, causal LM"),
+    ("hf:llama", "small", (2, 4), "decoder, causal LM (RMSNorm, SwiGLU, rotary)"),
+    ("hf:opt", "small", (2, 4), "decoder, causal LM"),
+    ("hf:t5", "small", (2, 4), "encoder-decoder"),
+    ("hf:bart", "small", (2, 4), "encoder-decoder"),
+)
+PREDICTIONS = 3
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+IN_SAMPLE = (
+    # (what, page, heading of the section whose first table has an "error" column, inputs)
+    (
+        "step time",
+        "validation.md",
+        "## Single process on the CPU: step time",
+        "the suite's 11 workloads at `small`, batch 4/8/16; described at the batch predicted, each "
+        "convolution call replayed, page faults counted in fresh processes",
+    ),
+    (
+        "memory",
+        "validation-memory.md",
+        "## One device",
+        "the suite's 15 workloads at `tiny`, batch 2/8/32; described at the batch predicted",
+    ),
+)
+
+
+def error_summary(errors: Sequence[float]) -> dict[str, float]:
+    """Median |error|, max |error| and median signed error of the finite ``errors`` (NaN when none)."""
+    finite = [e for e in errors if math.isfinite(e)]
+    if not finite:
+        return {"count": 0, "median_abs": math.nan, "max_abs": math.nan, "median_signed": math.nan}
+    return {
+        "count": len(finite),
+        "median_abs": statistics.median(abs(e) for e in finite),
+        "max_abs": max(abs(e) for e in finite),
+        "median_signed": statistics.median(finite),
+    }
+
+
+def summaries(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The error summary of step time and of memory over ``rows``."""
+    return {
+        "step": error_summary([r["step_error"] for r in rows]),
+        "memory": error_summary([r["memory_error"] for r in rows]),
+    }
+
+
+def table_errors(markdown: str, heading: str) -> list[float]:
+    """The "error" column (signed percentages, as fractions) of the first table after ``heading``."""
+    lines = markdown.splitlines()
+    if heading not in lines:
+        raise ValueError(f"no section {heading!r}")
+    column = None
+    errors = []
+    for line in lines[lines.index(heading) + 1 :]:
+        if not line.startswith("|"):
+            if column is not None:
+                break  # the table ended
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if column is None:
+            if "error" not in cells:
+                raise ValueError(f"the first table under {heading!r} has no error column")
+            column = cells.index("error")
+        elif re.fullmatch(r"[+-]?\d+(\.\d+)?%", cells[column]):
+            errors.append(float(cells[column].rstrip("%")) / 100)
+    return errors
+
+
+def in_sample() -> list[dict[str, Any]]:
+    """The suite's own figures, summarised from the tables of the validation pages."""
+    figures = []
+    for what, page, heading, inputs in IN_SAMPLE:
+        summary = error_summary(table_errors((DOCS / page).read_text(), heading))
+        figures.append({"what": what, "source": f"docs/{page}", "inputs": inputs, **summary})
+    return figures
+
+
+def measure_steps(
+    configurations: Sequence[tuple[Any, dict[str, torch.Tensor]]], warmup: int, rounds: int, steps: int
+) -> list[list[float]]:
+    """Per configuration (task, batch), the median step of each round; the rounds alternate them."""
+    for task, batch in configurations:
+        for _ in range(warmup):
+            task.step(batch)
+    medians: list[list[float]] = [[] for _ in configurations]
+    for _ in range(rounds):
+        for index, (task, batch) in enumerate(configurations):
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                task.step(batch)
+                times.append(time.perf_counter() - start)
+            medians[index].append(statistics.median(times))
+    return medians
+
+
+def measured_peak(name: str, preset: str, batch: int) -> float:
+    """The memory profiler's peak of one tracked step (after one warm-up and one plain one)."""
+    settings = BenchSettings(name, preset, (batch,), steps=1, warmup=1, device="cpu", memory=True)
+    memory = bench(settings).points[0].memory
+    return float(memory.measured_peak) if memory is not None and memory.measured_peak > 0 else math.nan
+
+
+def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace) -> dict[str, Any]:
+    profile = read_profile(args.profile)
+    machine = calibrated_machines(profile)[0]["model"]
+    print(f"calibrated from {args.profile}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    runs = []
+    for name, preset, batches, family in models:
+        workload = get_workload(name)
+        for size in batches:
+            torch.manual_seed(0)
+            task = workload.build(preset)
+            data = workload.data(preset)
+            example = data.synthesize(size * 3 // 2, seed=1)
+            predictions = [
+                dnnperf.predict(
+                    task.model, example, task.loss_fn, task.optimizer, machine=machine, batch_size=size
+                )
+                for _ in range(PREDICTIONS)
+            ]
+            steps = [p.step_s for p in predictions]
+            rows.append(
+                {
+                    "workload": name,
+                    "family": family,
+                    "preset": preset,
+                    "batch": size,
+                    "example_batch": size * 3 // 2,
+                    "predicted_s": statistics.median(steps),
+                    "predicted_spread": (max(steps) - min(steps)) / statistics.median(steps),
+                    "predicted_other_s": statistics.median(p.other_s for p in predictions),
+                    "predicted_bytes": float(predictions[0].memory_bytes),
+                }
+            )
+            runs.append((task, data.synthesize(size, seed=0)))
+            print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
+    for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
+        row.update(measured_s=min(rounds), measured_rounds_s=rounds)
+        row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
+    del runs
+    for row in rows:
+        row["measured_bytes"] = measured_peak(row["workload"], row["preset"], row["batch"])
+        row["memory_error"] = row["predicted_bytes"] / row["measured_bytes"] - 1
+        print(
+            f"{row['workload']} b{row['batch']}: step {row['step_error']:+.1%}, "
+            f"memory {row['memory_error']:+.1%}",
+            file=sys.stderr,
+        )
+    return {
+        "machine": (
+            f"{environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} thread(s), "
+            f"torch {torch.__version__}"
+        ),
+        "finished": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "load_average": os.getloadavg(),
+        "method": {"warmup": args.warmup, "rounds": args.rounds, "steps": args.steps},
+        "rows": rows,
+        "summary": summaries(rows),
+        "in_sample": in_sample(),
+    }
+
+
+def _percent(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:+.1%}"
+
+
+def markdown(document: dict[str, Any]) -> str:
+    """The rows, the held-out summary and the in-sample figures as Markdown tables."""
+    lines = [
+        f"{document['machine']}; finished {document['finished']}; load average "
+        + ", ".join(f"{x:.2f}" for x in document["load_average"]),
+        "",
+        "| model | family | preset | batch | measured ms | predicted ms (spread) | error | measured MiB "
+        "| predicted MiB | error |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in document["rows"]:
+        lines.append(
+            f"| {r['workload']} | {r['family']} | {r['preset']} | {r['batch']} | {r['measured_s'] * 1e3:.1f} "
+            f"| {r['predicted_s'] * 1e3:.1f} ({r['predicted_spread']:.1%}) | {_percent(r['step_error'])} "
+            f"| {r['measured_bytes'] / 2**20:.2f} | {r['predicted_bytes'] / 2**20:.2f} "
+            f"| {_percent(r['memory_error'])} |"
+        )
+    lines += [
+        "",
+        "| figures | what | rows | median abs error | max abs error | median signed error | inputs |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    held_out = (
+        "third-party models; described at other batches (interpolated), no replay, faults of other batches"
+    )
+    for what, key in (("step time", "step"), ("memory", "memory")):
+        s = document["summary"][key]
+        lines.append(
+            f"| held-out | {what} | {s['count']} | {s['median_abs']:.1%} | {s['max_abs']:.1%} "
+            f"| {_percent(s['median_signed'])} | {held_out} |"
+        )
+    for s in document["in_sample"]:
+        lines.append(
+            f"| in-sample ({s['source']}) | {s['what']} | {s['count']} | {s['median_abs']:.1%} "
+            f"| {s['max_abs']:.1%} | {_percent(s['median_signed'])} | {s['inputs']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", required=True, help="hardware profile JSON (dnnperf hw --output)")
+    parser.add_argument("--models", help="comma-separated workloads of MODELS (default: all)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration per round")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    models = MODELS
+    if args.models:
+        wanted = args.models.split(",")
+        unknown = sorted(set(wanted) - {m[0] for m in MODELS})
+        if unknown:
+            parser.error(f"not among the held-out models: {', '.join(unknown)}")
+        models = tuple(m for m in MODELS if m[0] in wanted)
+    if not Path(args.profile).is_file():
+        parser.error(f"no hardware profile at {args.profile}: run `dnnperf hw -q --output {args.profile}`")
+    document = run(models, args)
+    table = markdown(document)
+    if args.json:
+        write_json_atomic(args.json, document)
+    if args.markdown:
+        write_text_atomic(args.markdown, table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The held-out validation's summaries (benchmarks/heldout_validation.py) on synthetic rows whose
+medians and extremes are known, and its reading of a validation page's error column."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from benchmarks.heldout_validation import DOCS, IN_SAMPLE, error_summary, markdown, summaries, table_errors
+
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
+
+def test_an_error_summary_has_the_known_medians_and_extreme():
+    """Errors -0.30, -0.10, +0.05, +0.20, +0.60: |errors| sorted 0.05, 0.10, 0.20, 0.30, 0.60 (median
+    0.20, max 0.60); signed median +0.05 (the mean would be +0.09)."""
+    summary = error_summary([0.20, -0.10, 0.60, -0.30, 0.05])
+    assert summary["count"] == 5
+    assert summary["median_abs"] == pytest.approx(0.20)
+    assert summary["max_abs"] == pytest.approx(0.60)
+    assert summary["median_signed"] == pytest.approx(0.05)
+
+
+def test_an_even_count_takes_the_mean_of_the_middle_two_and_nan_rows_are_left_out():
+    """-0.08, -0.02, +0.04, +0.30 (a NaN row: a configuration that did not run): signed median
+    (-0.02 + 0.04) / 2 = +0.01 (the mean would be +0.06); |errors| 0.02, 0.04, 0.08, 0.30: median
+    0.06."""
+    summary = error_summary([0.30, math.nan, -0.02, 0.04, -0.08])
+    assert summary["count"] == 4
+    assert summary["median_signed"] == pytest.approx(0.01)
+    assert summary["median_abs"] == pytest.approx(0.06)
+    assert summary["max_abs"] == pytest.approx(0.30)
+
+
+def test_nothing_measured_summarises_to_nan_not_to_zero():
+    summary = error_summary([math.nan])
+    assert summary["count"] == 0 and math.isnan(summary["median_abs"])
+
+
+def test_step_and_memory_are_summarised_apart():
+    rows = [
+        {"step_error": 0.1, "memory_error": -0.01},
+        {"step_error": -0.3, "memory_error": 0.02},
+        {"step_error": 0.2, "memory_error": 0.0},
+    ]
+    result = summaries(rows)
+    assert result["step"]["median_signed"] == pytest.approx(0.1)
+    assert result["step"]["max_abs"] == pytest.approx(0.3)
+    assert result["memory"]["median_signed"] == pytest.approx(0.0)
+    assert result["memory"]["median_abs"] == pytest.approx(0.01)
+
+
+PAGE = """# A page
+
+## Other section
+
+| workload | error |
+|---|---:|
+| x | +90.0% |
+
+## The section
+
+Some text.
+
+| workload | batch | measured ms | error |
+|---|---:|---:|---:|
+| a | 4 | 1.00 | -15.6% |
+| a | 8 | 2.00 | +1.4% |
+| b | 4 | 3.00 | +0.0% |
+
+| variant | error |
+|---|---:|
+| y | +50.0% |
+"""
+
+
+def test_the_error_column_is_read_from_the_first_table_of_the_section_only():
+    assert table_errors(PAGE, "## The section") == pytest.approx([-0.156, 0.014, 0.0])
+    with pytest.raises(ValueError, match="no section"):
+        table_errors(PAGE, "## Missing")
+
+
+def test_the_markdown_shows_every_row_and_both_summaries():
+    rows = [
+        {
+            "workload": "hf:vit",
+            "family": "vision transformer",
+            "preset": "small",
+            "batch": 4,
+            "measured_s": 0.100,
+            "predicted_s": 0.110,
+            "predicted_spread": 0.01,
+            "step_error": 0.10,
+            "measured_bytes": 2.0 * 2**20,
+            "predicted_bytes": 2.1 * 2**20,
+            "memory_error": 0.05,
+        }
+    ]
+    document = {
+        "machine": "cpu",
+        "finished": "now",
+        "load_average": (1.0, 1.0, 1.0),
+        "rows": rows,
+        "summary": summaries(rows),
+        "in_sample": [],
+    }
+    table = markdown(document)
+    assert (
+        "| hf:vit | vision transformer | small | 4 | 100.0 | 110.0 (1.0%) | +10.0% | 2.00 | 2.10 | +5.0% |"
+        in table
+    )
+    assert "| held-out | step time | 1 | 10.0% | 10.0% | +10.0% |" in table
+    assert "| held-out | memory | 1 | 5.0% | 5.0% | +5.0% |" in table
+
+
+def test_the_validation_pages_in_sample_tables_are_readable():
+    """The script summarises the suite's figures from the pages themselves: each section it names
+    exists and its first table has an error column with rows."""
+    for _, page, heading, _ in IN_SAMPLE:
+        assert len(table_errors((DOCS / page).read_text(), heading)) >= 10, page
