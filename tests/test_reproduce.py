@@ -150,11 +150,9 @@ class FakeSession:
     def __init__(self, runs_dir, answer) -> None:  # type: ignore[no-untyped-def]
         self.runs_dir = runs_dir
         self.answer = answer
-        self.commands: list[str] = []
 
     def run(self, *args: str, env: dict | None = None) -> tuple[str, dict]:
         shown = "dnnperf " + " ".join(args)
-        self.commands.append(shown)
         return shown, self.answer(args)
 
     def profile(self, *args: str) -> tuple[str, object, dict]:
@@ -173,14 +171,14 @@ def ns(**fields) -> SimpleNamespace:  # type: ignore[no-untyped-def]
     return SimpleNamespace(**fields)
 
 
-def stages(shares: dict[str, float], closure: float = 0.0, cpu: dict | None = None) -> SimpleNamespace:
+def stages(shares: dict[str, float], closure: float = 0.0) -> SimpleNamespace:
     """A point's stages: each stage's share of the step (and 1 ms median), its closure error."""
     summary = {
         "stages": {name: {"share": share, "median": 1e-3} for name, share in shares.items()},
         "samples_per_s": None,
         "max_closure_error": closure,
     }
-    return ns(summary=lambda: summary, cpu=cpu or {"process_cores": 1.0, "usable_cores": 2})
+    return ns(summary=lambda: summary, cpu={"process_cores": 1.0, "usable_cores": 2})
 
 
 @pytest.mark.parametrize("holds", [True, False])
