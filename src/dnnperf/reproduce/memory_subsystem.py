@@ -261,7 +261,7 @@ def _grows_claim(table: pd.DataFrame, commands: list[str]) -> Claim:
         faults = rows.sort_values("batch")["minor_faults"].to_numpy(float)
         linear += slope > 0 and error < 0.10
         parts.append(
-            f"{model}/{dataset}: +{slope:.2f} MiB per sample (linear within {100 * error:.0f}%), "
+            f"{model}/{dataset}: {slope:+.2f} MiB per sample (linear within {100 * error:.0f}%), "
             f"minor faults {int(faults[0])} -> {int(faults[-1])}"
         )
     return Claim(
