@@ -99,3 +99,27 @@ def test_a_sweep_says_fsdp_fits_where_dp_does_not():
     assert changes == [
         {"axis": "devices_per_node", "held": "", "below": 1.0, "above": 8.0, "before": None, "after": "fsdp"}
     ]
+
+
+def test_fsdp_charges_its_host_work_per_group_parameter_tensor_and_update_call():
+    """basic_cnn `tiny`: 4 units and the root (5 sharded groups), 8 parameter tensors (4 layers' weight
+    and bias), and SGD with momentum and weight decay making 4 calls per tensor (the decay's add, the
+    momentum's mul_ and add_, the parameter's add_): 32 update calls. Each calibrated figure adds its
+    count times itself to compute, and nothing to communication; a preset charges nothing."""
+    bare = predict("basic_cnn", _machine(2), 8, "fsdp", preset="tiny", exact=False)
+    assert bare.detail["fsdp_host_s"] == 0.0  # no published figure for a described machine
+    costs = {"fsdp_step_s": 3e-3, "fsdp_unit_s": 1e-3, "fsdp_param_s": 1e-4, "fsdp_update_call_s": 1e-5}
+    expected = 3e-3 + 5 * 1e-3 + 8 * 1e-4 + 32 * 1e-5
+    for name, cost in costs.items():
+        machine = dataclasses.replace(_machine(2), **{name: cost})
+        alone = predict("basic_cnn", machine, 8, "fsdp", preset="tiny", exact=False)
+        count = {"fsdp_step_s": 1, "fsdp_unit_s": 5, "fsdp_param_s": 8, "fsdp_update_call_s": 32}[name]
+        assert alone.detail["fsdp_host_s"] == pytest.approx(count * cost), name
+    charged = predict(
+        "basic_cnn", dataclasses.replace(_machine(2), **costs), 8, "fsdp", preset="tiny", exact=False
+    )
+    assert charged.detail["fsdp_host_s"] == pytest.approx(expected)
+    assert charged.compute_s - bare.compute_s == pytest.approx(expected)
+    assert charged.communication_s == bare.communication_s
+    dp = predict("basic_cnn", dataclasses.replace(_machine(2), **costs), 8, "dp", preset="tiny", exact=False)
+    assert "fsdp_host_s" not in dp.detail  # dp runs no FSDP

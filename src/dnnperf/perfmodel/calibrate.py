@@ -26,6 +26,10 @@ reducer's bookkeeping, its wrapper), per step and per parameter tensor, beside i
 :func:`measure_split_region_cost` times the host work one region of tensor parallelism's split adds to
 a training step (its two autograd Functions, the collectives' Python around them, the gathered
 output's allocation), the collectives themselves left out: the model charges it per split region.
+
+:func:`fsdp_cost` is FSDP's host work (``fsdp_calibration``: 2 gloo ranks of generic linear stacks),
+cached like the others: the model charges it to fsdp per step, sharded group, parameter tensor and
+update call.
 """
 
 from __future__ import annotations
@@ -336,6 +340,25 @@ def ddp_cost(refresh: bool = False) -> tuple[float, float]:
         refresh,
     )
     return float(found[0]), float(found[1])
+
+
+def fsdp_cost(refresh: bool = False) -> tuple[float, float, float, float]:
+    """FSDP's host work on this host (``fsdp_calibration.measure_fsdp_cost``: per step, per sharded
+    group, per parameter tensor, per update call), measured once and cached."""
+    from dnnperf.perfmodel.fsdp_calibration import FsdpCost, measure_fsdp_cost
+
+    key = f"fsdp/{platform.node()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        lambda: list(measure_fsdp_cost()),
+        lambda c: (
+            isinstance(c, list)
+            and len(c) == len(FsdpCost._fields)
+            and all(isinstance(v, (int, float)) for v in c)
+        ),
+        refresh,
+    )
+    return FsdpCost(*(float(v) for v in found))
 
 
 #: Split regions in the chain :func:`measure_split_region_cost` times.

@@ -39,6 +39,10 @@ _NON_NEGATIVE = (
     "split_region_s",
     "ddp_step_s",
     "ddp_param_s",
+    "fsdp_step_s",
+    "fsdp_unit_s",
+    "fsdp_param_s",
+    "fsdp_update_call_s",
     "kernel_s",
     "host_bandwidth",
 )
@@ -85,6 +89,14 @@ class Machine:
     #: not modelled (described machines). Calibrated: calibrate.ddp_cost.
     ddp_step_s: float = 0.0
     ddp_param_s: float = 0.0
+    #: Host seconds FSDP (``fully_shard``) adds to a step beyond its collectives and its copies' bytes:
+    #: per step, per sharded group (each unit and the root: its hooks, all-gather and reduce-scatter
+    #: bookkeeping), per parameter tensor (DTensor wrapping, the copies' calls), and per optimizer call
+    #: on a DTensor shard. 0: not modelled (described machines). Calibrated: calibrate.fsdp_cost.
+    fsdp_step_s: float = 0.0
+    fsdp_unit_s: float = 0.0
+    fsdp_param_s: float = 0.0
+    fsdp_update_call_s: float = 0.0
     #: Bytes/s at which a collective reduces (its gamma is 1/this); default: memory bandwidth / 3.
     reduce_bandwidth: float = 0.0
     #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
@@ -282,6 +294,7 @@ def from_profile(
     zero_operand_s: dict[str, float] | None = None,
     split_region_s: float = 0.0,
     ddp_s: tuple[float, float] = (0.0, 0.0),
+    fsdp_s: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     kernel_s: float = 0.0,
     host_call_s: dict[str, float] | None = None,
 ) -> Machine:
@@ -294,7 +307,9 @@ def from_profile(
     ``zero_operand_s``: operators' extra cost per zero input element (calibrate.zero_operand_cost).
     ``split_region_s``: a tensor-parallel split region's host work (calibrate.split_region_cost);
     default 0 (not modelled). ``ddp_s``: DistributedDataParallel's host work per step and per
-    parameter tensor (calibrate.ddp_cost); default none. ``kernel_s``: a GPU's device seconds per
+    parameter tensor (calibrate.ddp_cost); default none. ``fsdp_s``: FSDP's host work per step, per
+    sharded group, per parameter tensor and per optimizer call on a shard (calibrate.fsdp_cost);
+    default none. ``kernel_s``: a GPU's device seconds per
     kernel beyond its roofline, and ``host_call_s`` its host's seconds per call beyond the overhead, per
     family and phase (calibrate.zoo_calibration); default 0 and none.
 
@@ -334,6 +349,10 @@ def from_profile(
         split_region_s=split_region_s,
         ddp_step_s=ddp_s[0],
         ddp_param_s=ddp_s[1],
+        fsdp_step_s=fsdp_s[0],
+        fsdp_unit_s=fsdp_s[1],
+        fsdp_param_s=fsdp_s[2],
+        fsdp_update_call_s=fsdp_s[3],
         compute_curves=curves,
         bandwidth_curve=Curve(sizes, rates),
         segment_bytes=0 if gpu else GLOO_SEGMENT,  # gloo's; NCCL's channels are not modelled

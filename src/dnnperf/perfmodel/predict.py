@@ -22,6 +22,7 @@ from dnnperf.errors import UsageError
 from dnnperf.perfmodel import collectives, strategies
 from dnnperf.perfmodel.compute import (
     COMPUTE_FAMILIES,
+    NO_KERNEL,
     ComputeOptions,
     data_seconds,
     fault_seconds,
@@ -600,13 +601,27 @@ def _zero_update(
     return compute - _update_share(times, heaviest), tail, memory_estimate(graph, sharded=sharded)
 
 
+def fsdp_host_seconds(graph: StepGraph, times: pd.DataFrame, machine: Machine, units: int) -> float:
+    """FSDP's own host work in a step (calibrate.fsdp_cost): per step, per sharded group (``units``
+    and the root), per parameter tensor, and per update call, each on a DTensor shard."""
+    tensors = graph.param_tensors or len(graph.module_param_bytes)  # older descriptions
+    update = times[(times["phase"] == "update") & ~times["family"].isin(NO_KERNEL)]
+    return (
+        machine.fsdp_step_s
+        + (units + 1) * machine.fsdp_unit_s
+        + tensors * machine.fsdp_param_s
+        + float(update["calls"].sum()) * machine.fsdp_update_call_s
+    )
+
+
 def _fully_sharded(
     graph: StepGraph, times: pd.DataFrame, machine: Machine, ranks: int, compute: float, units: list[str]
 ) -> tuple[float, float, dict[str, Any], MemoryEstimate]:
     """fsdp (ZeRO-3): per unit an all-gather of its parameters before its forward and again before its
     backward (resharded after forward), a reduce-scatter of its gradients after its backward; the
     root's gathered once for forward and backward, reduced at the end. Their copies in and out are
-    memory passes added to compute, the update runs on 1/ranks of the parameters. On an asynchronous
+    memory passes added to compute, and FSDP's own host work (:func:`fsdp_host_seconds`) too; the
+    update runs on 1/ranks of the parameters. On an asynchronous
     device the collectives overlap compute one unit ahead (:func:`strategies.shard_overlap`); on the
     CPU (gloo, no streams) FSDP waits for each where it issues it: all exposed.
     Returns compute, exposed communication, detail and memory."""
@@ -646,14 +661,16 @@ def _fully_sharded(
     gathered = sum(sizes) + sum(sizes[1:])
     copy_bytes = 2 * (gathered + sum(sizes)) * (1 + 1 / ranks)
     copy_s = _streamed_s(copy_bytes, machine)
+    host_s = fsdp_host_seconds(graph, times, machine, len(units))
     sharded = strategies.sharded_memory("fsdp", ranks, unit_bytes, root_bytes, graph.param_bytes)
     detail = {
         "units": len(units),
         "allgather_s": sum(gathers) + sum(regather),
         "reduce_scatter_s": sum(scatters),
         "fsdp_copy_s": copy_s,
+        "fsdp_host_s": host_s,
     }
-    compute = compute + copy_s - _update_share(times, 1.0 / ranks)
+    compute = compute + copy_s + host_s - _update_share(times, 1.0 / ranks)
     return compute, exposed, detail, memory_estimate(graph, sharded=sharded)
 
 

@@ -32,6 +32,8 @@ from dnnperf.perfmodel.calibrate import (
     zoo_calibration,
 )
 from dnnperf.perfmodel.compute import ComputeOptions, step_time
+from dnnperf.perfmodel.fsdp_calibration import NONE as NO_FSDP_COST
+from dnnperf.perfmodel.fsdp_calibration import measure_fsdp_cost
 from dnnperf.perfmodel.graph import describe_workload
 from dnnperf.perfmodel.kernels import remeasured
 from dnnperf.perfmodel.machine import Machine, from_profile
@@ -72,7 +74,7 @@ def gpu_of_this_host(profile: HardwareProfile) -> str:
 
 def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], dict[str, float]]:
     """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures.
-    On a GPU's profile the host's own costs (page faults, zero operands, DDP and split regions, which
+    On a GPU's profile the host's own costs (page faults, zero operands, DDP, FSDP and split regions, which
     the CPU's kernels pay) are left out, and a "synchronous" variant adds host and device instead of
     overlapping them."""
     if profile.threads != torch.get_num_threads():
@@ -87,6 +89,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     zero_operand = {} if gpu else measure_zero_operand_cost()
     split_region = 0.0 if gpu else measure_split_region_cost()
     ddp = (0.0, 0.0) if gpu else measure_ddp_cost()
+    fsdp = NO_FSDP_COST if gpu else measure_fsdp_cost()
     zoo = zoo_calibration(from_profile(profile))
     efficiency, curves, call_s = zoo.efficiency, zoo.curves, zoo.call_s
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
@@ -101,6 +104,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             zero_operand_s=zero_operand,
             split_region_s=split_region,
             ddp_s=ddp,
+            fsdp_s=fsdp,
             kernel_s=zoo.kernel_s,
             host_call_s=zoo.host_call_s,
         )
@@ -121,6 +125,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "split_region_s": split_region,
         "ddp_step_s": ddp[0],
         "ddp_param_s": ddp[1],
+        **{f"fsdp_{name}": cost for name, cost in fsdp._asdict().items()},
         "kernel_s": zoo.kernel_s,
         **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
@@ -631,7 +636,7 @@ def memory_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def calibrated_machine(device: str) -> Machine:
     """This host's ``device`` as `dnnperf hw` profiled it, with the model's own calibrations (measured
     once each and cached). A GPU's takes its per-call host overhead and its kernels' floor measured on
-    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, split regions)."""
+    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, FSDP, split regions)."""
     from dnnperf import hardware
     from dnnperf.devices import resolve_device
     from dnnperf.perfmodel import machine as machines
@@ -639,6 +644,7 @@ def calibrated_machine(device: str) -> Machine:
         calibrated,
         ddp_cost,
         dispatch_net_of_views,
+        fsdp_cost,
         op_overhead,
         page_fault_cost,
         split_region_cost,
@@ -677,4 +683,5 @@ def calibrated_machine(device: str) -> Machine:
         zero_operand_s=zero_operand_cost(),
         split_region_s=split_region_cost(),
         ddp_s=ddp_cost(),
+        fsdp_s=fsdp_cost(),
     )
