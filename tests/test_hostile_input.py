@@ -161,6 +161,74 @@ def test_a_record_of_a_real_run_passes_every_check(tmp_path):
     assert again.points[0].memory is not None and again.points[0].layers is not None
 
 
+#: ``settings.distributed`` as a 2-rank fsdp run over a shaped link writes it (distributed/worker.py),
+#: with pp's and dp's own settings beside (each present only for its strategy; checked all the same).
+DISTRIBUTED = {
+    "strategy": "fsdp",
+    "world_size": 2,
+    "backend": "gloo",
+    "batch": "global",
+    "rank_threads": 1,
+    "timeout_s": 300.0,
+    "bucket_cap_mb": None,
+    "reshard_after_forward": True,
+    "mixed_precision": "bf16",
+    "schedule": "1f1b",
+    "microbatches": 4,
+    "netns": {"link_mbit": 100.0, "link_delay_ms": 0.0},
+}
+
+BAD_DISTRIBUTED = [
+    ("strategy", "zero9"),
+    ("world_size", 0),
+    ("backend", 7),
+    ("batch", "local"),
+    ("rank_threads", 1.5),
+    ("timeout_s", -1.0),
+    ("bucket_cap_mb", 0),
+    ("reshard_after_forward", "yes"),
+    ("mixed_precision", "fp8"),
+    ("schedule", "interleaved"),
+    ("microbatches", -4),
+    ("netns", "veth"),
+    ("netns.link_mbit", 0.0),
+    ("netns.link_delay_ms", -2.0),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_DISTRIBUTED, ids=[f for f, _ in BAD_DISTRIBUTED])
+def test_a_bad_distributed_setting_is_refused_naming_it(tmp_path, capsys, field, value):
+    doc = document()
+    doc["settings"]["distributed"] = json.loads(json.dumps(DISTRIBUTED))
+    *outer, last = ["settings", "distributed", *field.split(".")]
+    target = doc
+    for key in outer:
+        target = target[key]
+    target[last] = value
+    record = write(tmp_path / "bad.json", doc)
+    for command in ("show", "report"):
+        code, out, err = cli(capsys, command, str(record))
+        assert_refused(code, out, err, str(record), f"settings.distributed.{field} is {value!r}")
+
+
+def test_the_distributed_settings_every_strategy_writes_are_read(tmp_path, capsys):
+    """The valid block, null where null is allowed, and each strategy and schedule dnnperf has."""
+    from dnnperf.distributed import SCHEDULES, STRATEGIES
+    from dnnperf.results.fields import DISTRIBUTED_STRATEGIES, PIPELINE_SCHEDULES
+
+    assert (DISTRIBUTED_STRATEGIES, PIPELINE_SCHEDULES) == (STRATEGIES, SCHEDULES)
+    for strategy, schedule in zip(STRATEGIES, [*SCHEDULES, *SCHEDULES, SCHEDULES[0]], strict=True):
+        doc = document()
+        doc["settings"]["distributed"] = {
+            **DISTRIBUTED,
+            "strategy": strategy,
+            "schedule": schedule,
+            "mixed_precision": None,
+            "netns": None,
+        }
+        assert RunRecord.from_dict(doc).settings["distributed"]["strategy"] == strategy
+
+
 def test_runs_skips_and_names_a_record_with_a_huge_integer_and_lists_the_rest(tmp_path, capsys):
     write(tmp_path / "good.json", document())
     doc, huge_at = mutated("bench", ("points", 0, "batch_size"), "HUGE")

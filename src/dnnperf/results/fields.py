@@ -57,6 +57,12 @@ NUMBER = Kind("a number", is_number)
 TEXT = Kind("a string", lambda v: isinstance(v, str))
 FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 
+
+def one_of(*names: str) -> Kind:
+    """A name from ``names``."""
+    return Kind(f"one of {', '.join(names)}", lambda v: isinstance(v, str) and v in names)
+
+
 #: A step's memory: a point's ``memory`` section and each rank's (docs/run-record.md).
 MEMORY = Maybe(
     {
@@ -277,6 +283,30 @@ WATCH = {
 }
 
 
+#: The strategies and pp schedules a distributed run records (``dnnperf.distributed``'s, which this
+#: layer cannot import: tests/test_hostile_input.py holds them equal).
+DISTRIBUTED_STRATEGIES = ("dp", "fsdp", "zero1", "pp", "tp")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+
+#: ``settings.distributed`` of ``dnnperf profile --nproc N`` (docs/run-record.md): the layout the
+#: ranks ran under, each strategy's own settings present only for it.
+DISTRIBUTED = Maybe(
+    {
+        "strategy": one_of(*DISTRIBUTED_STRATEGIES),
+        "world_size": POSITIVE_COUNT,
+        "backend": TEXT,
+        "batch": one_of("global"),
+        "rank_threads": POSITIVE_COUNT,
+        "timeout_s": POSITIVE_AMOUNT,
+        "bucket_cap_mb": nullable(POSITIVE_AMOUNT),  # dp, zero1; null: DDP's default
+        "reshard_after_forward": FLAG,  # fsdp
+        "mixed_precision": nullable(one_of("bf16")),  # fsdp
+        "schedule": one_of(*PIPELINE_SCHEDULES),  # pp
+        "microbatches": POSITIVE_COUNT,  # pp
+        "netns": Maybe({"link_mbit": nullable(POSITIVE_AMOUNT), "link_delay_ms": AMOUNT}),
+    }
+)
+
 #: The record's known fields (docs/run-record.md); others are checked by the first pass only.
 RECORD = {
     "pid": nullable(COUNT),
@@ -303,6 +333,7 @@ RECORD = {
         "stages": FLAG,
         "layers": FLAG,
         "torch_threads": nullable(POSITIVE_COUNT),
+        "distributed": DISTRIBUTED,
     },
     "environment": {
         "machine": {
