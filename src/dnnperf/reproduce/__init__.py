@@ -63,7 +63,8 @@ def render_markdown(reproduction: Reproduction) -> str:
         f"commit `{reproduction.commit}`: "
         f"{machine.get('cpu_model', '?')}, {machine.get('cores_usable', '?')} usable cores, "
         f"{machine.get('memory_bytes', 0) / 2**30:.0f} GiB, {gpus}; torch {software.get('torch', '?')}; "
-        f"{reproduction.seconds / 60:.1f} minutes.",
+        f"{reproduction.seconds / 60:.1f} minutes; load average at the end "
+        f"{'/'.join(f'{x:.1f}' for x in reproduction.load)} (1/5/15 min).",
         "",
         "| the paper's claim | measured here | verdict | why | produced by |",
         "|---|---|---|---|---|",

@@ -55,6 +55,8 @@ class Reproduction:
     software: dict[str, Any] = field(default_factory=dict)
     date: str = ""
     commit: str = ""
+    #: The host's load average over 1, 5 and 15 minutes when the reproduction ended (others' work).
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -116,6 +118,7 @@ def finish(reproduction: Reproduction, start: float) -> Reproduction:
     reproduction.machine = environment.machine()
     reproduction.software = environment.software()
     reproduction.commit = environment.source_commit()
+    reproduction.load = os.getloadavg()
     reproduction.date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     reproduction.seconds = time.perf_counter() - start
     return reproduction
