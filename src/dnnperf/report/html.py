@@ -27,7 +27,7 @@ from dnnperf.analysis.memory import peak_table, predict_max_batch, scaling_fit
 from dnnperf.errors import UsageError
 from dnnperf.jsonio import write_text_atomic
 from dnnperf.report import charts
-from dnnperf.report.terminal import how_it_ended, human_count, sampling_cost
+from dnnperf.report.terminal import how_it_ended, human_count, sampling_cost, strategy_settings
 from dnnperf.results.memory import CATEGORIES
 from dnnperf.results.record import RunRecord
 
@@ -428,10 +428,11 @@ def ranks_section(report: Report) -> Section | None:
             "median ms per step",
             seconds=True,
         )
+        own = strategy_settings(report.record.settings.get("distributed"))
         caption = (
             f"batch {point.batch_size}: {point.ranks.strategy} over {point.ranks.world_size} ranks "
-            f"({point.ranks.backend}); imbalance {pct(balance['excess'].max())} "
-            "(slowest busy / mean busy - 1)"
+            f"({point.ranks.backend}{'; ' + own if own else ''}); imbalance "
+            f"{pct(balance['excess'].max())} (slowest busy / mean busy - 1)"
         )
         rows = [{"what": n, **{f"rank {r}": v for r, v in row.items()}} for n, row in medians.iterrows()]
         columns = [

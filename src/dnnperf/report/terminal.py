@@ -457,18 +457,45 @@ def memory_scaling_table(
     return table
 
 
-def ranks_tables(batch_size: int, ranks: Any) -> list[Table]:
-    """A distributed point: every rank's stages side by side with the slowest rank and the imbalance,
-    then (dp) each gradient bucket's allreduce, then (``--memory``) each rank's peak by category."""
+def strategy_settings(distributed: Any) -> str:
+    """The strategy's own settings of a record's ``settings.distributed`` as one phrase ("" when it
+    has none, or the block is absent): fsdp's resharding and mixed precision, dp's and zero1's bucket
+    cap, pp's schedule and micro-batches."""
+    if not isinstance(distributed, dict):
+        return ""
+    strategy = distributed.get("strategy")
+    if strategy == "fsdp":
+        parts = []
+        if "reshard_after_forward" in distributed:
+            reshard = distributed["reshard_after_forward"]
+            parts.append("resharded after forward" if reshard else "kept gathered after forward")
+        if "mixed_precision" in distributed:
+            parts.append(f"mixed precision {distributed['mixed_precision'] or 'none'}")
+        return ", ".join(parts)
+    if strategy in ("dp", "zero1") and "bucket_cap_mb" in distributed:
+        cap = distributed["bucket_cap_mb"]
+        return f"bucket cap {'DDP default' if cap is None else f'{cap:g} MiB'}"
+    if strategy == "pp" and "schedule" in distributed:
+        return f"{distributed['schedule']} schedule, {distributed.get('microbatches')} micro-batches"
+    return ""
+
+
+def ranks_tables(batch_size: int, ranks: Any, distributed: Any = None) -> list[Table]:
+    """A distributed point: every rank's stages side by side (its exposed ``exchange`` beside its
+    compute) with the slowest rank and the imbalance, then (dp) each gradient bucket's allreduce, then
+    (``--memory``) each rank's peak by category. ``distributed``: the record's
+    ``settings.distributed``, whose strategy settings the title names."""
     from dnnperf.distributed.ranks import bucket_table, rank_balance, rank_medians, rank_memory
 
     medians, balance = rank_medians(ranks), rank_balance(ranks)
     slowest = int(balance.index[balance["slowest"]][0])
     imbalance = float(balance["excess"].max())
+    own = strategy_settings(distributed)
     table = Table(
         title=(
             f"batch {batch_size}: {ranks.strategy} over {ranks.world_size} ranks ({ranks.backend}, "
-            f"{ranks.timing}), median ms per step; slowest rank {slowest}, imbalance {100 * imbalance:.1f}%"
+            f"{ranks.timing}{'; ' + own if own else ''}), median ms per step; slowest rank {slowest}, "
+            f"imbalance {100 * imbalance:.1f}%"
         ),
         title_justify="left",
     )
@@ -967,7 +994,7 @@ def signal_name(number: int | None) -> str:
 
 
 def how_it_ended(result: Any) -> str:
-    """"exited with code 0", "killed by SIGKILL", "interrupted (SIGINT), exited with code 130"."""
+    """ "exited with code 0", "killed by SIGKILL", "interrupted (SIGINT), exited with code 130"."""
     ending = (
         f"exited with code {result.exit_code}"
         if result.exit_code is not None
@@ -1117,7 +1144,9 @@ def watch_steps_table(result: Any) -> Table | None:
     for name in ("steps", "median step", "p90 step", "median RSS growth per step"):
         table.add_column(name, justify="right")
     table.add_row(
-        str(len(steps)), f"{milliseconds(times.median)} ms", f"{milliseconds(times.p90)} ms",
+        str(len(steps)),
+        f"{milliseconds(times.median)} ms",
+        f"{milliseconds(times.p90)} ms",
         mebibytes(growth.median),
     )
     return table
