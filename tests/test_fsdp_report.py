@@ -12,6 +12,7 @@ from rich.console import Console
 from dnnperf.report.html import render
 from dnnperf.report.terminal import ranks_tables, strategy_settings
 from dnnperf.results.record import RunRecord
+from test_hostile_input import DISTRIBUTED
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
@@ -36,12 +37,7 @@ def fsdp_record(reshard: bool = False, mixed_precision: str | None = "bf16") -> 
             }
         )
     distributed = {
-        "strategy": "fsdp",
-        "world_size": 2,
-        "backend": "gloo",
-        "batch": "global",
-        "rank_threads": 1,
-        "timeout_s": 300.0,
+        **DISTRIBUTED,
         "reshard_after_forward": reshard,
         "mixed_precision": mixed_precision,
         "netns": None,
