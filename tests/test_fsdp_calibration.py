@@ -59,3 +59,25 @@ def test_the_microbenchmark_counts_its_stacks_by_hand(tmp_path, monkeypatch):
     assert [(s.groups, s.tensors) for s in samples] == [(u + 1, 2 * u * k + 2) for u, k in CONFIGS]
     assert [s.update_calls for s in samples] == [10 * s.tensors for s in samples]
     assert list(scratch.iterdir()) == []
+
+
+def test_a_rank_that_fails_or_overruns_is_named_with_its_last_line():
+    import subprocess
+    import sys
+
+    from dnnperf.errors import DnnperfError
+    from dnnperf.perfmodel.fsdp_calibration import wait_for_ranks
+
+    def rank(code: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+
+    failing = [rank("pass"), rank("import sys; sys.exit('no gloo here')")]
+    with pytest.raises(DnnperfError, match=r"^bench: rank 1 failed: no gloo here$"):
+        wait_for_ranks(failing, 60.0, "bench")
+    slow = [rank("import time; time.sleep(30)")]
+    try:
+        with pytest.raises(DnnperfError, match=r"^bench: rank 0 did not finish in 0.5 s$"):
+            wait_for_ranks(slow, 0.5, "bench")
+    finally:
+        slow[0].kill()
+        slow[0].wait()

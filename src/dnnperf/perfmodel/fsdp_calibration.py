@@ -206,7 +206,7 @@ def measure(repeats: int = REPEATS, timeout_s: float = 300.0) -> list[Sample]:
                         preexec_fn=die_with_this_process(),
                     )
                 )
-            _wait(ranks, timeout_s)
+            wait_for_ranks(ranks, timeout_s, "fsdp microbenchmark")
             per_rank = json.loads(out.read_text(encoding="utf-8"))
         finally:
             for process in ranks:
@@ -223,19 +223,18 @@ def measure(repeats: int = REPEATS, timeout_s: float = 300.0) -> list[Sample]:
     ]
 
 
-def _wait(ranks: Sequence[subprocess.Popen], timeout_s: float) -> None:
-    """Wait for every rank; a rank that fails or overruns raises with its last line."""
+def wait_for_ranks(ranks: Sequence[subprocess.Popen], timeout_s: float, what: str) -> None:
+    """Wait for every rank of a microbenchmark (``what``) started with stderr piped; one that fails
+    or overruns raises DnnperfError with its last line."""
     deadline = time.monotonic() + timeout_s
     for rank, process in enumerate(ranks):
         try:
             _, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            raise DnnperfError(
-                f"fsdp microbenchmark: rank {rank} did not finish in {timeout_s:g} s"
-            ) from None
+            raise DnnperfError(f"{what}: rank {rank} did not finish in {timeout_s:g} s") from None
         if process.returncode != 0:
             last = (stderr.strip().splitlines() or ["no message"])[-1]
-            raise DnnperfError(f"fsdp microbenchmark: rank {rank} failed: {last}")
+            raise DnnperfError(f"{what}: rank {rank} failed: {last}")
 
 
 def measure_fsdp_cost() -> FsdpCost:
