@@ -122,3 +122,13 @@ def test_the_html_report_names_fsdps_settings_and_each_ranks_exchange():
 )
 def test_strategy_settings_phrase(distributed, text):
     assert strategy_settings(distributed) == text
+
+
+def test_dnnperf_show_passes_the_settings_to_the_ranks_title(tmp_path):
+    from conftest import run_cli
+    from dnnperf.results.store import RunStore
+
+    path = RunStore(tmp_path).save(fsdp_record())
+    result = run_cli("show", str(path), env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert "kept gathered after forward, mixed precision bf16" in " ".join(result.stdout.split())

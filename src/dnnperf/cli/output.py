@@ -193,6 +193,6 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
         if point.ranks is not None and point.ranks.steps:
             from dnnperf.report.terminal import ranks_tables
 
-            for table in ranks_tables(point.batch_size, point.ranks):
+            for table in ranks_tables(point.batch_size, point.ranks, record.settings.get("distributed")):
                 out.print(table)
 
