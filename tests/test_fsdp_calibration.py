@@ -65,8 +65,8 @@ def test_a_rank_that_fails_or_overruns_is_named_with_its_last_line():
     import subprocess
     import sys
 
+    from dnnperf.distributed.lifeline import wait_for_ranks
     from dnnperf.errors import DnnperfError
-    from dnnperf.perfmodel.fsdp_calibration import wait_for_ranks
 
     def rank(code: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)

@@ -32,6 +32,8 @@ from types import TracebackType
 
 import psutil
 
+from dnnperf.errors import DnnperfError
+
 #: The environment variable that marks a job's processes (also set by ``launch.rank_environment``).
 ENV_RANK_DIR = "DNNPERF_RANK_DIR"
 #: How long the lifeline keeps killing the job's processes before it gives up on the stragglers.
@@ -149,3 +151,17 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def wait_for_ranks(ranks: Sequence[subprocess.Popen], timeout_s: float, what: str) -> None:
+    """Wait for every rank of a microbenchmark (``what``) started with stderr piped; one that fails
+    or overruns raises DnnperfError with its last line."""
+    deadline = time.monotonic() + timeout_s
+    for rank, process in enumerate(ranks):
+        try:
+            _, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            raise DnnperfError(f"{what}: rank {rank} did not finish in {timeout_s:g} s") from None
+        if process.returncode != 0:
+            last = (stderr.strip().splitlines() or ["no message"])[-1]
+            raise DnnperfError(f"{what}: rank {rank} failed: {last}")

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
+from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline, wait_for_ranks
 from dnnperf.distributed.netns import LinkShape, NetnsPair, burst_bytes
 from dnnperf.errors import DnnperfError
 from dnnperf.interrupts import die_with_this_process
@@ -175,17 +175,7 @@ def _measure_ranks(
                     preexec_fn=die_with_this_process(),
                 )
             )
-        deadline = time.monotonic() + timeout_s
-        for rank, process in enumerate(ranks):
-            try:
-                _, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                raise DnnperfError(
-                    f"collective microbenchmark: rank {rank} did not finish in {timeout_s:g} s"
-                ) from None
-            if process.returncode != 0:
-                last = (stderr.strip().splitlines() or ["no message"])[-1]
-                raise DnnperfError(f"collective microbenchmark: rank {rank} failed: {last}")
+        wait_for_ranks(ranks, timeout_s, "collective microbenchmark")
         per_rank = json.loads(out.read_text(encoding="utf-8"))
     finally:
         for process in ranks:

@@ -38,8 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline
-from dnnperf.errors import DnnperfError
+from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline, wait_for_ranks
 from dnnperf.interrupts import die_with_this_process
 
 WORLD = 2
@@ -221,20 +220,6 @@ def measure(repeats: int = REPEATS, timeout_s: float = 300.0) -> list[Sample]:
     return [
         Sample(int(r[0]), int(r[1]), int(r[2]), mean(i, 3), mean(i, 4)) for i, r in enumerate(per_rank[0])
     ]
-
-
-def wait_for_ranks(ranks: Sequence[subprocess.Popen], timeout_s: float, what: str) -> None:
-    """Wait for every rank of a microbenchmark (``what``) started with stderr piped; one that fails
-    or overruns raises DnnperfError with its last line."""
-    deadline = time.monotonic() + timeout_s
-    for rank, process in enumerate(ranks):
-        try:
-            _, stderr = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            raise DnnperfError(f"{what}: rank {rank} did not finish in {timeout_s:g} s") from None
-        if process.returncode != 0:
-            last = (stderr.strip().splitlines() or ["no message"])[-1]
-            raise DnnperfError(f"{what}: rank {rank} failed: {last}")
 
 
 def measure_fsdp_cost() -> FsdpCost:
