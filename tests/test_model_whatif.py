@@ -140,3 +140,18 @@ def test_a_configuration_where_nothing_fits_is_a_crossing_only_where_something_d
     console.print(crossover_table(found))
     text = console.export_text()
     assert text.count("none fits") == 2 and "dp" in text
+
+
+def test_a_sweep_says_what_it_is_doing_configuration_by_configuration():
+    """The truth: a sweep over 3 node counts x 2 link speeds has 6 configurations; the first describes
+    the workload (counted once, then cached), each later one predicts, the fraction rising from 0."""
+    from dnnperf.perfmodel.machine import preset
+    from dnnperf.perfmodel.predict import sweep
+
+    heard: list[tuple[str, float]] = []
+    axes = {"nodes": [1, 2, 4], "link_gbps": [10.0, 100.0]}
+    frame = sweep("basic_cnn", preset("a100-ib"), 8, axes, ("dp",), lambda w, f: heard.append((w, f)))
+    assert len(frame) == 6 and len(heard) == 6
+    assert "describing basic_cnn" in heard[0][0] and heard[0][1] == 0.0
+    assert [w for w, _ in heard[1:]] == [f"predicting configuration {i} of 6" for i in range(2, 7)]
+    assert [f for _, f in heard] == [i / 6 for i in range(6)]

@@ -162,7 +162,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from dnnperf.devices import resolve_device
 
     resolve_device(args.device)  # a device that is not there is an error, whichever machine is asked for
-    machine = load_machine(args.machine, args.device)
+    calibrating = "calibrating the model's costs on this machine (cached afterwards)"
+    with out.progress_fraction(calibrating if args.machine == "hw" else f"loading machine {args.machine}"):
+        machine = load_machine(args.machine, args.device)
     changes = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     machine = dataclasses.replace(machine, **changes)
     several = machine.devices > 1 or {"nodes", "devices_per_node"} & set(axes)
@@ -185,7 +187,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if "pp" not in chosen and (args.micro_batches is not None or args.schedule is not None):
         raise UsageError(f"--micro-batches and --schedule are pp's: the strategies are {', '.join(chosen)}")
     if axes:
-        frame = sweep(workload.name, machine, batch, axes, strategies_=chosen, **options)
+        with out.progress_fraction("predicting") as update:
+            frame = sweep(workload.name, machine, batch, axes, strategies_=chosen, progress=update, **options)
         record_path, report_path = save_sweep(args, workload, machine.name, batch, axes, chosen, frame)
         if args.json:
             out.json(
@@ -207,13 +210,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 out.print(f"report: {report_path}")
         return 0
     predictions, refused = [], {}
-    for strategy in chosen:
-        try:
-            predictions.append(predict(workload.name, machine, batch, strategy, **options))
-        except UsageError as error:
-            if len(chosen) == 1:
-                raise
-            refused[strategy] = str(error)
+    with out.progress_fraction("predicting") as update:
+        for done, strategy in enumerate(chosen):
+            what = f"{strategy}: describing {workload.name} at batch {batch} (cached afterwards)"
+            update(what, done / len(chosen))
+            try:
+                predictions.append(predict(workload.name, machine, batch, strategy, **options))
+            except UsageError as error:
+                if len(chosen) == 1:
+                    raise
+                refused[strategy] = str(error)
     best = best_strategy(predictions)
     if args.json:
         out.json(

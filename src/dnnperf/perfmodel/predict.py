@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from dnnperf.perfmodel.compute import (
     op_times,
     step_time,
 )
-from dnnperf.perfmodel.graph import ScalableGraph, StepGraph, workload_graph
+from dnnperf.perfmodel.graph import BASE_BATCHES, ScalableGraph, StepGraph, workload_graph
 from dnnperf.perfmodel.kernels import split_kernels
 from dnnperf.perfmodel.machine import AXES, Machine
 
@@ -686,18 +686,29 @@ def sweep(
     batch_size: int,
     axes: Mapping[str, Sequence[float]],
     strategies_: Sequence[str] = ("dp", "pp", "tp"),
+    progress: Callable[[str, float], None] | None = None,
     **kwargs: Any,
 ) -> pd.DataFrame:
     """Every combination of the axes' values (``batch_size`` and machine.AXES) x strategy: one row each,
     with the split, throughput, memory and ``reason`` where the strategy cannot apply. Batch sizes
     between the counted ones are interpolated (FLOPs and bytes are affine in the batch), so a suite
-    workload's points are the roofline's: no kernel is replayed (graph.workload_graph)."""
+    workload's points are the roofline's: no kernel is replayed (graph.workload_graph). ``progress``
+    hears what is being done and the fraction done."""
     for axis in axes:
         if axis != "batch_size" and axis not in AXES:
             raise UsageError(f"unknown sweep axis {axis!r}: use batch_size or one of {', '.join(AXES)}")
     names = list(axes)
     rows = []
-    for values in itertools.product(*(axes[a] for a in names)):
+    configurations = list(itertools.product(*(axes[a] for a in names)))
+    for done, values in enumerate(configurations):
+        if progress is not None:
+            what = (
+                f"describing {source if isinstance(source, str) else source.name}: a counted training step "
+                f"at batch {' and '.join(map(str, BASE_BATCHES))} (cached afterwards)"
+                if done == 0
+                else f"predicting configuration {done + 1} of {len(configurations)}"
+            )
+            progress(what, done / len(configurations))
         config = dict(zip(names, values, strict=True))
         current, batch = machine, batch_size
         for axis, value in config.items():
