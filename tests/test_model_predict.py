@@ -464,21 +464,40 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch, known
     assert len(delay.durations()) == (warmup + repeats) * SPLIT_REGIONS  # one wait per region and step
     waited = statistics.median(delay.per_step(repeats, calls_per_step=SPLIT_REGIONS)) / SPLIT_REGIONS
     assert 0 < base < 5e-4
-    assert slowed - base == pytest.approx(waited, rel=0.25)
+    # One-sided above: another process on this core's sibling slows the split's own instructions
+    # (never speeds them), which the paired whole step does not fully cancel: a CPU hog beside the
+    # tests has read 1.3x the waits. Below, losing a quarter of the regions' waits fails; above,
+    # counting them twice or dividing by half the regions (2x) fails.
+    assert 0.75 * waited <= slowed - base <= 1.6 * waited
 
 
 def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeypatch) -> None:
     """Every call the counter times made to look 20 us longer (its start read 20 us early): the
-    timing's own cost per call, against a plain view, grows by those 20 us."""
+    timing's own cost per call, against a plain view, grows by those 20 us. Both clocks read this
+    thread's CPU time, so another process's preemption moves neither side; the plain and the slowed
+    calibrations alternate, three of each, and their medians are compared (a core shared with another
+    process still slows this one's instructions a little, alike on both sides)."""
+    import time
+
     from dnnperf.perfmodel.calibrate import operator_call_overhead
     from dnnperf.probes import opcount
 
-    base = operator_call_overhead("cpu")
+    monkeypatch.setattr(time, "perf_counter", time.thread_time)
+    monkeypatch.setattr(time, "perf_counter_ns", time.thread_time_ns)
     real_start = opcount.HostTimer.start
-    monkeypatch.setattr(opcount.HostTimer, "start", lambda self: real_start(self) - 20_000)
-    slowed = operator_call_overhead("cpu")
+
+    def early(self) -> int:
+        return real_start(self) - 20_000
+
+    bases, slowed = [], []
+    for _ in range(3):
+        bases.append(operator_call_overhead("cpu"))
+        with monkeypatch.context() as patch:
+            patch.setattr(opcount.HostTimer, "start", early)
+            slowed.append(operator_call_overhead("cpu"))
+    base = statistics.median(bases)
     assert 0 < base < 20e-6
-    assert slowed - base == pytest.approx(20e-6, abs=5e-6)
+    assert statistics.median(slowed) - base == pytest.approx(20e-6, abs=5e-6)
 
 
 def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:
