@@ -59,13 +59,13 @@ MODELS = (
     ("hf:swin", "tiny", (4, 8), "windowed vision transformer"),
     ("hf:vit", "small", (4, 8), "vision transformer"),
     ("hf:deit", "small", (4, 8), "vision transformer (distilled)"),
-    ("hf:bert", "small", (2, 4), "encoder, masked LM"),
-    ("hf:electra", "small", (2, 4), "encoder, masked LM"),
-    ("hf:gpt2", "small", (2, 4), "decoder, causal LM"),
-    ("hf:llama", "small", (2, 4), "decoder, causal LM (RMSNorm, SwiGLU, rotary)"),
-    ("hf:opt", "small", (2, 4), "decoder, causal LM"),
-    ("hf:t5", "small", (2, 4), "encoder-decoder"),
-    ("hf:bart", "small", (2, 4), "encoder-decoder"),
+    ("hf:bert", "small", (2, 3), "encoder, masked LM"),
+    ("hf:electra", "small", (2, 3), "encoder, masked LM"),
+    ("hf:gpt2", "small", (2, 3), "decoder, causal LM"),
+    ("hf:llama", "small", (2, 3), "decoder, causal LM (RMSNorm, SwiGLU, rotary)"),
+    ("hf:opt", "small", (2, 3), "decoder, causal LM"),
+    ("hf:t5", "small", (2, 3), "encoder-decoder"),
+    ("hf:bart", "small", (2, 3), "encoder-decoder"),
 )
 PREDICTIONS = 3
 DOCS = Path(__file__).resolve().parent.parent / "docs"
