@@ -20,7 +20,7 @@ WGAN-GP batch 16 was predicted at 157 ms, with 8 MiB written between calls (4x t
 with 64 MiB (which also thrashes the L3 and the TLB) 239 ms, against 187 ms measured; small convolutions
 are the most sensitive. On a GPU the L2 is flushed whole (twice its size written), not yet checked
 against a step. These are microbenchmarks of the library on this device, never the step being predicted;
-their results are cached per host, device, thread count and torch version. """
+their results are cached per host, device, thread count and torch version."""
 
 from __future__ import annotations
 
