@@ -459,3 +459,21 @@ def test_gelus_tanh_approximation_is_a_row_of_its_own():
     names = {(r.module, r.phase, r.name) for r in counter.table()}
     assert {("1", "forward", "aten.gelu[tanh]"), ("1", "backward", "aten.gelu_backward[tanh]")} <= names
     assert {("2", "forward", "aten.gelu"), ("2", "backward", "aten.gelu_backward")} <= names
+
+
+@pytest.mark.parametrize(
+    ("pool", "shape", "window"),
+    [
+        (nn.AvgPool2d(3, stride=2, padding=1), (2, 4, 8, 8), 9),  # the kernel fits: 3x3 per output
+        (nn.MaxPool2d(2), (2, 4, 8, 8), 4),
+        # EfficientNet's pooler: a 1280-wide kernel with ceil_mode over a 2x2 map covers the 2x2 map
+        (nn.AvgPool2d(1280, ceil_mode=True), (2, 4, 2, 2), 4),
+    ],
+)
+def test_pooling_flops_are_the_window_it_covers_per_output(pool, shape, window):
+    """The truth: a pooling output reads (and adds or compares) the input elements its window covers:
+    the kernel, or the whole padded input where the kernel is larger than it."""
+    x = torch.randn(*shape, requires_grad=True)
+    counter = forward_and_backward(nn.Sequential(pool), x)
+    outputs = pool(x).numel()
+    assert flops(counter, "0", "forward", ("pooling",)) == window * outputs

@@ -438,10 +438,18 @@ def _norm_backward(train_arg: str | None) -> Formula:
     return formula
 
 
-def _window(kernel: Any, dims: int) -> int:
-    sizes = [int(k) for k in kernel] if isinstance(kernel, (list, tuple)) else [int(kernel)]
-    if len(sizes) == 1:
-        sizes = sizes * dims
+def _sizes(value: Any, dims: int) -> list[int]:
+    sizes = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    return sizes * dims if len(sizes) == 1 else sizes
+
+
+def _window(kernel: Any, dims: int, spatial: Sequence[int] | None = None, padding: Any = 0) -> int:
+    """Elements a pooling window covers: its kernel, cut to the padded input where the kernel is larger
+    (EfficientNet pools a 2x2 map with a 1280-wide kernel and ceil_mode)."""
+    sizes = _sizes(kernel, dims)
+    if spatial is not None:
+        pads = _sizes(padding or 0, dims)
+        sizes = [min(k, s + 2 * p) for k, s, p in zip(sizes, spatial, pads, strict=True)]
     return math.prod(sizes)
 
 
@@ -449,7 +457,9 @@ def _pool(dims: int, per_grad: bool = False) -> Formula:
     # k per output element (max: comparisons; avg: additions and the division)
     def formula(call: OpCall) -> int:
         size = call.arg("grad_output").numel() if per_grad else _out_numel(call)
-        return _window(call.arg("kernel_size"), dims) * size
+        source = call.arg("self")
+        spatial = tuple(source.shape[-dims:]) if isinstance(source, torch.Tensor) else None
+        return _window(call.arg("kernel_size"), dims, spatial, call.arg("padding", 0)) * size
 
     return formula
 
