@@ -54,6 +54,7 @@ HF_MODELS = [
     ("gpt2", "GPT2LMHeadModel", "language modelling"),  # decoder: causal LM
     ("bert", "BertForMaskedLM", "language modelling"),  # encoder: masked LM
     ("t5", "T5ForConditionalGeneration", "machine translation"),  # encoder-decoder: seq2seq
+    ("gpt_neo", "GPTNeoForCausalLM", "language modelling"),  # attention kinds listed per layer
 ]
 
 
@@ -196,9 +197,10 @@ def test_a_misspelt_timm_name_gets_the_closest_matches():
 
 @pytest.mark.parametrize(
     ("name", "module", "extra"),
-    [("timm:resnet34", "timm", "timm"), ("hf:gpt_neo", "transformers", "zoo")],
+    [("timm:resnet34", "timm", "timm"), ("hf:mistral", "transformers", "zoo")],
 )
 def test_a_missing_library_is_one_line_saying_how_to_install_it(monkeypatch, name, module, extra):
+    # (a name no other test builds: the zoo keeps the workloads it built)
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if the package were not installed
     with pytest.raises(UsageError) as refused:
         get_workload(name)

@@ -276,6 +276,12 @@ def _shrunk(config: Any, layers: int, width: int, heads: int, vocab: int, seq_le
         settings[name] = vocab
     for name in _present(config, ("max_position_embeddings",)):
         settings[name] = 2 * seq_len  # room for models whose positions start past 0
+    # GPT-Neo lists its attention kinds per layer as [[pattern, repeats]]: as many as the layers.
+    patterns = getattr(config, "attention_types", None)
+    if patterns and isinstance(patterns[0][0], list):
+        pattern = patterns[0][0]
+        settings["attention_types"] = [[pattern, max(1, layers // len(pattern))]]
+        settings["num_layers"] = len(pattern) * max(1, layers // len(pattern))
     # Special tokens past the shrunk vocabulary would index outside the embeddings.
     for name, value in vars(config).items():
         if name.endswith("_token_id") and isinstance(value, int) and value >= vocab:
@@ -333,7 +339,10 @@ def hf_model(config: HFConfig | HFImageConfig) -> nn.Module:
     """The transformers model of a preset, as the library builds it (random weights)."""
     import transformers
 
-    model_config = transformers.AutoConfig.for_model(config.model_type, **config.settings)
+    try:
+        model_config = transformers.AutoConfig.for_model(config.model_type, **config.settings)
+    except Exception as error:  # a setting the library refuses: one line naming it, not its traceback
+        raise UsageError(f"hf:{config.model_type}: transformers refuses its settings ({error})") from None
     if getattr(model_config, "use_cache", None):
         # A training step needs no key/value cache, and a cache filled again when a recomputed block
         # reruns its forward would no longer match the one the forward saw (memsave).
@@ -348,7 +357,10 @@ def hf_model(config: HFConfig | HFImageConfig) -> nn.Module:
         SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
         IMAGE: transformers.AutoModelForImageClassification,
     }[config.head]
-    return auto.from_config(model_config)
+    try:
+        return auto.from_config(model_config)
+    except Exception as error:
+        raise UsageError(f"hf:{config.model_type}: transformers cannot build it ({error})") from None
 
 
 def _causal_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
