@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python benchmarks/memsave_benchmarks.py --out memsave-benchmarks.json
 	OMP_NUM_THREADS=1 $(BIN)/dnnperf hw -q --output model-hw-1thread.json
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/model_validation.py --profile model-hw-1thread.json --json model-validation.json
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/heldout_validation.py --profile model-hw-1thread.json --json heldout-validation.json --markdown heldout-validation.md
 	$(BIN)/dnnperf validate --collectives --json > model-collectives.json
 	$(BIN)/dnnperf validate resnet18 vgg16 gpt2 --batch-sizes 8,16 --distributed dp,pp,tp --hw model-hw-1thread.json --json > model-distributed.json
 
