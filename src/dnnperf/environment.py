@@ -87,14 +87,16 @@ def describe() -> dict[str, Any]:
 
 
 def source_commit() -> str:
-    """The commit of the dnnperf checkout this code runs from, marked when its working tree differs;
-    "unknown" for an installed copy outside git."""
+    """The commit of the dnnperf checkout this code runs from, marked when the package's own files
+    differ from it (what a run writes elsewhere, docs included, does not count); "unknown" for an
+    installed copy outside git."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=here
         ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True, cwd=here).returncode
+        changed = ["git", "diff", "--quiet", "HEAD", "--", "."]  # the package's own files only
+        dirty = subprocess.run(changed, capture_output=True, cwd=here).returncode
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{commit} with local changes" if dirty else commit
