@@ -218,3 +218,21 @@ def test_a_started_record_stores_the_documented_settings():
     assert record.to_dict()["settings"] == documented
     assert record.pid == os.getpid() and record.status == "running" and "-resnet18-tiny-" in record.id
     assert RunRecord.from_dict(json.loads(json.dumps(record.to_dict()))).settings == documented
+
+
+def test_a_validation_records_distributed_is_the_strategies_as_typed(tmp_path):
+    """`dnnperf validate --distributed dp,pp` stores the strategies as typed; a distributed run's
+    `settings.distributed` is the layout its ranks ran under, an object: each kind is checked as its."""
+    from dnnperf.results.settings import ValidateSettings
+
+    settings = ValidateSettings(
+        device="cpu", data="memory", batch_sizes=[8], steps=2, distributed="dp,pp", memory=False,
+        collectives=False, hw=None,
+    )  # fmt: skip
+    record = RunRecord.start("validate", {"name": "basic_cnn", "preset": "tiny"}, settings)
+    store = RunStore(tmp_path)
+    assert read_record(store.save(record)).settings["distributed"] == "dp,pp"
+    document = make_record().to_dict()
+    document["settings"]["distributed"] = "dp"
+    with pytest.raises(RecordError, match=r"settings\.distributed"):
+        RunRecord.from_dict(document)

@@ -443,7 +443,12 @@ def check_fields(value: Any, spec: Any, path: tuple[Any, ...] = ()) -> None:
         check_fields(item, spec[0], (*path, index))
 
 
+#: A validation record's ``settings.distributed`` is the strategies it was asked for, as typed.
+VALIDATE_RECORD = {**RECORD, "settings": {**RECORD["settings"], "distributed": nullable(TEXT)}}
+
+
 def check_record_fields(document: dict[str, Any]) -> None:
     """Both passes over a parsed record; a FieldError names the first bad field."""
     check_numbers(document)
-    check_fields(document, RECORD)
+    validation = isinstance(document, dict) and document.get("kind") == "validate"
+    check_fields(document, VALIDATE_RECORD if validation else RECORD)
