@@ -3,11 +3,14 @@ grows as bytes / bandwidth predicts. Needs root, iproute2 and namespace support 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import statistics
 import subprocess
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 from tests.conftest import run_cli
@@ -20,7 +23,7 @@ def _netns_usable() -> str | None:
         return "network namespaces need root"
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "iproute2 (ip, tc) is not installed"
-    probe = "dnnperf-probe-netns"
+    probe = f"probe-dnnperf-{os.getpid()}"  # not a dnnperf- name: no test counts it as left behind
     if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode:
         return "this machine does not let us create network namespaces"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
@@ -30,6 +33,18 @@ def _netns_usable() -> str | None:
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_netns_usable() is not None, reason=str(_netns_usable()))]
 
 MBIT = 100.0
+
+
+@pytest.fixture(autouse=True)
+def one_namespace_test_at_a_time() -> Iterator[None]:
+    """Each test here checks that no dnnperf namespace is left on the machine: a lock shared by every
+    process on it keeps another test run's namespaces (two `make test` at once) out of that count."""
+    with open(os.path.join(tempfile.gettempdir(), "dnnperf-netns-tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _run(*link: str) -> dict:
