@@ -8,8 +8,8 @@ For each model x batch size B, in one process at this process's thread count:
   B), on the machine ``dnnperf validate`` calibrates from a ``dnnperf hw`` profile and the model's
   microbenchmarks. No input is of the configuration predicted: no step at B is described, an
   interpolated description replays no convolution, and the page faults are those counted in this
-  process at E and E/2, interpolated. Three predictions, each from descriptions of its own; the row
-  takes their median and their spread.
+  process at E and E/2, interpolated. ``--predictions`` predictions (default 3), each from descriptions
+  of its own; the row takes their median and their spread.
 - measured step: the fastest of ``--rounds`` interleaved rounds (each round times ``--steps`` steps of
   every configuration in turn and keeps their median), after ``--warmup`` steps of each.
 - measured peak memory: the memory profiler's peak of one tracked step at B (as ``dnnperf validate
@@ -25,6 +25,7 @@ The suite's in-sample figures are read from docs/validation.md and docs/validati
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -67,7 +68,13 @@ MODELS = (
     ("hf:t5", "small", (2, 3), "encoder-decoder"),
     ("hf:bart", "small", (2, 3), "encoder-decoder"),
 )
-PREDICTIONS = 3
+#: timm's models, where timm is installed (it needs a torchvision built for the installed torch).
+TIMM_MODELS = (
+    ("timm:mobilenetv3_small_100", "small", (8, 16), "CNN, inverted residual + hard-swish (timm)"),
+    ("timm:convnext_atto", "small", (4, 8), "CNN, depthwise 7x7 + MLP (timm)"),
+    ("timm:resnet26", "small", (4, 8), "CNN, bottleneck residual (timm)"),
+    ("timm:vit_tiny_patch16_224", "small", (4, 8), "vision transformer (timm)"),
+)
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
     # (what, page, heading of the section whose first table has an "error" column, inputs)
@@ -139,6 +146,12 @@ def in_sample() -> list[dict[str, Any]]:
     return figures
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work, where there is a GPU, so a step's time is its own."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def measure_steps(
     configurations: Sequence[tuple[Any, dict[str, torch.Tensor]]], warmup: int, rounds: int, steps: int
 ) -> list[list[float]]:
@@ -151,18 +164,32 @@ def measure_steps(
         for index, (task, batch) in enumerate(configurations):
             times = []
             for _ in range(steps):
+                synchronize()
                 start = time.perf_counter()
                 task.step(batch)
+                synchronize()
                 times.append(time.perf_counter() - start)
             medians[index].append(statistics.median(times))
     return medians
 
 
-def measured_peak(name: str, preset: str, batch: int) -> float:
+def measured_peak(name: str, preset: str, batch: int, device: str) -> float:
     """The memory profiler's peak of one tracked step (after one warm-up and one plain one)."""
-    settings = BenchSettings(name, preset, (batch,), steps=1, warmup=1, device="cpu", memory=True)
+    settings = BenchSettings(name, preset, (batch,), steps=1, warmup=1, device=device, memory=True)
     memory = bench(settings).points[0].memory
     return float(memory.measured_peak) if memory is not None and memory.measured_peak > 0 else math.nan
+
+
+def on_device(sample: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    return {key: value.to(device) for key, value in sample.items()}
+
+
+def device_name(device: str) -> str:
+    """The processor (and GPU, where the run used one) the figures were measured on."""
+    cpu = f"{environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} thread(s)"
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), host {cpu}"
+    return cpu
 
 
 def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace) -> dict[str, Any]:
@@ -172,17 +199,18 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     rows: list[dict[str, Any]] = []
     runs = []
     for name, preset, batches, family in models:
+        preset = args.preset or preset
         workload = get_workload(name)
-        for size in batches:
+        for size in (b * args.batch_scale for b in batches):
             torch.manual_seed(0)
-            task = workload.build(preset)
+            task = workload.build(preset, args.device)
             data = workload.data(preset)
-            example = data.synthesize(size * 3 // 2, seed=1)
+            example = on_device(data.synthesize(size * 3 // 2, seed=1), args.device)
             predictions = [
                 dnnperf.predict(
                     task.model, example, task.loss_fn, task.optimizer, machine=machine, batch_size=size
                 )
-                for _ in range(PREDICTIONS)
+                for _ in range(args.predictions)
             ]
             steps = [p.step_s for p in predictions]
             rows.append(
@@ -198,14 +226,14 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
                     "predicted_bytes": float(predictions[0].memory_bytes),
                 }
             )
-            runs.append((task, data.synthesize(size, seed=0)))
+            runs.append((task, on_device(data.synthesize(size, seed=0), args.device)))
             print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
     for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
         row.update(measured_s=min(rounds), measured_rounds_s=rounds)
         row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
     del runs
     for row in rows:
-        row["measured_bytes"] = measured_peak(row["workload"], row["preset"], row["batch"])
+        row["measured_bytes"] = measured_peak(row["workload"], row["preset"], row["batch"], args.device)
         row["memory_error"] = row["predicted_bytes"] / row["measured_bytes"] - 1
         print(
             f"{row['workload']} b{row['batch']}: step {row['step_error']:+.1%}, "
@@ -213,13 +241,16 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             file=sys.stderr,
         )
     return {
-        "machine": (
-            f"{environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} thread(s), "
-            f"torch {torch.__version__}"
-        ),
+        "machine": f"{device_name(args.device)}, torch {torch.__version__}",
         "finished": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         "load_average": os.getloadavg(),
-        "method": {"warmup": args.warmup, "rounds": args.rounds, "steps": args.steps},
+        "method": {
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "device": args.device,
+            "batch_scale": args.batch_scale,
+        },
         "rows": rows,
         "summary": summaries(rows),
         "in_sample": in_sample(),
@@ -276,16 +307,24 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration per round")
+    parser.add_argument("--predictions", type=int, default=3, help="predictions a row (their median)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--preset", help="one preset for every model (default: each model's own)")
+    parser.add_argument("--batch-scale", type=int, default=1, help="multiply every batch size (a GPU's)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    models = MODELS
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this host has no CUDA GPU")
+    if args.batch_scale < 1 or args.predictions < 1:
+        parser.error("--batch-scale and --predictions must be at least 1")
+    models = MODELS + (TIMM_MODELS if importlib.util.find_spec("timm") else ())
     if args.models:
         wanted = args.models.split(",")
-        unknown = sorted(set(wanted) - {m[0] for m in MODELS})
+        unknown = sorted(set(wanted) - {m[0] for m in models})
         if unknown:
             parser.error(f"not among the held-out models: {', '.join(unknown)}")
-        models = tuple(m for m in MODELS if m[0] in wanted)
+        models = tuple(m for m in models if m[0] in wanted)
     if not Path(args.profile).is_file():
         parser.error(f"no hardware profile at {args.profile}: run `dnnperf hw -q --output {args.profile}`")
     document = run(models, args)
