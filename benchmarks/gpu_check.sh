@@ -98,7 +98,8 @@ step fsdp 120 dnnperf profile gpt2 --preset small -b 8 --nproc 1 --strategy fsdp
 # Where a host-bound GPU step's host time goes, against the model's host calibration (the model
 # over-predicts host-bound GPU steps: docs/validation.md#single-process-on-a-gpu-step-time).
 step host 120 "$PYTHON" benchmarks/host_costs.py --device "$DEVICE" --output "$WORK/logs/host_costs.json"
-step hw-full 180 dnnperf hw --device "$DEVICE" --output "$WORK/logs/hw-$DEVICE.json"
+step hw-full 180 bash -c 'dnnperf hw --device "$DEVICE" &&
+    cp "$(ls -t "$DNNPERF_CACHE_DIR"/hardware/*.json | head -n 1)" "$WORK/logs/hw-$DEVICE.json"'
 step predict 120 dnnperf predict resnet50 --preset full -b 64 --machine hw --device "$DEVICE" --strategy single,fsdp \
     --sweep batch_size=32,64,128
 # The held-out models (transformers', and timm's where installed) on the GPU, at 8x the CPU's batches.

@@ -40,10 +40,14 @@ from typing import Any
 
 import torch
 
-import dnnperf
 from dnnperf import environment
 from dnnperf.hardware import read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
+from dnnperf.perfmodel.graph import describe_model
+from dnnperf.perfmodel.machine import Machine
+from dnnperf.perfmodel.predict import Prediction
+from dnnperf.perfmodel.predict import predict as predict_graph
+from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import calibrated_machines
 from dnnperf.runner import BenchSettings, bench
 from dnnperf.workloads import get_workload
@@ -75,6 +79,10 @@ TIMM_MODELS = (
     ("timm:resnet26", "small", (4, 8), "CNN, bottleneck residual (timm)"),
     ("timm:vit_tiny_patch16_224", "small", (4, 8), "vision transformer (timm)"),
 )
+#: The model, and the variants of it the held-out rows also report (those a machine has: "synchronous"
+#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, and host and device added.
+MODEL = "model"
+VARIANTS = (MODEL, "hw dispatch", "synchronous")
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
     # (what, page, heading of the section whose first table has an "error" column, inputs)
@@ -180,6 +188,16 @@ def measured_peak(name: str, preset: str, batch: int, device: str) -> float:
     return float(memory.measured_peak) if memory is not None and memory.measured_peak > 0 else math.nan
 
 
+def predict_variants(
+    task: Any, example: dict[str, torch.Tensor], machines: dict[str, Machine], size: int
+) -> dict[str, Prediction]:
+    """Each machine's prediction of one step at ``size``, from one pair of descriptions of the model (as
+    ``dnnperf.predict`` makes them)."""
+    arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
+    graph = scalable(describe_model(task.model, example, **arguments), task.model, example, **arguments)
+    return {v: predict_graph(graph, m, size, "single") for v, m in machines.items()}
+
+
 def on_device(sample: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
     return {key: value.to(device) for key, value in sample.items()}
 
@@ -194,7 +212,8 @@ def device_name(device: str) -> str:
 
 def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace) -> dict[str, Any]:
     profile = read_profile(args.profile)
-    machine = calibrated_machines(profile)[0]["model"]
+    every = calibrated_machines(profile)[0]
+    machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
     runs = []
@@ -206,13 +225,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             task = workload.build(preset, args.device)
             data = workload.data(preset)
             example = on_device(data.synthesize(size * 3 // 2, seed=1), args.device)
-            predictions = [
-                dnnperf.predict(
-                    task.model, example, task.loss_fn, task.optimizer, machine=machine, batch_size=size
-                )
-                for _ in range(args.predictions)
-            ]
-            steps = [p.step_s for p in predictions]
+            predictions = [predict_variants(task, example, machines, size) for _ in range(args.predictions)]
+            steps = [p[MODEL].step_s for p in predictions]
             rows.append(
                 {
                     "workload": name,
@@ -222,8 +236,9 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
                     "example_batch": size * 3 // 2,
                     "predicted_s": statistics.median(steps),
                     "predicted_spread": (max(steps) - min(steps)) / statistics.median(steps),
-                    "predicted_other_s": statistics.median(p.other_s for p in predictions),
-                    "predicted_bytes": float(predictions[0].memory_bytes),
+                    "predicted_other_s": statistics.median(p[MODEL].other_s for p in predictions),
+                    "predicted_bytes": float(predictions[0][MODEL].memory_bytes),
+                    "variants_s": {v: statistics.median(p[v].step_s for p in predictions) for v in machines},
                 }
             )
             runs.append((task, on_device(data.synthesize(size, seed=0), args.device)))
@@ -231,6 +246,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
         row.update(measured_s=min(rounds), measured_rounds_s=rounds)
         row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
+        row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
     del runs
     for row in rows:
         row["measured_bytes"] = measured_peak(row["workload"], row["preset"], row["batch"], args.device)
@@ -253,6 +269,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         },
         "rows": rows,
         "summary": summaries(rows),
+        "variants": {v: error_summary([r["variant_errors"][v] for r in rows]) for v in machines},
         "in_sample": in_sample(),
     }
 
@@ -292,6 +309,12 @@ def markdown(document: dict[str, Any]) -> str:
             f"| held-out | {what} | {s['count']} | {s['median_abs']:.1%} | {s['max_abs']:.1%} "
             f"| {_percent(s['median_signed'])} | {held_out} |"
         )
+    for variant, s in document.get("variants", {}).items():
+        if variant != MODEL:
+            lines.append(
+                f"| held-out, variant {variant!r} | step time | {s['count']} | {s['median_abs']:.1%} "
+                f"| {s['max_abs']:.1%} | {_percent(s['median_signed'])} | as above, machine of the variant |"
+            )
     for s in document["in_sample"]:
         lines.append(
             f"| in-sample ({s['source']}) | {s['what']} | {s['count']} | {s['median_abs']:.1%} "

@@ -44,10 +44,26 @@ def predict(
         return predict_graph(graph, resolved, example, strategy)
     if example < 2:
         raise UsageError("predicting at another batch size needs an example batch of at least 2")
-    # FLOPs, bytes and activations are affine in the batch: a second description at half the example
-    # batch gives the step at any batch size.
-    half = describe_model(model, _first_rows(batch, example // 2), loss_fn=loss_fn, optimizer=optimizer)
-    return predict_graph(ScalableGraph(graph, half), resolved, batch_size, strategy)
+    return predict_graph(scalable(graph, model, batch, loss_fn, optimizer), resolved, batch_size, strategy)
+
+
+def scalable(
+    graph: Any,
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor] | torch.Tensor,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> ScalableGraph:
+    """``graph`` (the description of ``model`` on ``batch``) made predictable at any batch size.
+
+    FLOPs, bytes and activations are affine in the batch: a second description at half the example
+    batch gives the step at any batch size."""
+    half = describe_model(model, _first_rows(batch, _rows(batch) // 2), loss_fn=loss_fn, optimizer=optimizer)
+    return ScalableGraph(graph, half)
+
+
+def _rows(batch: Mapping[str, torch.Tensor] | torch.Tensor) -> int:
+    return len(batch if isinstance(batch, torch.Tensor) else next(iter(batch.values())))
 
 
 def _first_rows(batch: Mapping[str, torch.Tensor] | torch.Tensor, rows: int) -> Any:
