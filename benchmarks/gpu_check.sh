@@ -14,10 +14,10 @@
 set -u
 OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PYTHON=${PYTHON:-python3}
-DEVICE=${DEVICE:-cuda}
+export DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-"env tests zoo-tests collectives buckets hw memsave-full profile memsave-small profile-full \
 memsave-resnet50 profile-hf memsave-hf fsdp host hw-full predict heldout model"}
-WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
+export WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
 mkdir -p "$OUTDIR" "$WORK/logs"
