@@ -276,3 +276,50 @@ def test_zero1_keeps_the_workloads_optimizer_and_its_hyper_parameters(tmp_path):
         assert (group["lr"], group["betas"], group["weight_decay"]) == (1e-3, (0.9, 0.95), 0.1)
     finally:
         dist.destroy_process_group()
+
+
+CLOSE_WORKER = """
+import json, sys
+import torch, torch.distributed as dist
+from dnnperf.distributed.sharded import FullyShardedTask
+from dnnperf.workloads import get_workload
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+w = get_workload("gpt2")
+torch.manual_seed(0)
+task = FullyShardedTask(w.build("tiny", "cpu"), w.name)
+batch = w.data("tiny").synthesize(2, seed=0)
+marks = []
+
+class Recorder:
+    def mark(self, stage):
+        marks.append(stage)
+
+seen = {}
+for when in ("open", "closed"):
+    marks.clear()
+    task.comm.stages = Recorder()
+    task.inner.loss_fn(task.model, batch).backward()
+    task.comm.stages = None
+    task.comm.forget_step()
+    seen[when] = list(marks)
+    task.close()
+print(json.dumps(seen))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.concurrent
+def test_a_closed_fsdp_task_leaves_no_hook_on_the_model(tmp_path):
+    """The truth is the hooks' own effect: a forward and backward of the sharded model mark the clock
+    (exchange, forward, backward) while the task is open, and nothing once it is closed, though FSDP
+    itself still gathers and reduces."""
+    result = subprocess.run(
+        [sys.executable, "-c", CLOSE_WORKER, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"exchange", "forward", "backward"} <= set(seen["open"])
+    assert seen["closed"] == []

@@ -270,6 +270,8 @@ def _measure_point(
     finally:
         if source is not None:
             source.close()
+        if task is not None:
+            task.close()
         del task, source
         _release_memory(device)
 

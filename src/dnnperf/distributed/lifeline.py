@@ -25,14 +25,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import psutil
 
 from dnnperf.errors import DnnperfError
+from dnnperf.interrupts import die_with_this_process
 
 #: The environment variable that marks a job's processes (also set by ``launch.rank_environment``).
 ENV_RANK_DIR = "DNNPERF_RANK_DIR"
@@ -149,10 +151,6 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def wait_for_ranks(ranks: Sequence[subprocess.Popen], timeout_s: float, what: str) -> None:
     """Wait for every rank of a microbenchmark (``what``) started with stderr piped; one that fails
     or overruns raises DnnperfError with its last line."""
@@ -165,3 +163,46 @@ def wait_for_ranks(ranks: Sequence[subprocess.Popen], timeout_s: float, what: st
         if process.returncode != 0:
             last = (stderr.strip().splitlines() or ["no message"])[-1]
             raise DnnperfError(f"{what}: rank {rank} failed: {last}")
+
+
+def run_ranks(
+    commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], timeout_s: float, what: str
+) -> None:
+    """Start one local rank per (argv, environment), each dying with this process (parent-death
+    signal), and wait for them all as :func:`wait_for_ranks` does; a rank still running on the way out
+    (an error, a timeout, an interrupt) is killed."""
+    ranks: list[subprocess.Popen] = []
+    try:
+        for argv, environment in commands:
+            ranks.append(
+                subprocess.Popen(
+                    list(argv),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=dict(environment),
+                    preexec_fn=die_with_this_process(),
+                )
+            )
+        wait_for_ranks(ranks, timeout_s, what)
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def scratch_directory(lifeline: Lifeline, prefix: str) -> Iterator[Path]:
+    """A temporary directory for a job's ranks, announced to ``lifeline`` (removed even if this process
+    is killed) and removed when the block ends."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    lifeline.announce("dir", scratch)
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -180,6 +180,9 @@ class FullyShardedTask(Task):
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]
 
+    def close(self) -> None:
+        self.comm.remove()
+
     def local_parameters(self) -> list[torch.Tensor]:
         """This rank's shards of the parameters (plain tensors)."""
         return [p.to_local() for p in self.model.parameters()]  # type: ignore[attr-defined]

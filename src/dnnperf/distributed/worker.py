@@ -127,6 +127,9 @@ class _TrackedTask(Task):
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return self.inner.optimizers()
 
+    def close(self) -> None:
+        self.inner.close()
+
     def where(self) -> tuple[str, int]:
         timer = getattr(self.inner, "timer", None)
         return str(getattr(self.clock, "current", "step")), getattr(timer, "launches", 0)

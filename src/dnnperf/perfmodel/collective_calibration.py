@@ -26,10 +26,7 @@ import os
 import platform
 import random
 import resource
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -41,10 +38,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline, wait_for_ranks
+from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline, run_ranks, scratch_directory
 from dnnperf.distributed.netns import LinkShape, NetnsPair, burst_bytes
 from dnnperf.errors import DnnperfError
-from dnnperf.interrupts import die_with_this_process
 from dnnperf.perfmodel import collectives
 from dnnperf.perfmodel.calibrate import page_fault_cost
 from dnnperf.perfmodel.machine import GLOO_SEGMENT
@@ -152,37 +148,21 @@ def _measure_ranks(
     pair: NetnsPair | None,
     lifeline: Lifeline,
 ) -> pd.DataFrame:
-    scratch = Path(tempfile.mkdtemp(prefix="dnnperf-collectives-"))
-    lifeline.announce("dir", scratch)
-    ranks: list[subprocess.Popen] = []
-    try:
+    with scratch_directory(lifeline, "dnnperf-collectives-") as scratch:
         out = scratch / "samples.json"
         settings = json.dumps([world, str(scratch / "store"), str(out), list(sizes), rounds])
         env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_RANK_DIR: str(scratch)}
+        commands = []
         for rank in range(world):
             argv = [sys.executable, "-m", __name__, str(rank), settings]
-            rank_env = env
-            if pair is not None:
-                argv = pair.rank_command(rank, argv)
-                rank_env = {**env, "GLOO_SOCKET_IFNAME": pair.interfaces[rank]}
-            ranks.append(
-                subprocess.Popen(
-                    argv,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env=rank_env,
-                    preexec_fn=die_with_this_process(),
+            if pair is None:
+                commands.append((argv, env))
+            else:
+                commands.append(
+                    (pair.rank_command(rank, argv), {**env, "GLOO_SOCKET_IFNAME": pair.interfaces[rank]})
                 )
-            )
-        wait_for_ranks(ranks, timeout_s, "collective microbenchmark")
+        run_ranks(commands, timeout_s, "collective microbenchmark")
         per_rank = json.loads(out.read_text(encoding="utf-8"))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        shutil.rmtree(scratch, ignore_errors=True)
     rows = []
     for key in per_rank[0]["seconds"]:
         op, n = key.split("/")

@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -38,8 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline, wait_for_ranks
-from dnnperf.interrupts import die_with_this_process
+from dnnperf.distributed.lifeline import ENV_RANK_DIR, Lifeline, run_ranks, scratch_directory
 
 WORLD = 2
 WIDTH = 8
@@ -186,33 +182,17 @@ def measure(repeats: int = REPEATS, timeout_s: float = 300.0) -> list[Sample]:
     """Per configuration, the two ranks' mean of the differences. Nothing outlives this process,
     even a SIGKILL of it: the ranks get the parent-death signal, and a lifeline kills what is left (by
     the scratch directory in their environment) and removes the scratch directory."""
-    with Lifeline() as lifeline:
-        scratch = Path(tempfile.mkdtemp(prefix="dnnperf-fsdp-"))
-        lifeline.announce("dir", scratch)
-        ranks: list[subprocess.Popen] = []
-        try:
-            out = scratch / "samples.json"
-            env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_RANK_DIR: str(scratch)}
-            settings = json.dumps([str(scratch / "store"), str(out), repeats])
-            for rank in range(WORLD):
-                ranks.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", __name__, str(rank), settings],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                        env=env,
-                        preexec_fn=die_with_this_process(),
-                    )
-                )
-            wait_for_ranks(ranks, timeout_s, "fsdp microbenchmark")
-            per_rank = json.loads(out.read_text(encoding="utf-8"))
-        finally:
-            for process in ranks:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-            shutil.rmtree(scratch, ignore_errors=True)
+    with Lifeline() as lifeline, scratch_directory(lifeline, "dnnperf-fsdp-") as scratch:
+        out = scratch / "samples.json"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_RANK_DIR: str(scratch)}
+        settings = json.dumps([str(scratch / "store"), str(out), repeats])
+        command = [sys.executable, "-m", __name__]
+        run_ranks(
+            [([*command, str(rank), settings], env) for rank in range(WORLD)],
+            timeout_s,
+            "fsdp microbenchmark",
+        )
+        per_rank = json.loads(out.read_text(encoding="utf-8"))
 
     def mean(row: int, column: int) -> float:
         return float(np.mean([rank[row][column] for rank in per_rank]))

@@ -52,6 +52,10 @@ class Task(ABC):
         """Every optimizer the task steps (WGAN-GP has two)."""
         return [value for value in vars(self).values() if isinstance(value, torch.optim.Optimizer)]
 
+    def close(self) -> None:
+        """Remove what the task attached to its model (hooks) once the run is over; nothing by default."""
+        return None  # a task that attaches nothing has nothing to remove
+
 
 class SupervisedTask(Task):
     """The common case: loss = loss_fn(model, batch); backward; optimizer step."""
