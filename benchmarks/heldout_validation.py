@@ -25,7 +25,6 @@ The suite's in-sample figures are read from docs/validation.md and docs/validati
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import platform
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 
 from dnnperf import environment
+from dnnperf.errors import UsageError
 from dnnperf.hardware import read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
 from dnnperf.perfmodel.graph import describe_model
@@ -258,6 +258,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         )
     return {
         "machine": f"{device_name(args.device)}, torch {torch.__version__}",
+        "commit": environment.source_commit(),
         "finished": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         "load_average": os.getloadavg(),
         "method": {
@@ -281,8 +282,8 @@ def _percent(value: float) -> str:
 def markdown(document: dict[str, Any]) -> str:
     """The rows, the held-out summary and the in-sample figures as Markdown tables."""
     lines = [
-        f"{document['machine']}; finished {document['finished']}; load average "
-        + ", ".join(f"{x:.2f}" for x in document["load_average"]),
+        f"{document['machine']}; commit `{document.get('commit', 'unknown')}`; finished "
+        f"{document['finished']}; load average " + ", ".join(f"{x:.2f}" for x in document["load_average"]),
         "",
         "| model | family | preset | batch | measured ms | predicted ms (spread) | error | measured MiB "
         "| predicted MiB | error |",
@@ -323,6 +324,15 @@ def markdown(document: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def timm_available() -> bool:
+    """Whether timm's models can be built here (timm also needs a torchvision for the installed torch)."""
+    try:
+        get_workload(TIMM_MODELS[0][0])
+    except UsageError:
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True, help="hardware profile JSON (dnnperf hw --output)")
@@ -341,7 +351,7 @@ def main() -> None:
         parser.error("--device cuda: this host has no CUDA GPU")
     if args.batch_scale < 1 or args.predictions < 1:
         parser.error("--batch-scale and --predictions must be at least 1")
-    models = MODELS + (TIMM_MODELS if importlib.util.find_spec("timm") else ())
+    models = MODELS + (TIMM_MODELS if timm_available() else ())
     if args.models:
         wanted = args.models.split(",")
         unknown = sorted(set(wanted) - {m[0] for m in models})
