@@ -233,6 +233,8 @@ def test_hw_quick_calibrates_saves_and_shows(tmp_path):
     assert document["profile_path"] == str(profile_path) and profile_path.is_file()
     shown = run_cli("hw", "--show", "--output", str(profile_path))
     assert shown.returncode == 0 and "peak matmul float32" in shown.stdout
+    background = document["profile"]["background_cores"]
+    assert f"{background:.2f} cores" in " ".join(shown.stdout.split())
 
 
 def test_hw_show_without_a_profile_is_a_usage_error(tmp_path):

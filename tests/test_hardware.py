@@ -7,11 +7,14 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,7 +25,7 @@ from dnnperf import hardware as hw
 from dnnperf.calibration import compute
 from dnnperf.calibration.memory import MemorySweeps
 from dnnperf.calibration.plans import PLANS
-from dnnperf.calibration.timing import Tracker, bytes_text
+from dnnperf.calibration.timing import BackgroundLoad, Tracker, bytes_text
 from dnnperf.errors import UsageError
 from dnnperf.stats import Samples
 
@@ -280,6 +283,8 @@ def _mutations() -> dict[str, Any]:
         "threads not int": set_in(["threads"], "two"),
         "bad footprint": set_in(["memory", 1, "points", 0, "params", "footprint"], -5),
         "bad transfer": set_in(["host_transfer"], {"sideways": {}}),
+        "negative background": set_in(["background_cores"], -0.5),
+        "text background": set_in(["background_cores"], "busy"),
     }
 
 
@@ -332,6 +337,47 @@ def test_stale_reasons(profile: hw.HardwareProfile) -> None:
     assert hw.stale_reasons(profile) == ["a quick calibration (few, short repetitions)"]
     other = replace(profile, threads=profile.threads + 1, quick=False)
     assert any("threads" in reason for reason in hw.stale_reasons(other))
+
+
+def test_a_full_calibration_beside_other_work_is_flagged(profile: hw.HardwareProfile, tmp_path: Path) -> None:
+    """The flag follows the recorded load: half a core of other work and more is named, with the
+    figure; less, a quick calibration (flagged as quick already) or an older profile without the
+    figure are not. The figure survives the profile's JSON, and a calibration records it."""
+    assert profile.background_cores is not None and 0 <= profile.background_cores <= psutil.cpu_count() + 0.1
+    full = replace(profile, quick=False)
+    busy = replace(full, background_cores=1.25)
+    assert hw.busy_reason(busy) is not None and "1.2 cores" in hw.busy_reason(busy)
+    assert hw.busy_reason(busy) in hw.stale_reasons(busy)
+    assert hw.busy_reason(replace(full, background_cores=hw.BUSY_CORES - 0.01)) is None
+    assert hw.busy_reason(replace(full, background_cores=None)) is None
+    assert hw.busy_reason(replace(busy, quick=True)) is None
+    path = hw.save_profile(busy, tmp_path / "busy.json")
+    assert hw.read_profile(path).background_cores == 1.25
+
+
+BUSY_LOOP = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+
+
+@pytest.mark.concurrent
+def test_the_background_load_counts_another_process_busy_loop() -> None:
+    """The truth is the busy loop's own CPU time, read from the kernel for its process: the other
+    processes' load over the same interval is at least that (more where other work ran too), and at
+    most every core. This process sleeps meanwhile, so its own time is not what is counted."""
+    hog = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    try:
+        time.sleep(0.5)  # the interpreter has started and is spinning
+        process = psutil.Process(hog.pid)
+        hog_before, started = sum(process.cpu_times()[:2]), time.perf_counter()
+        load = BackgroundLoad()
+        time.sleep(2.0)
+        cores = load.cores()
+        hog_cores = (sum(process.cpu_times()[:2]) - hog_before) / (time.perf_counter() - started)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert hog_cores > 0.05  # the loop ran
+    assert cores >= 0.9 * hog_cores
+    assert cores <= psutil.cpu_count() + 0.1
 
 
 # -- roofline ------------------------------------------------------------------------------------------

@@ -232,6 +232,9 @@ class HardwareProfile:
     host_transfer: dict[str, KernelTiming] | None
     host_transfer_reason: str | None = None
     notes: tuple[str, ...] = ()
+    #: Cores' worth of other processes' CPU time while this profile was measured (the machine's busy
+    #: time less the calibration's own, over its wall time); None where it was not measured.
+    background_cores: float | None = None
 
     # -- roofline ---------------------------------------------------------------------------------
 
@@ -373,6 +376,7 @@ class HardwareProfile:
             "schema_version": SCHEMA_VERSION,
             "created": self.created,
             "duration_s": self.duration_s,
+            "background_cores": self.background_cores,
             "quick": self.quick,
             "device": {
                 "key": self.device_key,
@@ -472,6 +476,11 @@ class HardwareProfile:
             host_transfer=transfer,
             host_transfer_reason=_optional_str(document, "host_transfer_reason"),
             notes=tuple(notes),
+            background_cores=(
+                None
+                if document.get("background_cores") is None
+                else _number(document["background_cores"], "background_cores", nonnegative=True)
+            ),
         )
 
 
@@ -512,14 +521,13 @@ def _optional_str(document: Mapping[str, Any], key: str, prefix: str = "") -> st
     return value
 
 
-def _number(value: Any, where: str, positive: bool = False) -> float:
+def _number(value: Any, where: str, positive: bool = False, nonnegative: bool = False) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise HardwareProfileError(f"{where} is {value!r}, not a number")
     number = float(value)
-    if not math.isfinite(number) or (positive and number <= 0):
-        raise HardwareProfileError(
-            f"{where} is {value!r}, not a {'positive ' if positive else ''}finite number"
-        )
+    if not math.isfinite(number) or (positive and number <= 0) or (nonnegative and number < 0):
+        kind = "positive " if positive else "non-negative " if nonnegative else ""
+        raise HardwareProfileError(f"{where} is {value!r}, not a {kind}finite number")
     return number
 
 
@@ -671,7 +679,28 @@ def stale_reasons(profile: HardwareProfile) -> list[str]:
         )
     if profile.quick:
         reasons.append("a quick calibration (few, short repetitions)")
+    busy = busy_reason(profile)
+    if busy:
+        reasons.append(busy)
     return reasons
+
+
+#: Other processes' load during a calibration above which its figures are flagged: half a core. A
+#: neighbour that busy takes memory bandwidth and cache from every kernel timed, and a core from the
+#: threads of a parallel one (one calibration beside other jobs measured convolutions 38% and
+#: bandwidth 36% below an idle one's, and the performance model's predictions moved with them).
+BUSY_CORES = 0.5
+
+
+def busy_reason(profile: HardwareProfile) -> str | None:
+    """Why a full calibration's figures may be low: other processes kept the machine busy while it
+    ran (None when they did not, for a quick calibration, or where that was not measured)."""
+    if profile.quick or profile.background_cores is None or profile.background_cores < BUSY_CORES:
+        return None
+    return (
+        f"calibrated while other processes used {profile.background_cores:.1f} cores: its peaks may be "
+        "low; calibrate again on an otherwise idle machine"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from dnnperf.calibration.compute import measure_all_compute
 from dnnperf.calibration.dispatch import measure_dispatch
 from dnnperf.calibration.memory import MemorySweeps
 from dnnperf.calibration.plans import PLANS, Plan
-from dnnperf.calibration.timing import Progress, Tracker, bytes_text
+from dnnperf.calibration.timing import BackgroundLoad, Progress, Tracker, bytes_text
 from dnnperf.calibration.transfers import measure_transfers
 from dnnperf.errors import UsageError
 from dnnperf.hardware import (
@@ -86,6 +86,7 @@ def calibrate(
     device = _check_device(device)
     plan = PLANS[(device.type, quick)]
     tracker = Tracker(progress, _total_weight(plan, device))
+    background = BackgroundLoad()
     started = time.perf_counter()
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     notes: list[str] = []
@@ -124,6 +125,7 @@ def calibrate(
         host_transfer=transfers,
         host_transfer_reason=transfer_reason,
         notes=tuple(notes),
+        background_cores=round(background.cores(), 3),
     )
     if not profile.dram_points()[1]:
         largest = max(p.params["footprint"] for p in profile.bandwidth_curve().points)

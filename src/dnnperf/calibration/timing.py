@@ -179,3 +179,30 @@ def bytes_text(nbytes: int) -> str:
         if nbytes >= size and nbytes % size == 0:
             return f"{nbytes // size} {unit}"
     return f"{nbytes} B"
+
+
+class BackgroundLoad:
+    """Other processes' CPU use from now on: the machine's busy CPU time (steal included: a
+    hypervisor's other guests) less this process's and its children's, in cores over the wall time."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.busy = machine_busy_s()
+        self.own = own_cpu_s()
+
+    def cores(self) -> float:
+        wall = time.perf_counter() - self.started
+        others = (machine_busy_s() - self.busy) - (own_cpu_s() - self.own)
+        return max(0.0, others / wall) if wall > 0 else 0.0
+
+
+def machine_busy_s() -> float:
+    """Seconds every CPU of the machine has spent not idle (Linux: user, nice, system, irq, softirq,
+    steal; elsewhere what psutil reports)."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def own_cpu_s() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system + times.children_user + times.children_system

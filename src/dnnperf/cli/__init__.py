@@ -79,4 +79,3 @@ def run_command(argv: Sequence[str] | None) -> int:
             raise
         out.error(f"internal error: {type(error).__name__}: {error} (set DNNPERF_DEBUG=1 for the traceback)")
         return 1
-

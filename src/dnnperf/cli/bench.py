@@ -128,6 +128,7 @@ def cmd_list(args: argparse.Namespace, out: Output) -> int:
 def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     return cmd_bench(args, out, stages=True)
 
+
 def cmd_bench(args: argparse.Namespace, out: Output, stages: bool = False) -> int:
     from dnnperf.results.store import RunStore
     from dnnperf.runner import BenchSettings, Interrupted, RunFailed, bench
@@ -261,5 +262,3 @@ def _memory_scaling(record: Any, settings: Any, limit: int | None, store: Any, o
             break
         points.append((predicted, memory))
     return result
-
-

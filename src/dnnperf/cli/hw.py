@@ -64,6 +64,9 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
         with out.progress_fraction("calibrating") as progress:
             profile = calibration.calibrate(device, progress=progress, quick=args.quick)
         path = hardware.save_profile(profile, args.output)
+        busy = hardware.busy_reason(profile)
+        if busy:
+            out.warn(busy)
     if args.json:
         out.json({"profile_path": str(path), "profile": profile.to_dict()})
     else:
@@ -72,5 +75,3 @@ def cmd_hw(args: argparse.Namespace, out: Output) -> int:
         out.print(hardware_table(profile))
         out.print(f"profile: {path}")
     return 0
-
-

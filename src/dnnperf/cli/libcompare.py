@@ -69,5 +69,3 @@ def cmd_libcompare(args: argparse.Namespace, out: Output) -> int:
 
         out.print(libcompare_table(workload.name, batch_size, rows, peak))
     return 0
-
-

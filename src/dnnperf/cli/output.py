@@ -195,4 +195,3 @@ def print_record(record: Any, out: Output, top: int = 15) -> None:
 
             for table in ranks_tables(point.batch_size, point.ranks, record.settings.get("distributed")):
                 out.print(table)
-

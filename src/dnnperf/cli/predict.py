@@ -127,6 +127,16 @@ def parse_sweep(items: list[str]) -> dict[str, list[float]]:
     return axes
 
 
+def warn_if_busy(profile: Any, out: Output) -> None:
+    """Say so when ``profile`` (a HardwareProfile) was calibrated beside other work: its figures, and
+    the predictions made from them, then run low."""
+    from dnnperf import hardware
+
+    busy = hardware.busy_reason(profile)
+    if busy:
+        out.warn(f"hardware profile of {profile.device_name}: {busy}")
+
+
 def load_machine(spec: str, device: str = "cpu") -> Machine:
     """``hw`` (``device`` as `dnnperf hw` profiled it), a preset name, or a JSON file."""
     from dnnperf.perfmodel import machine as machines
@@ -165,6 +175,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     calibrating = "calibrating the model's costs on this machine (cached afterwards)"
     with out.progress_fraction(calibrating if args.machine == "hw" else f"loading machine {args.machine}"):
         machine = load_machine(args.machine, args.device)
+    if args.machine == "hw":
+        from dnnperf import hardware
+
+        profile = hardware.load_profile(resolve_device(args.device))
+        if profile is not None:
+            warn_if_busy(profile, out)
     changes = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     machine = dataclasses.replace(machine, **changes)
     several = machine.devices > 1 or {"nodes", "devices_per_node"} & set(axes)
@@ -428,6 +444,7 @@ def run_validate(args: argparse.Namespace, out: Output) -> int:
             raise UsageError(
                 f"validate needs a calibrated profile: run `dnnperf hw --device {device.type}` first"
             )
+        warn_if_busy(profile, out)
         machines, figures = calibrated_machines(profile)
         frame = validate_single(
             names,
@@ -543,6 +560,7 @@ def _validate_distributed(
         profile = hardware.load_profile("cpu", args.hw)
         if profile is None:
             raise UsageError("validate needs a calibrated profile: run `OMP_NUM_THREADS=1 dnnperf hw` first")
+        warn_if_busy(profile, out)
         machines, figures = calibrated_machines(profile)
     finally:
         torch.set_num_threads(threads)

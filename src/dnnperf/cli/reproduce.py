@@ -76,5 +76,3 @@ def cmd_reproduce(args: argparse.Namespace, out: Output) -> int:
         out.print(reproduction_table(result))
     out.print(f"summary: {args.output}")
     return 0
-
-

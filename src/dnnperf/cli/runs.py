@@ -216,5 +216,3 @@ def compare_watch_runs(a: Any, b: Any, settings: Any, args: argparse.Namespace, 
     else:
         out.print(watch_compare_table(frame, a.id, b.id))
     return 0
-
-

@@ -209,6 +209,8 @@ def hardware_table(profile: HardwareProfile) -> Table:
     else:
         table.add_row("host transfer", profile.host_transfer_reason or "n/a")
     table.add_row("dispatch overhead per operator", f"{summary['dispatch_overhead_us']:.2f} µs")
+    if profile.background_cores is not None:
+        table.add_row("other processes during the calibration", f"{profile.background_cores:.2f} cores")
     return table
 
 
