@@ -15,7 +15,7 @@ from dnnperf.errors import UsageError
 from dnnperf.perfmodel import collective_calibration as cc
 from dnnperf.perfmodel import collectives
 from dnnperf.perfmodel.machine import GLOO_SEGMENT, Machine
-from dnnperf.perfmodel.predict import link_for
+from dnnperf.perfmodel.predict import link_for, reduce_scatter_link
 from test_model_formulas import _machine as toy_machine
 
 
@@ -119,6 +119,21 @@ def test_a_calibrated_machine_uses_each_operations_fit_inside_a_node_only() -> N
     assert (other.alpha, other.beta) == pytest.approx((1e-6, 1 / 1e10))
     across = link_for(machine, 4, "send_recv")  # between nodes: the described link, not the local fit
     assert (across.alpha, across.beta) == pytest.approx((1e-5, 1 / 1e9))
+
+
+def test_a_reduce_scatter_runs_over_its_own_fit_else_the_allreduces() -> None:
+    """gloo's reduce-scatter of a tensor costs more than its allreduce: where the calibration fitted
+    it, FSDP's and zero2's reduce-scatters use that fit; a machine calibrated before keeps the
+    allreduce's. The truth: the formula on the fit's own alpha and beta."""
+    allreduce = {"alpha": 1e-4, "bandwidth": 4e9, "reduce_bandwidth": 0.0}
+    scatter = {"alpha": 3e-4, "bandwidth": 1e9, "reduce_bandwidth": 0.0}
+    fits = {"allreduce": allreduce, "reduce_scatter": scatter}
+    with_fit = reduce_scatter_link(_machine(collectives=fits), 2)
+    assert (with_fit.alpha, with_fit.beta) == pytest.approx((3e-4, 1 / 1e9))
+    before = reduce_scatter_link(_machine(collectives={"allreduce": allreduce}), 2)
+    assert (before.alpha, before.beta) == pytest.approx((1e-4, 1 / 4e9))
+    n = 64 << 10  # 2 ranks, each half one message (under a segment): one latency, half the bytes sent
+    assert collectives.reduce_scatter(n, 2, with_fit) == pytest.approx(3e-4 + n / 2 / 1e9)
 
 
 def test_a_collective_fit_without_a_bandwidth_is_refused() -> None:

@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from dnnperf.perfmodel import strategies
+from dnnperf.distributed.sharded import shard_units
+from dnnperf.perfmodel import collectives, strategies
 from dnnperf.perfmodel.machine import preset
-from dnnperf.perfmodel.predict import predict, sweep
+from dnnperf.perfmodel.predict import link_for, predict, reduce_scatter_link, sweep
 from dnnperf.perfmodel.whatif import best_per_configuration, crossovers
 from dnnperf.workloads import get_workload
 
@@ -65,17 +66,22 @@ def _machine(devices: int):
 
 def test_fsdp_prediction_memory_by_hand():
     """basic_cnn on 2 devices. By hand from its layers: every parameter is in a unit (conv1, conv2,
-    fc1, fc2; no root parameters), so a rank holds half the parameters, its shard of the gradients and
-    of SGD's momentum, plus fc1 (the largest unit) gathered whole; dp holds everything."""
+    fc1, fc2; no root parameters), so a rank holds half the parameters and of SGD's momentum. Its peak
+    falls in fc1's backward, where FSDP2 holds fc1 gathered and conv2 too (the all-gather it prefetches
+    for the next unit of backward), and fc1's gradients whole beside the shards of fc2's and fc1's
+    (those of fc1 about to be reduce-scattered); dp holds everything."""
     model = get_workload("basic_cnn").build("tiny", "meta").model
     total = 4 * sum(p.numel() for p in model.parameters())
-    fc1 = 4 * (64 * 256 + 64)
+    fc1, fc2 = 4 * (64 * 256 + 64), 4 * (10 * 64 + 10)
+    conv2 = 4 * (16 * 8 * 5 * 5 + 16)
     fsdp = predict("basic_cnn", _machine(2), 8, "fsdp", preset="tiny", exact=False)
     dp = predict("basic_cnn", _machine(2), 8, "dp", preset="tiny", exact=False)
-    assert fsdp.memory["parameters"] == pytest.approx(total / 2 + fc1)
+    assert (fsdp.memory["phase"], fsdp.memory["module"]) == ("backward", "fc1")
+    assert fsdp.memory["parameters"] == pytest.approx(total / 2 + fc1 + conv2)
+    assert fsdp.memory["gradients"] == pytest.approx((fc1 + fc2) / 2 + fc1)
     assert fsdp.memory["optimizer_state"] == pytest.approx(dp.memory["optimizer_state"] / 2)
     assert dp.memory["parameters"] == total and dp.memory["optimizer_state"] == total
-    assert fsdp.memory["activations"] == dp.memory["activations"]  # the same per-rank batch
+    assert fsdp.memory["input"] == dp.memory["input"]  # the same per-rank batch
     assert fsdp.detail["units"] == 4
     # On the CPU-less preset (asynchronous GPUs) the collectives overlap compute: no more is exposed
     # than they take.
@@ -123,3 +129,57 @@ def test_fsdp_charges_its_host_work_per_group_parameter_tensor_and_update_call()
     assert charged.communication_s == bare.communication_s
     dp = predict("basic_cnn", dataclasses.replace(_machine(2), **costs), 8, "dp", preset="tiny", exact=False)
     assert "fsdp_host_s" not in dp.detail  # dp runs no FSDP
+
+
+def test_what_fsdp_holds_gathered_follows_backward():
+    """By hand on four units and a root of 100 bytes: outside the model (the loss) nothing is gathered
+    and no gradient is whole; in the root's own modules its parameters and gradients; in unit i also
+    unit i's parameters and gradients and unit i-1's parameters (prefetched); unit 0 prefetches none."""
+    units, sizes = ["a", "b", "c", "d"], [10, 20, 30, 40]
+    modules = ["embed", "a.x", "b", "c.y.z", "d", "head", "(none)"]
+    held = strategies.gathered_in_backward(modules, units, sizes, 100)
+    assert held == (
+        (100, 100),
+        (110, 110),
+        (130, 120),
+        (150, 130),
+        (170, 140),
+        (100, 100),
+        (0, 0),
+    )
+
+
+def _group_bytes(workload: str) -> list[int]:
+    """By hand: the bytes of each unit fsdp shards (``shard_units``' choice, tested in test_fsdp.py)
+    and of the rest (the root), each tied tensor once."""
+    model = get_workload(workload).build("tiny", "meta").model
+    units = shard_units(model)
+    groups = dict.fromkeys([*units, "(root)"], 0)
+    for name, parameter in model.named_parameters():
+        owner = next((u for u in units if name.startswith(u + ".")), "(root)")
+        groups[owner] += 4 * parameter.numel()
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("workload", ["basic_cnn", "gpt2"])
+def test_fsdp_gathers_every_group_twice_and_reduces_it_once(workload):
+    """`tiny` on 2 devices of a machine whose ranks wait for their collectives (the CPU's gloo: all
+    exposed). By hand from the model's parameters: each unit and the root (resharded after forward
+    like the units, as dnnperf runs FSDP2; gpt2's holds the embeddings) all-gathered for forward and
+    again for backward, reduce-scattered once, over the machine's links."""
+    machine = dataclasses.replace(_machine(2), asynchronous=False)
+    if workload == "basic_cnn":  # every parameter in a unit (conv1, conv2, fc1, fc2), no root
+        sizes = [4 * (8 * 3 * 25 + 8), 4 * (16 * 8 * 25 + 16), 4 * (64 * 256 + 64), 4 * (10 * 64 + 10)]
+    else:
+        sizes = _group_bytes(workload)
+        assert len(sizes) > 2 and sizes[-1] > 0  # units, and a root holding the token embedding
+    fsdp = predict(workload, machine, 8, "fsdp", preset="tiny", exact=False)
+    gather_link = link_for(machine, 2, "allgather")
+    scatter_link = reduce_scatter_link(machine, 2)
+    assert fsdp.detail["allgather_s"] == pytest.approx(
+        2 * sum(collectives.allgather(n, 2, gather_link) for n in sizes)
+    )
+    assert fsdp.detail["reduce_scatter_s"] == pytest.approx(
+        sum(collectives.reduce_scatter(n, 2, scatter_link) for n in sizes)
+    )
+    assert fsdp.communication_s == pytest.approx(fsdp.detail["allgather_s"] + fsdp.detail["reduce_scatter_s"])

@@ -2,12 +2,14 @@
 
 :func:`measure` starts ``world`` processes on this host (gloo over loopback, one intra-op thread each,
 rendezvous through a file store in a temporary directory removed at the end) and times allreduce,
-allgather, broadcast and a send/receive over message sizes from 1 KiB to 64 MiB. Sizes and
+allgather, reduce-scatter (``reduce_scatter_tensor``, as FSDP reduces its gradients), broadcast and a
+send/receive over message sizes from 1 KiB to 64 MiB. Sizes and
 operations are interleaved round by round; each sample starts after a barrier and is the slowest
 rank's time (a collective is done when its last rank is).
 
 Gloo implements each collective its own way (allgather through a flat buffer and copies, broadcast
-and send/receive as point-to-point pipes), so :func:`fit_op` fits alpha (latency per message, with
+and send/receive as point-to-point pipes; its reduce-scatter of a tensor costs more than an allreduce
+of the same tensor, not the half a ring would take), so :func:`fit_op` fits alpha (latency per message, with
 gloo's 1 MiB segments) and beta (seconds per byte sent) per operation, by least squares on relative
 error, from every other message size; gamma (seconds per byte reduced) comes from a local one-thread
 reduction (:func:`reduce_seconds_per_byte`), since with 2 ranks allreduce's beta and gamma terms both
@@ -47,7 +49,7 @@ from dnnperf.perfmodel.machine import GLOO_SEGMENT
 
 #: 1 KiB to 64 MiB in powers of 4.
 SIZES = tuple(1024 * 4**i for i in range(9))
-OPS = ("allreduce", "allgather", "broadcast", "send_recv")
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "send_recv")
 #: Samples per operation and size. On the 2-core machine 7 gave a median error of 11.8% over the
 #: messages of 64 KiB or more (11 of 24 within 10%), 25 gave 6.9% (15 of 24) and 60 gave 4.9%
 #: (16 of 24; 2026-11-24, one calibration each): the medians were noise. 25 costs ~10 s, 60 ~21 s.
@@ -75,6 +77,7 @@ def _rank_main(
     try:
         buffers = {n: torch.ones(n // 4) for n in sizes}
         pieces = {n: [torch.empty(n // 4 // world) for _ in range(world)] for n in sizes}
+        shards = {n: torch.empty(n // 4 // world) for n in sizes}
         samples: dict[str, list[float]] = {}
         faults: dict[str, list[int]] = {}
         order = [(op, n) for op in OPS for n in sizes]
@@ -88,6 +91,8 @@ def _rank_main(
                     dist.all_reduce(buffers[n])
                 elif op == "allgather":
                     dist.all_gather(pieces[n], buffers[n][: n // 4 // world])
+                elif op == "reduce_scatter":  # as FSDP reduces its gradients
+                    dist.reduce_scatter_tensor(shards[n], buffers[n])
                 elif op == "broadcast":
                     dist.broadcast(buffers[n], src=0)
                 elif rank == 0:
@@ -188,6 +193,8 @@ def predict_op(op: str, n: float, world: int, link: collectives.Link) -> float:
         return collectives.allreduce(n, world, link, "ring")
     if op == "allgather":
         return collectives.allgather(n, world, link)
+    if op == "reduce_scatter":
+        return collectives.reduce_scatter(n, world, link)
     if op == "broadcast":
         return collectives.broadcast(n, world, link)
     if op == "send_recv":
@@ -372,7 +379,7 @@ def shaped_fits(mbit: float | None, rounds: int | None = None) -> dict[str, dict
 
 
 def cache_key() -> str:
-    return f"gloo_link-3/{platform.node()}/{os.cpu_count()}/{torch.__version__}/rounds-{ROUNDS}"
+    return f"gloo_link-4/{platform.node()}/{os.cpu_count()}/{torch.__version__}/rounds-{ROUNDS}"
 
 
 def link_calibration(refresh: bool = False) -> dict[str, Any]:

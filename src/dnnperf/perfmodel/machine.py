@@ -119,8 +119,9 @@ class Machine:
     #: collective's fit on an unshaped link (``cpu_alpha``/``cpu_bandwidth`` in a fit, where a shaped
     #: link slowed the wire; else the fit itself). False: communication overlaps (GPUs, NCCL).
     comm_on_compute_cores: bool = False
-    #: Per collective ("allreduce", "allgather", "broadcast", "send_recv"), the backend's own fit inside
-    #: a node: {"alpha": s, "bandwidth": bytes/s, "reduce_bandwidth": bytes/s} (collective_calibration);
+    #: Per collective ("allreduce", "allgather", "reduce_scatter", "broadcast", "send_recv"), the
+    #: backend's own fit inside a node: {"alpha": s, "bandwidth": bytes/s, "reduce_bandwidth": bytes/s}
+    #: (collective_calibration);
     #: a collective without one uses intra_latency / intra_bandwidth.
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
     #: The torch device of this host that this machine is ("cpu", "cuda:0"), where a description's

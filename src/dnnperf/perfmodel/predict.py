@@ -180,12 +180,19 @@ def memory_estimate(
             graph.param_bytes + graph.frozen_param_bytes
         ) * sharded.param_share + sharded.gathered_params
         fixed["optimizer_state"] = graph.optimizer_state_bytes * sharded.state_share
+    # fsdp: what is gathered depends on where backward is; the update holds shards alone.
+    gathered = sharded.gathered_in_backward if sharded is not None and sharded.gathered_in_backward else None
+    if gathered is not None:
+        fixed["parameters"] -= sharded.gathered_params  # type: ignore[union-attr]
+        extra_grads = 0.0
     cycles: dict[int, list[Any]] = {}
     shares: dict[int, list[float]] = {}
+    held: dict[int, list[tuple[float, float]]] = {}
     own = segment_shares if segment_shares is not None else [1.0] * len(graph.memory_walk)
-    for segment, part in zip(graph.memory_walk, own, strict=True):
+    for index, (segment, part) in enumerate(zip(graph.memory_walk, own, strict=True)):
         cycles.setdefault(segment.cycle, []).append(segment)
         shares.setdefault(segment.cycle, []).append(part)
+        held.setdefault(segment.cycle, []).append(gathered[index] if gathered is not None else (0.0, 0.0))
     updated = max((sum(s.grads for s in c) for c in cycles.values()), default=graph.param_bytes)
     best = MemoryEstimate(
         **fixed,
@@ -208,16 +215,19 @@ def memory_estimate(
         saved = saved * activation_share
         grads = np.cumsum([s.grads for s in segments][::-1])[::-1] * grad_share + extra_grads
         flow = np.array([s.flow + s.workspace for s in segments], dtype=float)
-        k = int(np.argmax(saved + grads + flow))
-        if saved[k] + grads[k] + flow[k] > best.gradients + best.activations + best.temporaries:
-            best = MemoryEstimate(
-                **fixed,
-                gradients=float(grads[k]),
-                activations=float(saved[k]),
-                temporaries=float(flow[k]),
-                phase="backward",
-                module=segments[k].module,
-            )
+        extra_params, extra_grads_here = np.array(held[cycle], dtype=float).reshape(-1, 2).T
+        grads = grads + extra_grads_here
+        k = int(np.argmax(saved + grads + flow + extra_params))
+        candidate = MemoryEstimate(
+            **{**fixed, "parameters": fixed["parameters"] + float(extra_params[k])},
+            gradients=float(grads[k]),
+            activations=float(saved[k]),
+            temporaries=float(flow[k]),
+            phase="backward",
+            module=segments[k].module,
+        )
+        if candidate.peak > best.peak:
+            best = candidate
     return best
 
 
@@ -242,6 +252,13 @@ def link_for(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = Fa
         machine.segment_bytes,
         fault_s,
     )
+
+
+def reduce_scatter_link(machine: Machine, ranks: int) -> collectives.Link:
+    """The link a reduce-scatter runs over: the backend's own fit of it where the machine was calibrated
+    with one (gloo's costs more than a ring's half of an allreduce), else the allreduce's."""
+    op = "reduce_scatter" if "reduce_scatter" in machine.collectives else "allreduce"
+    return link_for(machine, ranks, op)
 
 
 def predict(
@@ -318,7 +335,8 @@ def predict(
                     for n in sizes
                 ]
             elif strategy == "zero2":  # each bucket reduce-scattered: a rank keeps its share's sum
-                costs = [collectives.reduce_scatter(n, devices, link) for n in sizes]
+                scatter_link = reduce_scatter_link(machine, devices)
+                costs = [collectives.reduce_scatter(n, devices, scatter_link) for n in sizes]
             else:
                 costs = [collectives.allreduce(n, devices, link, algorithm) for n in sizes]
             exposed = strategies.bucket_overlap(ready, costs, backward_s)
@@ -626,7 +644,7 @@ def _fully_sharded(
     CPU (gloo, no streams) FSDP waits for each where it issues it: all exposed.
     Returns compute, exposed communication, detail and memory."""
     unit_bytes, root_bytes = strategies.unit_param_bytes(graph.module_param_bytes, units)
-    gather_link, reduce_link = link_for(machine, ranks, "allgather"), link_for(machine, ranks, "allreduce")
+    gather_link, reduce_link = link_for(machine, ranks, "allgather"), reduce_scatter_link(machine, ranks)
 
     def gather(n: int) -> float:
         return collectives.allgather(n, ranks, gather_link)
@@ -645,10 +663,12 @@ def _fully_sharded(
     sizes = [root_bytes, *unit_bytes]
     gathers = [gather(n) for n in sizes]
     scatters = [scatter(n) for n in sizes]
-    # Forward: the root first (its all-gather), then the units. Backward: the units in reverse, each
-    # gathered again, then the root (still gathered) whose reduce-scatter ends the step.
+    # Forward: the root first (its all-gather), then the units. Backward: the units in reverse, then
+    # the root, whose reduce-scatter ends the step; every group is gathered again for backward, the
+    # root too (dnnperf passes reshard_after_forward to every fully_shard call, so FSDP2 reshards the
+    # root after forward as well: its parameters are shards alone at the loss, as measured).
     backward_order = [*range(len(sizes) - 1, 0, -1), 0]
-    regather = [0.0 if i == 0 else gathers[i] for i in backward_order]
+    regather = [gathers[i] for i in backward_order]
     collective_s = sum(gathers) + sum(regather) + sum(scatters)
     if machine.asynchronous:
         exposed = strategies.shard_overlap(forward, gathers, [0.0] * len(sizes)) + strategies.shard_overlap(
@@ -658,11 +678,16 @@ def _fully_sharded(
         exposed = collective_s
     # Copies: each all-gather copies the shard in (read and write n/ranks) and the result out (n); each
     # reduce-scatter copies the gradients in (n) and divides its output (n/ranks).
-    gathered = sum(sizes) + sum(sizes[1:])
+    gathered = 2 * sum(sizes)
     copy_bytes = 2 * (gathered + sum(sizes)) * (1 + 1 / ranks)
     copy_s = _streamed_s(copy_bytes, machine)
     host_s = fsdp_host_seconds(graph, times, machine, len(units))
-    sharded = strategies.sharded_memory("fsdp", ranks, unit_bytes, root_bytes, graph.param_bytes)
+    sharded = dataclasses.replace(
+        strategies.sharded_memory("fsdp", ranks, unit_bytes, root_bytes, graph.param_bytes),
+        gathered_in_backward=strategies.gathered_in_backward(
+            [s.module for s in graph.memory_walk], units, unit_bytes, root_bytes
+        ),
+    )
     detail = {
         "units": len(units),
         "allgather_s": sum(gathers) + sum(regather),

@@ -320,6 +320,39 @@ class ShardedMemory:
     gathered_params: float = 0.0
     #: The largest unit's gradients before its reduce-scatter (fsdp), or one bucket (zero2).
     gathered_gradients: float = 0.0
+    #: fsdp: per segment of the memory walk, the parameters gathered and the gradients not yet
+    #: reduce-scattered while backward runs there (in place of ``gathered_params`` and
+    #: ``gathered_gradients``; the update holds shards alone: everything is resharded by then).
+    gathered_in_backward: tuple[tuple[float, float], ...] | None = None
+
+
+def gathered_in_backward(
+    modules: Sequence[str], units: Sequence[str], unit_bytes: Sequence[int], root_bytes: int
+) -> tuple[tuple[float, float], ...]:
+    """Per memory-walk segment (the module it runs under, forward order), the (parameter, gradient)
+    bytes FSDP2 holds unsharded while backward runs there, every group resharded after forward.
+
+    Outside the model (the loss: module ``(none)``) nothing is gathered and no gradient made yet: the
+    root's pre-backward all-gather waits for the gradient of the model's output. Inside it, the
+    root's parameters (gathered from then to the end of backward) and gradients (reduce-scattered at
+    the end); in a unit, also that unit's parameters and gradients and the parameters of the unit
+    before it in forward order (FSDP2 prefetches the next all-gather of backward when a unit's
+    backward starts)."""
+    owners = _owners(modules, units)
+    index = {unit: i for i, unit in enumerate(units)}
+    held = []
+    for module in modules:
+        if module == "(none)":
+            held.append((0.0, 0.0))
+            continue
+        params = grads = float(root_bytes)
+        unit = owners[module]
+        if unit is not None:
+            i = index[unit]
+            params += unit_bytes[i] + (unit_bytes[i - 1] if i > 0 else 0)
+            grads += unit_bytes[i]
+        held.append((params, grads))
+    return tuple(held)
 
 
 def sharded_memory(
