@@ -19,14 +19,16 @@ import time
 from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import psutil
 import pytest
 
 from dnnperf.errors import UsageError
 from dnnperf.results.record import RecordError
-from dnnperf.results.watch import WatchResult
+from dnnperf.results.watch import SERIES_KINDS, WatchResult
 from dnnperf.watch import marks as marks_module
+from dnnperf.watch import sampler as sampler_module
 from dnnperf.watch.gpu import GpuSampler, open_gpus
 from dnnperf.watch.run import parse_marks, watch
 
@@ -131,6 +133,44 @@ def test_cpu_seconds_and_busy_cores_are_what_the_processes_measured(busy: int, t
     assert abs(recorded - truth) < 0.1 * truth, (recorded, truth)
     busy_cores = [c for c in result.cpu_cores() if c is not None]
     assert max(busy_cores) <= psutil.cpu_count() + 0.5  # no sample reads more cores than exist
+
+
+@pytest.mark.concurrent
+def test_a_child_reaped_while_the_tree_is_read_moves_no_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race, injected: the parent is read before its child is reaped (its reaped children's time
+    without the child's 5 s), then the child is gone. Read once, the sample's total would drop by the
+    child's 5 s and jump back at the next sample (tens of cores over one interval); the tree is read
+    again instead, the parent's counters then holding the child's time."""
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        parent, child = (psutil.Process(c.pid) for c in children)
+        sampler = sampler_module.TreeSampler(os.getpid(), interval_s=0.1)
+        sampler.followed = {parent.pid: parent, child.pid: child}
+        monkeypatch.setattr(sampler, "discover", lambda: None)
+        script = {  # per sample, the reads in order: (pid, tree CPU seconds or None when gone)
+            0: [(parent.pid, 1.0), (child.pid, 5.0)],
+            1: [(parent.pid, 1.1), (child.pid, None), (parent.pid, 6.2)],
+        }
+        reads: list[tuple[int, float | None, int]] = []  # (pid, tree CPU, sample)
+
+        def scripted(process: psutil.Process, full: bool) -> Any:
+            pid, cpu = script[sampler.samples][sum(1 for r in reads if r[2] == sampler.samples)]
+            assert pid == process.pid
+            reads.append((pid, cpu, sampler.samples))
+            if cpu is None:
+                return None
+            values = {name: 0 for name in SERIES_KINDS} | {"cpu_s": cpu}
+            return dict(values), dict(values)
+
+        monkeypatch.setattr(sampler_module, "read_process", scripted)
+        sampler.sample()
+        sampler.sample()
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+    assert sampler.total.cpu_s == [6.0, 6.2]
+    assert len(reads) == 5  # the second sample read the parent again
 
 
 # (c) exit code, bad input --------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from dnnperf.results.watch import SERIES_KINDS, ProcessSeries, TotalSeries
 _PPID, _MINFLT, _CMINFLT, _MAJFLT, _CMAJFLT = 1, 7, 8, 9, 10
 #: The share of one core the PSS/USS reads of each process may take.
 PSS_SHARE = 0.02
+#: Reads of the tree in one sample when a process is reaped during one (see TreeSampler.sample).
+READ_ATTEMPTS = 3
 
 
 def stat_fields(pid: int) -> list[bytes] | None:
@@ -159,10 +161,32 @@ class TreeSampler:
 
     def sample(self, extra: dict[str, Any] | None = None) -> None:
         """Read every followed process and append one sample to its series and to the totals.
-        ``extra``: counters of processes no longer in the tree (the reaped root) added to the totals."""
+        ``extra``: counters of processes no longer in the tree (the reaped root) added to the totals.
+
+        A process reaped while the tree is read (its parent read before it, without its counters, and
+        it gone when its turn came) would take its whole CPU time and faults out of this sample's
+        totals and put them back into the next, a spike of tens of cores: the tree is then read
+        again, up to ``READ_ATTEMPTS`` times."""
         self.discover()
         index = self.samples
-        tree_rows = [] if extra is None else [extra]
+        for _ in range(READ_ATTEMPTS):
+            rows, reaped = self._read_followed(index)
+            if not reaped:
+                break
+        tree_rows = ([] if extra is None else [extra]) + [tree for _, _, tree in rows]
+        for process, own, _ in rows:
+            self.series_of(process, index).append(own)
+        self.total.append(sum_values(tree_rows) if tree_rows else dict.fromkeys(SERIES_KINDS, 0))
+        self.total.processes.append(len(tree_rows) - (extra is not None))
+        self.samples += 1
+
+    def _read_followed(
+        self, index: int
+    ) -> tuple[list[tuple[psutil.Process, dict[str, Any], dict[str, Any]]], bool]:
+        """Every followed process's (process, own values, tree values), parents before their children
+        (the order they were found in); and whether one was gone (no longer followed after this)."""
+        rows = []
+        reaped = False
         for pid, process in list(self.followed.items()):
             key = (pid, process.create_time())
             full = self.pss_due.get(key, 0) <= index
@@ -170,6 +194,7 @@ class TreeSampler:
             values = read_process(process, full)
             if values is None:  # gone: a pid seen again later is another process
                 self.forget(pid)
+                reaped = True
                 continue
             own, tree = values
             if full:
@@ -178,11 +203,8 @@ class TreeSampler:
                 self.pss_due[key] = index + max(1, math.ceil(cost / (PSS_SHARE * self.interval_s)))
                 self.pss_held[key] = (own["pss_bytes"], own["uss_bytes"])
             own["pss_bytes"], own["uss_bytes"] = tree["pss_bytes"], tree["uss_bytes"] = self.pss_held[key]
-            tree_rows.append(tree)
-            self.series_of(process, index).append(own)
-        self.total.append(sum_values(tree_rows) if tree_rows else dict.fromkeys(SERIES_KINDS, 0))
-        self.total.processes.append(len(tree_rows) - (extra is not None))
-        self.samples += 1
+            rows.append((process, own, tree))
+        return rows, reaped
 
     def series_of(self, process: psutil.Process, index: int) -> ProcessSeries:
         key = (process.pid, process.create_time())
