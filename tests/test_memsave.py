@@ -290,6 +290,38 @@ def test_the_last_write_is_released_when_backward_starts(tmp_path):
         store.close()
 
 
+def test_backward_does_not_start_beside_a_write_still_in_flight(tmp_path, monkeypatch):
+    """A writer that lags (a busy machine) would leave forward's last tensor alive into backward's
+    peak, where the planner counts it no more: backward's first unpack waits for the write, then the
+    tensor is released. The injected lag: the write waits for a gate opened 0.2 s after backward
+    starts."""
+    import threading
+    import weakref
+
+    gate = threading.Event()
+    real_pwrite = disk_module.DiskStore._pwrite
+
+    def gated_pwrite(self, data, offset):
+        gate.wait(timeout=30)
+        return real_pwrite(self, data, offset)
+
+    monkeypatch.setattr(disk_module.DiskStore, "_pwrite", gated_pwrite)
+    store = disk_module.DiskStore(tmp_path)
+    try:
+        tensor = torch.ones(4096)
+        alive = weakref.ref(tensor)
+        handle = store.put(tensor, position=0)
+        del tensor
+        opener = threading.Timer(0.2, gate.set)
+        opener.start()
+        store.reached(10**9)  # backward's first unpack, while the write waits at the gate
+        assert handle.written.done() and alive() is None
+        assert float(store.get(handle).view(torch.float32)[0]) == 1.0
+    finally:
+        gate.set()
+        store.close()
+
+
 def test_the_writer_never_holds_the_last_reference(tmp_path):
     """An offloaded tensor is released on the training thread, where the memory profiler records the
     release: once a write is done, nothing the writer thread was given still refers to the tensor.
