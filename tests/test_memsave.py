@@ -242,19 +242,24 @@ def test_disk_full_is_one_line_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def _delay_writes(monkeypatch, delay) -> None:
+    """Every write of the disk tier first calls ``delay`` (a writer that lags, as on a busy machine)."""
+    real_pwrite = disk_module.DiskStore._pwrite
+
+    def delayed(self, data, offset):
+        delay()
+        return real_pwrite(self, data, offset)
+
+    monkeypatch.setattr(disk_module.DiskStore, "_pwrite", delayed)
+
+
 def test_a_slow_disk_holds_at_most_one_write_in_flight(tmp_path, monkeypatch):
     """A writer that falls behind must not keep every offloaded tensor alive until backward (the
     planner counts only the newest write as held): the caller's tensors die once the next is saved."""
     import time
     import weakref
 
-    real_pwrite = disk_module.DiskStore._pwrite
-
-    def slow_pwrite(self, data, offset):
-        time.sleep(0.05)
-        return real_pwrite(self, data, offset)
-
-    monkeypatch.setattr(disk_module.DiskStore, "_pwrite", slow_pwrite)
+    _delay_writes(monkeypatch, lambda: time.sleep(0.05))
     store = disk_module.DiskStore(tmp_path)
     try:
         alive = []
@@ -299,13 +304,7 @@ def test_backward_does_not_start_beside_a_write_still_in_flight(tmp_path, monkey
     import weakref
 
     gate = threading.Event()
-    real_pwrite = disk_module.DiskStore._pwrite
-
-    def gated_pwrite(self, data, offset):
-        gate.wait(timeout=30)
-        return real_pwrite(self, data, offset)
-
-    monkeypatch.setattr(disk_module.DiskStore, "_pwrite", gated_pwrite)
+    _delay_writes(monkeypatch, lambda: gate.wait(timeout=30))
     store = disk_module.DiskStore(tmp_path)
     try:
         tensor = torch.ones(4096)
