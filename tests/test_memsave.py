@@ -276,17 +276,23 @@ def test_a_slow_disk_holds_at_most_one_write_in_flight(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def _offload_one(store):
+    """Offload a tensor of ones at position 0 and drop it: its handle, and a weak reference that says
+    whether anything still holds it."""
+    import weakref
+
+    tensor = torch.ones(4096)
+    alive = weakref.ref(tensor)
+    return store.put(tensor, position=0), alive
+
+
 def test_the_last_write_is_released_when_backward_starts(tmp_path):
     """Forward's last offloaded tensor is held until its write is done and the training thread looks:
     backward's first unpack (``reached``) looks, not only the first read back (which may come late)."""
-    import weakref
 
     store = disk_module.DiskStore(tmp_path)
     try:
-        tensor = torch.ones(4096)
-        alive = weakref.ref(tensor)
-        handle = store.put(tensor, position=0)
-        del tensor
+        handle, alive = _offload_one(store)
         handle.written.result()
         assert alive() is not None  # written, but nothing on the training thread has looked yet
         store.reached(10**9)  # backward's first unpack, far from this tensor: nothing read back
@@ -301,16 +307,12 @@ def test_backward_does_not_start_beside_a_write_still_in_flight(tmp_path, monkey
     tensor is released. The injected lag: the write waits for a gate opened 0.2 s after backward
     starts."""
     import threading
-    import weakref
 
     gate = threading.Event()
     _delay_writes(monkeypatch, lambda: gate.wait(timeout=30))
     store = disk_module.DiskStore(tmp_path)
     try:
-        tensor = torch.ones(4096)
-        alive = weakref.ref(tensor)
-        handle = store.put(tensor, position=0)
-        del tensor
+        handle, alive = _offload_one(store)
         opener = threading.Timer(0.2, gate.set)
         opener.start()
         store.reached(10**9)  # backward's first unpack, while the write waits at the gate
