@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from dnnperf import environment
+from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
 from dnnperf.hardware import read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
@@ -198,10 +199,6 @@ def predict_variants(
     return {v: predict_graph(graph, m, size, "single") for v, m in machines.items()}
 
 
-def on_device(sample: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-    return {key: value.to(device) for key, value in sample.items()}
-
-
 def device_name(device: str) -> str:
     """The processor (and GPU, where the run used one) the figures were measured on."""
     cpu = f"{environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} thread(s)"
@@ -224,7 +221,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             torch.manual_seed(0)
             task = workload.build(preset, args.device)
             data = workload.data(preset)
-            example = on_device(data.synthesize(size * 3 // 2, seed=1), args.device)
+            example = to_device(data.synthesize(size * 3 // 2, seed=1), torch.device(args.device))
             predictions = [predict_variants(task, example, machines, size) for _ in range(args.predictions)]
             steps = [p[MODEL].step_s for p in predictions]
             rows.append(
@@ -241,7 +238,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
                     "variants_s": {v: statistics.median(p[v].step_s for p in predictions) for v in machines},
                 }
             )
-            runs.append((task, on_device(data.synthesize(size, seed=0), args.device)))
+            runs.append((task, to_device(data.synthesize(size, seed=0), torch.device(args.device))))
             print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
     for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
         row.update(measured_s=min(rounds), measured_rounds_s=rounds)
