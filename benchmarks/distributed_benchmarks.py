@@ -376,7 +376,7 @@ def main() -> None:
         "lane of the process group busy with earlier buckets), and from then to completion, time divided",
         "evenly among the collectives running at each moment (gloo runs two at once, sharing the link and",
         "the cores): **shared** (the other buckets' shares) and the collective's **own** share. The",
-        "acceptance item compares the own share with a **stand-alone** allreduce of the",
+        "target compares the own share with a **stand-alone** allreduce of the",
         "same size on the same ranks, timed the same way (after a barrier; completion minus the later",
         "rank's launch), one per bucket after every training step (paired, interleaved), reusing one",
         "buffer per bucket as DDP does. A second stand-alone allreduce per bucket runs **under load**: a",
@@ -399,8 +399,8 @@ def main() -> None:
         "",
         f"Of all the time the ranks waited for buckets, {part['skew_s']:.0%} was skew, "
         f"{part['queued_s']:.0%} queued, {part['shared_s']:.0%} other buckets' collectives running beside "
-        f"it (their shares) and {part['allreduce_s']:.0%} the collectives' own shares. Launch to "
-        f"completion, as dnnperf measured before the split, is {old:.1f} times the stand-alone allreduce "
+        f"it (their shares) and {part['allreduce_s']:.0%} the collectives' own shares. The whole wait "
+        f"(launch to completion, not split) is {old:.1f} times the stand-alone allreduce "
         "(median over every bucket allreduce). The stand-alone allreduce under load takes a median "
         f"{under_load:.2f} times as long as the one on idle ranks, the one after skew "
         f"{after_skew:.2f} times.",

@@ -1,7 +1,8 @@
 """Where a GPU step's host time goes, against what the performance model's host calibration sees.
 
 The model over-predicts host-bound GPU steps 1.3-1.6x (docs/validation.md#single-process-on-a-gpu-step-time).
-This measures, in one process on one device, what a better host-cost calibration needs to know:
+This measures, in one process on one device, where a step's host time goes and what the
+calibration's timing sees of it:
 
 1. real training steps of suite workloads at a host-bound batch: the host seconds of forward,
    backward and update (the host clock around each phase, nothing synchronised inside the step) and

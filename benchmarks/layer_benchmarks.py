@@ -10,8 +10,8 @@ docs/benchmarks-layers.md.
    pass 100%) and the share of operator time covered by FLOP formulas (target: at least 95% at
    `small`). (part `suite`, against the profile part `hw` saved)
 
-`--parts` runs some of them (each under ten minutes on the 2-core CI machine, so that each fits one
-turn of a shared machine's lock); the sections of the parts not run are kept from the output file.
+`--parts` runs some of them (each under ten minutes on 2 cores, so each can run while the machine is
+otherwise idle); the sections of the parts not run are kept from the output file.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def main() -> None:
         "--rows",
         type=Path,
         help="JSON file of the suite part's rows: rows of presets not run this time are taken from it "
-        "(so the presets can run in separate turns of a shared machine's lock), and it is rewritten",
+        "(so the presets can run at separate times), and it is rewritten",
     )
     args = parser.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]

@@ -6,8 +6,8 @@
 2. Overhead: plain steps against memory-tracked steps of one task, interleaved (the order reversed
    every other round), with and without the resident-memory cross-check (target: at most 15%).
    ``--overhead-only --workloads resnet18 --overhead-json F`` runs one workload's part, adding it to F,
-   and rewrites only the overhead section of the output from everything F holds (each part short
-   enough for one turn of a shared machine's lock).
+   and rewrites only the overhead section of the output from everything F holds (so a busy machine
+   can run the workloads one at a time, each when it is otherwise idle).
    ``--suite-only`` measures only the suite and rewrites only its section (and the header's date line),
    leaving the overhead section as it is (the suite's figures are memory, not time: they can be taken
    niced beside other work, the overhead cannot).
@@ -341,7 +341,7 @@ def main() -> None:
     if args.suite_only:
         text = previous[: previous.index(kept)] if kept else previous
         tail = text[text.index("## Overhead") :] if "## Overhead" in text else ""
-        note = " with `--suite-only` (the overhead section as before, its date per row)" if tail else ""
+        note = " with `--suite-only` (the overhead section from its own run, dated per row)" if tail else ""
         document = "\n".join(suite_document(suite, note)) + "\n" + ("\n" + tail if tail else "")
         args.output.write_text(document + kept)
         print(f"wrote {args.output}", file=sys.stderr)

@@ -564,8 +564,9 @@ def _validate_distributed(
         machines, figures = calibrated_machines(profile)
     finally:
         torch.set_num_threads(threads)
-    # The calibrated model machine, every term of it (split regions and DDP's host work included: a
-    # machine rebuilt from some of its parts had lost them), with this host's fitted gloo link.
+    # The calibrated model machine, every term of it (split regions and DDP's host work included: the
+    # 2-rank steps need them, and a machine rebuilt from some of its parts would lack them), with this
+    # host's fitted gloo link.
     machine = with_link(machines["model"], link_calibration())
     frame = validate_distributed(
         names,

@@ -57,7 +57,7 @@ ROUNDS = 25
 #: What a step's collectives are fitted on: their mean. A call's time here is skewed (2 gloo ranks on
 #: 2 cores, 2026-11-25: 20-40% of the calls of 128 KiB-1 MiB take 2-8 ms where the median is 0.3-1.5
 #: ms), and a step that makes tens of calls (resnet18 tp: 41) sums to about their count times the
-#: mean, not the median; fitted on medians, its collectives were predicted at half what they took.
+#: mean, not the median; fitted on medians, its collectives come out at about half what they take.
 #: The microbenchmark's own table (calibrate) compares a fit on medians with the medians: the
 #: typical call.
 STEP_STATISTIC = "mean_s"

@@ -1021,8 +1021,8 @@ class _EventTimer:
     def start(self) -> tuple[Any, int]:
         if self._lead is not None:
             # From an empty queue: with the device behind, the host's launches would soon wait for
-            # free slots in it, and its times would count the device's (an H200's zoo measured views
-            # at 10 us and convolutions at 100 us more than an add, twice what its steps took).
+            # free slots in it, and its times would count the device's (timed so, an H200's zoo puts
+            # views at 10 us and convolutions at 100 us more than an add, twice what its steps take).
             torch.cuda.synchronize()
             self._lead()
         event = self._event()
