@@ -25,6 +25,7 @@ The suite's in-sample figures are read from docs/validation.md and docs/validati
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -50,6 +51,7 @@ from dnnperf.perfmodel.predict import Prediction
 from dnnperf.perfmodel.predict import predict as predict_graph
 from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import calibrated_machines
+from dnnperf.probes.opcount import CONVOLUTION_KINDS
 from dnnperf.runner import BenchSettings, bench
 from dnnperf.workloads import get_workload
 
@@ -73,6 +75,19 @@ MODELS = (
     ("hf:t5", "small", (2, 3), "encoder-decoder"),
     ("hf:bart", "small", (2, 3), "encoder-decoder"),
 )
+#: A second held-out set, run with ``--fresh``: models that confirm a choice made while looking at
+#: MODELS' errors (the convolution kinds' efficiencies), so that such a choice is judged on models
+#: that played no part in it.
+FRESH_MODELS = (
+    ("hf:mobilenet_v1", "tiny", (4, 8), "CNN, depthwise separable"),
+    ("hf:convnextv2", "tiny", (4, 8), "CNN, depthwise 7x7 + MLP + GRN"),
+    ("hf:bit", "tiny", (4, 8), "CNN, pre-activation residual, weight standardisation"),
+    ("hf:mobilevit", "tiny", (4, 8), "CNN + transformer blocks"),
+    ("hf:mobilevitv2", "tiny", (4, 8), "CNN + separable self-attention"),
+    ("hf:cvt", "tiny", (4, 8), "transformer with depthwise convolutional projections"),
+    ("hf:focalnet", "tiny", (4, 8), "CNN, depthwise focal modulation"),
+    ("hf:textnet", "tiny", (4, 8), "CNN, asymmetric kernels"),
+)
 #: timm's models, where timm is installed (it needs a torchvision built for the installed torch).
 TIMM_MODELS = (
     ("timm:mobilenetv3_small_100", "small", (8, 16), "CNN, inverted residual + hard-swish (timm)"),
@@ -81,9 +96,11 @@ TIMM_MODELS = (
     ("timm:vit_tiny_patch16_224", "small", (4, 8), "vision transformer (timm)"),
 )
 #: The model, and the variants of it the held-out rows also report (those a machine has: "synchronous"
-#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, and host and device added.
+#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, and every
+#: convolution at its phase's efficiency (no efficiency per convolution kind).
 MODEL = "model"
-VARIANTS = (MODEL, "hw dispatch", "synchronous")
+ONE_CONVOLUTION = "one convolution efficiency"
+VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION)
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
     # (what, page, heading of the section whose first table has an "error" column, inputs)
@@ -210,6 +227,11 @@ def device_name(device: str) -> str:
 def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace) -> dict[str, Any]:
     profile = read_profile(args.profile)
     every = calibrated_machines(profile)[0]
+    model = every[MODEL]
+    every[ONE_CONVOLUTION] = dataclasses.replace(
+        model,
+        efficiency={k: v for k, v in model.efficiency.items() if k.split("/")[-1] not in CONVOLUTION_KINDS},
+    )
     machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
@@ -334,6 +356,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True, help="hardware profile JSON (dnnperf hw --output)")
     parser.add_argument("--models", help="comma-separated workloads of MODELS (default: all)")
+    parser.add_argument("--fresh", action="store_true", help="the second held-out set (FRESH_MODELS)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration per round")
@@ -348,7 +371,7 @@ def main() -> None:
         parser.error("--device cuda: this host has no CUDA GPU")
     if args.batch_scale < 1 or args.predictions < 1:
         parser.error("--batch-scale and --predictions must be at least 1")
-    models = MODELS + (TIMM_MODELS if timm_available() else ())
+    models = FRESH_MODELS if args.fresh else MODELS + (TIMM_MODELS if timm_available() else ())
     if args.models:
         wanted = args.models.split(",")
         unknown = sorted(set(wanted) - {m[0] for m in models})

@@ -617,3 +617,38 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(
     # one-core load and other jobs beside it). A calibration that booked the hooks per step, per
     # layer instead of per tensor, or not at all misses by 2x or more.
     assert 0.8 * waited <= slow_param - param <= 1.6 * waited, (slow_param - param, waited)
+
+
+def test_a_convolution_kinds_efficiency_prices_its_calls() -> None:
+    """A 1x1, a depthwise and a dense convolution: each row's roofline is divided by its kind's
+    efficiency where the machine has one, else by the convolution phase's."""
+    from dnnperf.perfmodel.compute import op_times
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(8, 16, 1), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.Conv2d(16, 8, 3)
+    )
+    graph = describe_model(model, torch.randn(2, 8, 12, 12), name="convs")
+    efficiency = {
+        "convolution/forward": 0.5,
+        "convolution/backward": 0.4,
+        "convolution/forward/pointwise": 0.125,
+        "convolution/backward/depthwise": 0.05,
+    }
+    plain = op_times(graph, seed002())
+    priced = op_times(graph, dataclasses.replace(seed002(), efficiency=efficiency))
+    expected = {
+        ("0", "forward"): 0.125,
+        ("0", "backward"): 0.4,
+        ("1", "forward"): 0.5,
+        ("1", "backward"): 0.05,
+        ("2", "forward"): 0.5,
+        ("2", "backward"): 0.4,
+    }
+    convs = plain["family"] == "convolution"
+    found = {
+        (row.module, row.phase): base / row.compute_s
+        for row, base in zip(priced[convs].itertuples(), plain[convs]["compute_s"], strict=True)
+    }
+    assert found == pytest.approx(expected, rel=1e-9)
+    assert list(priced[convs]["kind"]) == ["pointwise", "depthwise", "", "", "depthwise", "pointwise"]

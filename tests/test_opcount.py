@@ -477,3 +477,25 @@ def test_pooling_flops_are_the_window_it_covers_per_output(pool, shape, window):
     counter = forward_and_backward(nn.Sequential(pool), x)
     outputs = pool(x).numel()
     assert flops(counter, "0", "forward", ("pooling",)) == window * outputs
+
+
+def test_convolution_kinds_follow_groups_and_kernel_size():
+    """Each convolution's shape class from how the layer was built: groups and kernel size."""
+    built = {
+        "0": (nn.Conv2d(8, 16, 1), "pointwise"),
+        "1": (nn.Conv2d(16, 16, 3, padding=1, groups=16), "depthwise"),
+        "2": (nn.Conv2d(16, 16, 3, padding=1, groups=4), "grouped"),
+        "3": (nn.Conv2d(16, 8, 3, padding=1), ""),
+        "4": (nn.ConvTranspose2d(8, 8, 2, stride=2), ""),
+        "5": (nn.Conv2d(8, 8, 1, groups=8), "depthwise"),
+        "6": (nn.Conv2d(8, 8, (1, 7), padding=(0, 3)), ""),
+    }
+    model = nn.Sequential(*(layer for layer, _ in built.values()))
+    counter = OpCounter(model)
+    with counter:
+        model(torch.randn(2, 8, 8, 8)).sum().backward()
+    found = {(r.module, r.phase): r.kind for r in counter.table() if r.family == "convolution"}
+    for name, (_, kind) in built.items():
+        assert found[(name, "forward")] == kind, name
+        assert found[(name, "backward")] == kind, name
+    assert all(r.kind == "" for r in counter.table() if r.family != "convolution")

@@ -459,6 +459,18 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Conv2d(8, 8, 3, padding=1), (4, 8, 4, 4)),
         (nn.Conv2d(16, 16, 4, stride=2, padding=1), (4, 16, 8, 8)),
         (nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1), (4, 8, 4, 4)),
+        # Each convolution kind (opcount.CONVOLUTION_KINDS) its own efficiency: 1x1 (besides the one
+        # above), depthwise 3x3 to 7x7, one strided, and grouped.
+        (nn.Conv2d(256, 64, 1), (8, 256, 16, 16)),
+        (nn.Conv2d(32, 128, 1), (8, 32, 32, 32)),
+        (nn.Conv2d(512, 128, 1), (8, 512, 8, 8)),
+        (nn.Conv2d(32, 32, 3, padding=1, groups=32), (8, 32, 32, 32)),
+        (nn.Conv2d(128, 128, 3, padding=1, groups=128), (8, 128, 16, 16)),
+        (nn.Conv2d(64, 64, 5, padding=2, groups=64), (8, 64, 16, 16)),
+        (nn.Conv2d(256, 256, 7, padding=3, groups=256), (8, 256, 8, 8)),
+        (nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=64), (8, 64, 32, 32)),
+        (nn.Conv2d(128, 128, 3, padding=1, groups=8), (8, 128, 16, 16)),
+        (nn.Conv2d(256, 256, 3, padding=1, groups=32), (8, 256, 8, 8)),
         (nn.BatchNorm2d(64), (8, 64, 32, 32)),
         (nn.GroupNorm(1, 64), (8, 64, 16, 16)),  # WGAN-GP's critic: layer norm over (C, H, W)
         (nn.ReLU(), (8, 64, 32, 32)),
@@ -510,6 +522,7 @@ def timed_rows(
             "op": r.name,
             "family": r.family,
             "dtype": r.dtype or "float32",
+            "kind": r.kind,
             "flops": float(r.flops or 0),
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
@@ -520,7 +533,7 @@ def timed_rows(
         for r in table
     ]
     frame = pd.DataFrame(rows)
-    keys = ["phase", "module", "op", "family", "dtype"]
+    keys = ["phase", "module", "op", "family", "dtype", "kind"]
     return frame.groupby(keys, as_index=False, sort=False).median()
 
 
@@ -605,11 +618,19 @@ def _zoo_rows(
     rows = rows.assign(predicted=predicted)
     fixed: dict[str, float] = {}
     fitted: dict[str, float] = {}
-    for (family, phase), group in rows[rows["family"].isin(FIXED_COST_FAMILIES)].groupby(["family", "phase"]):
+    dense = rows["kind"] == ""
+    for (family, phase), group in rows[dense & rows["family"].isin(FIXED_COST_FAMILIES)].groupby(
+        ["family", "phase"]
+    ):
         key = f"{family}/{phase}"
         fixed[key], fitted[key] = fixed_cost_fit(
             group["predicted"] / group["calls"], group["measured"] / group["calls"]
         )
+    # Each convolution kind: its efficiency over what the dense fit's fixed cost per call leaves.
+    for (family, phase, kind), group in rows[~dense].groupby(["family", "phase", "kind"]):
+        left = group["measured"] - fixed.get(f"{family}/{phase}", 0.0) * group["calls"]
+        if left.sum() > 0:
+            fitted[f"{family}/{phase}/{kind}"] = min(1.0, float(group["predicted"].sum() / left.sum()))
     # A family's efficiency is that of its memory-bound operators: the per-element kernels (GELU,
     # softmax) take another bandwidth (compute.PER_ELEMENT_OPS) and always have their own.
     own = rows["op"].isin(PER_ELEMENT_OPS)
@@ -727,9 +748,8 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
     fourth, on a GPU, a kernel's device floor. Runs on ``machine``'s replay device (default the CPU)."""
     efficiency, fixed, rows, kernel_floor, host_call = _zoo_rows(machine, repeats)
     curves: dict[str, Curve] = {}
-    for (family, phase), group in rows[rows["family"].isin(("convolution", "matmul"))].groupby(
-        ["family", "phase"]
-    ):
+    dense = rows[rows["family"].isin(("convolution", "matmul")) & (rows["kind"] == "")]
+    for (family, phase), group in dense.groupby(["family", "phase"]):
         per_call = group["flops"] / group["calls"]
         rate = group["flops"] / group["measured"]
         points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
@@ -741,7 +761,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-7/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-8/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:

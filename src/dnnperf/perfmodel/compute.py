@@ -118,12 +118,15 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     memory = nbytes / bandwidth
     roofline = np.maximum(compute, memory) if options.combine == "max" else compute + memory
     if machine.efficiency:
-        # Achieved fraction of the roofline per operator, else per family and phase, else per family,
-        # from calibration microbenchmarks.
+        # Achieved fraction of the roofline per operator, else per convolution kind, else per family
+        # and phase, else per family, from calibration microbenchmarks.
         efficiency = machine.efficiency
+        kinds = ops["kind"].fillna("").to_numpy(str) if "kind" in ops else np.full(len(ops), "")
         factor = [
-            efficiency.get(f"{f}/{p}/{o}") or efficiency.get(f"{f}/{p}", efficiency.get(f, 1.0))
-            for f, p, o in zip(families, phases, ops["op"].to_numpy(str), strict=True)
+            efficiency.get(f"{f}/{p}/{o}")
+            or (k and efficiency.get(f"{f}/{p}/{k}"))
+            or efficiency.get(f"{f}/{p}", efficiency.get(f, 1.0))
+            for f, p, o, k in zip(families, phases, ops["op"].to_numpy(str), kinds, strict=True)
         ]
         roofline = roofline / np.array(factor)
     if machine.zero_operand_s and options.zero_operands and "zeros" in ops:

@@ -38,7 +38,7 @@ from dnnperf.workloads.base import no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
 BASE_BATCHES = (2, 4)
-_COLUMNS = ("phase", "module", "op", "family", "dtype")
+_COLUMNS = ("phase", "module", "op", "family", "dtype", "kind")
 _NUMBERS = ("flops", "bytes", "calls", "zeros")
 
 
@@ -129,7 +129,8 @@ class StepGraph:
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
-        document["ops"] = {c: self.ops[c].tolist() for c in (*_COLUMNS, *_NUMBERS)}
+        ops = self.ops if "kind" in self.ops else self.ops.assign(kind="")
+        document["ops"] = {c: ops[c].tolist() for c in (*_COLUMNS, *_NUMBERS)}
         return document
 
     @classmethod
@@ -138,6 +139,8 @@ class StepGraph:
         values["ops"] = pd.DataFrame(values["ops"])
         if "zeros" not in values["ops"]:  # a description from before zeros were counted
             values["ops"]["zeros"] = 0.0
+        if "kind" not in values["ops"]:  # nor convolutions' shape classes
+            values["ops"]["kind"] = ""
         values["layers"] = [Layer(**layer) for layer in values["layers"]]
         values["memory_walk"] = [Segment(**segment) for segment in values.get("memory_walk", [])]
         return cls(**values)
@@ -532,6 +535,7 @@ def capture(
             "op": r.name,
             "family": r.family,
             "dtype": r.dtype or "float32",
+            "kind": r.kind,
             "flops": float(r.flops or 0),
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
@@ -679,7 +683,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-21"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-22"],
         sort_keys=True,
         default=str,
     )

@@ -164,6 +164,8 @@ class OpRecord:
     library: str | None = None
     #: dtype of the first floating-point tensor argument ("float32"...); None when there was none.
     dtype: str | None = None
+    #: A convolution's shape class (:func:`convolution_kind`); "" for every other operator.
+    kind: str = ""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -943,6 +945,30 @@ def _conv_library(base: str, call: OpCall, device_type: str) -> str:
     return _CONV_BACKENDS.get(name, name)
 
 
+#: Convolution shape classes (:func:`convolution_kind`): libraries run each on its own kernels, far from
+#: a dense convolution's FLOP rate (on a 2-core AMD EPYC's oneDNN, 2026-11-27: 1x1 convolutions at a
+#: third of it, depthwise ones at a fifth to a thirtieth).
+CONVOLUTION_KINDS = ("pointwise", "depthwise", "grouped")
+
+
+def convolution_kind(name: str, call: OpCall) -> str:
+    """A convolution call's shape class: "depthwise" (one group per input channel), "grouped" (other
+    groups), "pointwise" (a 1x1 kernel, one group), "" for a dense convolution with a larger kernel, a
+    transposed one, and every operator that is not ``aten.convolution``/``convolution_backward``."""
+    args = call.args
+    if name == "aten.convolution":
+        data, weight, transposed, groups = args[0], args[1], args[6], args[8]
+    elif name == "aten.convolution_backward":
+        data, weight, transposed, groups = args[1], args[2], args[7], args[9]
+    else:
+        return ""
+    if transposed or not isinstance(data, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return ""
+    if groups > 1:
+        return "depthwise" if groups == data.shape[1] else "grouped"
+    return "pointwise" if all(size == 1 for size in weight.shape[2:]) else ""
+
+
 def library_of(name: str, family: str, call: OpCall) -> str:
     """Which library ran one operator call: oneDNN, MKL/OpenBLAS (CPU BLAS), cuDNN, cuBLAS, a fused
     attention kernel, or ``native`` (ATen's own kernels).
@@ -1052,6 +1078,7 @@ class _Totals:
     events: list[tuple[Any, Any]] = field(default_factory=list)
     library: str | None = None
     dtype: str | None = None
+    kind: str | None = None
 
 
 class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
@@ -1316,6 +1343,8 @@ class OpCounter:
             totals.library = library_of(info.name, info.family, call)
         if totals.dtype is None:
             totals.dtype = _dtype_of(call)
+        if totals.kind is None:
+            totals.kind = convolution_kind(info.name, call)
 
     def _remember_results(self, call: OpCall, module: str, info: _OpInfo) -> None:
         # Results that may get an autograd node: remember under which module they were made.
@@ -1346,6 +1375,7 @@ class OpCounter:
                 host_seconds=totals.host_seconds if timed else None,
                 library=totals.library,
                 dtype=totals.dtype,
+                kind=totals.kind or "",
             )
             for (module, phase, name), totals in self._totals.items()
         ]
