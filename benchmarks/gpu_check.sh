@@ -74,7 +74,7 @@ step collectives 120 bash -c 'rc=0; for run in 1 2 3; do dnnperf validate --coll
 step buckets 200 "$PYTHON" benchmarks/distributed_benchmarks.py --steps 30 \
     --output "$WORK/logs/benchmarks-distributed.md" --json "$WORK/logs/buckets.json"
 step hw 90 dnnperf hw --device "$DEVICE" --quick
-# Seed 003's experiment at its size: VGG-19, 224x224 images, batch 64 (the issue: -50% at <= 10%).
+# Seed 003's experiment at its size: VGG-19, 224x224 images, batch 64 (target: -50% at <= 10%).
 step memsave-full 200 dnnperf memsave vgg19 --preset full --budget "${MEMSAVE_BUDGET:-50%}" --device "$DEVICE" --steps 7
 # The demo's profile, on the GPU: stages (on-disk data), layers and memory at three batch sizes.
 step profile 150 dnnperf profile resnet18 --preset small --sweep 16,64,256 --steps 10 --warmup 3 \
