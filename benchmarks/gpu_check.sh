@@ -16,7 +16,7 @@ OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PYTHON=${PYTHON:-python3}
 export DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-"env tests zoo-tests collectives buckets hw memsave-full profile memsave-small profile-full \
-memsave-resnet50 profile-hf memsave-hf fsdp host hw-full predict heldout model"}
+memsave-resnet50 profile-hf memsave-hf memsave-timm fsdp host hw-full predict heldout model"}
 export WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
@@ -91,6 +91,9 @@ step memsave-resnet50 200 dnnperf memsave resnet50 --preset full --budget 60% --
 step profile-hf 120 dnnperf profile hf:gpt2 --preset small -b 16 --steps 10 --warmup 3 --layers --memory \
     --device "$DEVICE"
 step memsave-hf 150 dnnperf memsave hf:gpt2 --preset small -b 16 --budget 50% --device "$DEVICE" --steps 5
+# timm's ViT (blocks inside `blocks`), where the GPU host has timm.
+step memsave-timm 150 dnnperf memsave timm:vit_tiny_patch16_224 --preset small -b 32 --budget 50% \
+    --device "$DEVICE" --steps 5
 step fsdp 120 dnnperf profile gpt2 --preset small -b 8 --nproc 1 --strategy fsdp --steps 5 --warmup 2 \
     --memory --device "$DEVICE"
 # The performance model on the GPU: the full calibration, then single-process step times of
