@@ -155,6 +155,33 @@ def test_ranking_agreement_on_a_hand_made_table() -> None:
     assert not ranking.loc["a", "agrees"] and ranking.loc["b", "agrees"]
 
 
+def test_a_ranking_is_judged_only_on_the_pairs_the_launches_separate() -> None:
+    """Three launches each: pp and tp overlap (neither measured faster), dp is apart from both."""
+    import pandas as pd
+
+    from dnnperf.perfmodel.validate import ranking_agrees
+
+    rows = [
+        # workload, strategy, measured median, min, max, predicted
+        ("a", "dp", 0.010, 0.009, 0.011, 0.012),
+        ("a", "pp", 0.020, 0.018, 0.024, 0.026),  # predicted after tp: a miss of the whole order
+        ("a", "tp", 0.022, 0.019, 0.025, 0.021),
+        ("b", "dp", 0.010, 0.009, 0.011, 0.031),  # predicted after pp, which the launches put later
+        ("b", "pp", 0.020, 0.018, 0.024, 0.026),
+    ]
+    columns = ["workload", "strategy", "measured_s", "measured_min_s", "measured_max_s", "predicted_s"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["batch"], frame["reason"] = 8, None
+    ranking = ranking_agrees(frame).set_index("workload")
+    assert not ranking.loc["a", "agrees"] and ranking.loc["a", "agrees_where_separated"]
+    assert ranking.loc["a", "separated"] == 2  # dp-pp and dp-tp; pp-tp overlap
+    assert not ranking.loc["b", "agrees"] and not ranking.loc["b", "agrees_where_separated"]
+    assert ranking.loc["b", "separated"] == 1
+    # One launch each: every distinct pair is separated, and the two rankings are the same.
+    single = ranking_agrees(frame.drop(columns=["measured_min_s", "measured_max_s"])).set_index("workload")
+    assert list(single["agrees_where_separated"]) == list(single["agrees"])
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

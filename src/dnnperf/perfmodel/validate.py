@@ -546,19 +546,34 @@ def _measured_row(row: dict, runs: Sequence[float], p: Any) -> None:
 
 def ranking_agrees(frame: pd.DataFrame) -> pd.DataFrame:
     """Per workload, batch (and link, where the runs name one): the strategies fastest first, measured
-    and predicted, and whether they agree."""
+    and predicted, and whether they agree (``agrees``: the whole order). Beside it, the pairs of
+    strategies whose launches' ranges (``measured_min_s`` to ``measured_max_s``; one launch: its
+    step) do not overlap, ``separated``, and whether the prediction orders every one of them as
+    measured, ``agrees_where_separated``: two strategies whose launches overlap are not ordered by
+    the measurement, so no prediction can be right or wrong about them."""
     rows = []
     ran = frame[frame["reason"].isna()] if "reason" in frame else frame
     keys = ["workload", "batch", "link"] if "link" in ran else ["workload", "batch"]
     for values, group in ran.groupby(keys, sort=False):
         measured = group.sort_values("measured_s")["strategy"].tolist()
         predicted = group.sort_values("predicted_s")["strategy"].tolist()
+        low = group["measured_min_s"] if "measured_min_s" in group else group["measured_s"]
+        high = group["measured_max_s"] if "measured_max_s" in group else group["measured_s"]
+        spans = list(zip(group["strategy"], low, high, group["predicted_s"], strict=True))
+        separated = wrong = 0
+        for i, (_, low_a, high_a, predicted_a) in enumerate(spans):
+            for _, low_b, high_b, predicted_b in spans[i + 1 :]:
+                if high_a < low_b or high_b < low_a:
+                    separated += 1
+                    wrong += (high_a < low_b) != (predicted_a < predicted_b)
         rows.append(
             {
                 **dict(zip(keys, values, strict=True)),
                 "measured": " < ".join(measured),
                 "predicted": " < ".join(predicted),
                 "agrees": measured == predicted,
+                "separated": separated,
+                "agrees_where_separated": wrong == 0,
             }
         )
     return pd.DataFrame(rows)

@@ -940,11 +940,13 @@ def distributed_validation_table(frame: Any, ranking: Any) -> Table:
     ran = frame[frame["reason"].isna()] if "reason" in frame else frame
     errors = ran["error"].abs()
     agree = int(ranking["agrees"].sum()) if len(ranking) else 0
+    beyond = int(ranking["agrees_where_separated"].sum()) if len(ranking) else 0
     table = Table(
         title=(
             f"2 ranks, measured vs predicted step: median |error| {errors.median():.1%}, "
             f"max {errors.max():.1%}; "
-            f"ranking of the strategies agrees in {agree} of {len(ranking)}"
+            f"ranking of the strategies agrees in {agree} of {len(ranking)} "
+            f"({beyond} of {len(ranking)} on the pairs the launches' ranges separate)"
         )
     )
     links = "link" in frame and set(frame["link"].dropna()) != {"loopback"}
