@@ -7,8 +7,9 @@ stand-alone allreduces per bucket size (idle, under load, after skew), so both s
 state; medians over the steps. Target: every bucket within 20%.
 
 Runs itself under torchrun (``--rank``) once per workload; rank 0 writes a JSON summary the parent reads.
-The page's "Why the target is not met" section is written by hand from a run's figures: rewrite it
-after re-running (``--from-json`` re-renders the tables of a saved ``--json`` run).
+The script writes one section of the page (``GENERATED``); the page's other sections (another host's
+run, the analysis of dated runs) are written by hand and kept. ``--from-json`` re-renders the
+section from a saved ``--json`` run.
 """
 
 from __future__ import annotations
@@ -245,6 +246,23 @@ def run_case(
         return json.loads(output.read_text())
 
 
+#: The heading of the section this script writes; the page's other "## " sections are written by hand
+#: from dated runs (another host, the analysis of a run) and kept as they are.
+GENERATED = "## On 2 cores (`make bench`)"
+
+
+def hand_written(text: str) -> str:
+    """The page's sections other than the generated one, each from its "## " heading to the next."""
+    kept: list[str] = []
+    keep = False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            keep = line != GENERATED
+        if keep:
+            kept.append(line)
+    return "\n" + "\n".join(kept).rstrip() + "\n" if kept else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks-distributed.md"))
@@ -348,6 +366,8 @@ def main() -> None:
     lines = [
         "# Distributed benchmarks",
         "",
+        GENERATED,
+        "",
         f"Run {run['date']} at commit `{run.get('commit', 'unknown')}` on {run['cpu']} "
         f"({run['cores']} usable cores), torch {run['torch']}, 2 ranks, "
         "gloo, 1 thread per rank, "
@@ -368,7 +388,7 @@ def main() -> None:
         f"1-minute load average {run['load_before']:.1f} before and {run['load_after']:.1f} after the run "
         "(the machine is shared: other users' processes ran too).",
         "",
-        "## What is compared",
+        "### What is compared",
         "",
         "Each DDP gradient bucket's allreduce as the dp comm hook measures it (see",
         "[distributed.md](distributed.md#what-is-measured)): what the rank **waited** (launch to",
@@ -390,7 +410,7 @@ def main() -> None:
         "bucket (the ranks' launches on one clock).",
         f"Target: own time within {TARGET:.0%} of the stand-alone.",
         "",
-        "## Result",
+        "### Result",
         "",
         f"Buckets (per rank, median over the steps) within the target: {total - misses} of {total}: "
         + ("**met**." if misses == 0 else "**not met**."),
@@ -415,7 +435,8 @@ def main() -> None:
         "",
         *bucket_rows,
     ]
-    args.output.write_text("\n".join(lines) + "\n")
+    previous = args.output.read_text() if args.output.exists() else ""
+    args.output.write_text("\n".join(lines) + "\n" + hand_written(previous))
     print(f"wrote {args.output}", file=sys.stderr)
 
 

@@ -16,6 +16,9 @@ MAX_LINES = 400
 DIARY = re.compile(
     r"\bsessions? \d+|\bSession \d+|\b(previous|earlier|last) session\b|\b(previous|earlier) call\b"
     r"|\bfor now\b|\bnot available yet\b"
+    # ... and to the work behind it: fixes, earlier code, the machines' lending and locking
+    r"|\bFixed \(|\bshipped\b|\bfinal code\b|\bnew code\b|\bthe old (table|estimator|peak|rule|model|code)\b"
+    r"|\bCPU lock\b|\bdevice tool\b|\bworkplace\b|\bacceptance item\b|\bthe issue\b"
 )
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
