@@ -158,7 +158,9 @@ def overhead_section(results: dict[str, dict]) -> list[str]:
         "it). The tracked step's time is its `wall_s`: from just before the profiler starts to the end",
         "of the step; the profiler's one-off start-up is taken before the rounds. The difference",
         "between the two tracked columns is the resident cross-check's heap trim (`malloc_trim` before",
-        "the step, whose returned pages the step faults in again; docs/memory.md, Overhead).",
+        "the step, whose returned pages the step faults in again; docs/memory.md, Overhead). `dnnperf",
+        "profile --memory` tracks its step without the cross-check (the third column is its cost) and",
+        "takes the resident growth in one further plain step of its own.",
         "",
         "| workload | plain step ms | tracked | p10 to p90 | within target | without the resident check | "
         "p10 to p90 | within target | measured on |",
