@@ -45,7 +45,6 @@ from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
 from dnnperf.hardware import read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
-from dnnperf.perfmodel.calibrate import WEIGHT_BYTE
 from dnnperf.perfmodel.graph import describe_model
 from dnnperf.perfmodel.machine import Machine
 from dnnperf.perfmodel.predict import Prediction
@@ -97,13 +96,11 @@ TIMM_MODELS = (
     ("timm:vit_tiny_patch16_224", "small", (4, 8), "vision transformer (timm)"),
 )
 #: The model, and the variants of it the held-out rows also report (those a machine has: "synchronous"
-#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, every
-#: convolution at its phase's efficiency (no efficiency per convolution kind), and no cost per byte of
-#: a convolution's weights.
+#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, and every
+#: convolution at its phase's efficiency (no efficiency per convolution kind).
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
-NO_WEIGHT_COST = "no weight cost"
-VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION, NO_WEIGHT_COST)
+VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION)
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
     # (what, page, heading of the section whose first table has an "error" column, inputs)
@@ -234,9 +231,6 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     every[ONE_CONVOLUTION] = dataclasses.replace(
         model,
         efficiency={k: v for k, v in model.efficiency.items() if k.split("/")[-1] not in CONVOLUTION_KINDS},
-    )
-    every[NO_WEIGHT_COST] = dataclasses.replace(
-        model, call_s={k: v for k, v in model.call_s.items() if not k.endswith(f"/{WEIGHT_BYTE}")}
     )
     machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
