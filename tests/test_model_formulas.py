@@ -262,24 +262,6 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
     assert fixed_cost_fit([], []) == (0.0, 1.0)
 
 
-def test_weight_cost_fit_recovers_a_cost_per_weight_byte() -> None:
-    """Calls whose time is 50 us, twice the roofline and 0.2 ns per byte of weights, from layers whose
-    weights do not grow with their roofline (large layers on small maps, small ones on large maps)."""
-    from dnnperf.perfmodel.calibrate import weight_cost_fit
-
-    roofline = [1e-6, 1e-5, 1e-4, 1e-3, 2e-5, 3e-4]
-    weights = [1e7, 4e4, 2e6, 3e5, 4e7, 1e3]
-    measured = [5e-5 + 2 * x + 2e-10 * w for x, w in zip(roofline, weights, strict=True)]
-    assert weight_cost_fit(roofline, measured, weights) == pytest.approx((5e-5, 0.5, 2e-10), rel=1e-6)
-    # No weight cost in the times: none found, and the two-term fit's answer.
-    plain = [5e-5 + 2 * x for x in roofline]
-    assert weight_cost_fit(roofline, plain, weights) == pytest.approx((5e-5, 0.5, 0.0), abs=1e-12)
-    # Faster than the roofline: efficiency 1, never a negative term.
-    fixed, efficiency, per_byte = weight_cost_fit(roofline, [0.5 * x for x in roofline], weights)
-    assert efficiency == 1.0 and fixed >= 0 and per_byte >= 0
-    assert weight_cost_fit([], [], []) == (0.0, 1.0, 0.0)
-
-
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -652,21 +652,3 @@ def test_a_convolution_kinds_efficiency_prices_its_calls() -> None:
     }
     assert found == pytest.approx(expected, rel=1e-9)
     assert list(priced[convs]["kind"]) == ["pointwise", "depthwise", "", "", "depthwise", "pointwise"]
-
-
-def test_a_convolution_pays_its_weights_bytes_on_every_call() -> None:
-    """The per-weight-byte cost per call: each convolution row's overhead grows by its calls times
-    the cost times its layer's parameter bytes (weight and bias), whatever the batch."""
-    from dnnperf.perfmodel.compute import op_times
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(8, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 1))
-    graph = describe_model(model, torch.randn(2, 8, 10, 10), name="convs")
-    per_byte = {"convolution/forward/weight_byte": 1e-9, "convolution/backward/weight_byte": 3e-9}
-    plain = op_times(graph, seed002())
-    charged = op_times(graph, dataclasses.replace(seed002(), call_s=per_byte))
-    params = {"0": 4 * (16 * 8 * 9 + 16), "2": 4 * (32 * 16 + 32)}
-    for row, base in zip(charged.itertuples(), plain["overhead_s"], strict=True):
-        cost = per_byte.get(f"{row.family}/{row.phase}/weight_byte", 0.0) * params.get(row.module, 0)
-        assert row.overhead_s - base == pytest.approx(row.calls * cost, rel=1e-9, abs=1e-15), row
-    assert (charged["overhead_s"] > plain["overhead_s"]).sum() == 4  # two layers, two phases

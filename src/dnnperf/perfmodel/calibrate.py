@@ -471,11 +471,6 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=64), (8, 64, 32, 32)),
         (nn.Conv2d(128, 128, 3, padding=1, groups=8), (8, 128, 16, 16)),
         (nn.Conv2d(256, 256, 3, padding=1, groups=32), (8, 256, 8, 8)),
-        # Large weights on small maps, where the weights' reorder on every call is most of the time.
-        (nn.Conv2d(512, 512, 3, padding=1), (4, 512, 2, 2)),
-        (nn.Conv2d(256, 1024, 3, padding=1), (8, 256, 4, 4)),
-        (nn.Conv2d(1024, 2048, 1), (8, 1024, 2, 2)),
-        (nn.Conv2d(2048, 512, 1), (8, 2048, 4, 4)),
         (nn.BatchNorm2d(64), (8, 64, 32, 32)),
         (nn.GroupNorm(1, 64), (8, 64, 16, 16)),  # WGAN-GP's critic: layer norm over (C, H, W)
         (nn.ReLU(), (8, 64, 32, 32)),
@@ -546,9 +541,6 @@ def timed_rows(
 #: convolution of a (4, 8, 4, 4) batch took 68 us forward and 171 us backward here (oneDNN's reorders
 #: and primitive set-up), against ~5 us for any call of the eager overhead microbenchmark.
 FIXED_COST_FAMILIES = ("convolution",)
-#: ``call_s`` key suffix of a family's seconds per call per byte of the layer's weights
-#: (:func:`weight_cost_fit`): "convolution/forward/weight_byte".
-WEIGHT_BYTE = "weight_byte"
 
 
 def fixed_cost_fit(roofline: Sequence[float], measured: Sequence[float]) -> tuple[float, float]:
@@ -579,38 +571,6 @@ GPU_BATCH_SCALE = 32
 GPU_MIN_CALL_S = 5e-6
 
 
-def weight_cost_fit(
-    roofline: Sequence[float], measured: Sequence[float], weight_bytes: Sequence[float]
-) -> tuple[float, float, float]:
-    """(fixed seconds per call, efficiency, seconds per byte of the layer's weights per call) with
-    ``measured ~ fixed + roofline / efficiency + weight_bytes * per_byte`` per call, least squares on
-    the relative error, every term at least 0 and the efficiency at most 1. oneDNN reorders a plain
-    weight tensor into its blocked layout on every eager call, whatever the batch: a cost that grows
-    with the weights, which a large layer on small maps pays mostly (a 1x1 convolution of 2048
-    channels on a 2x2 map)."""
-    x, y, w = (np.asarray(v, float) for v in (roofline, measured, weight_bytes))
-    keep = (x > 0) & (y > 0)
-    x, y, w = x[keep], y[keep], w[keep]
-    if len(x) == 0:
-        return 0.0, 1.0, 0.0
-    # With the slope 1 + t (t >= 0: the efficiency at most 1), what the roofline leaves is fitted by
-    # (fixed, t, per_byte) >= 0: the best of the least-squares solutions on each subset of them.
-    columns, target = np.stack([1 / y, x / y, w / y], axis=1), 1 - x / y
-    best, found = float(np.sum(target**2)), np.zeros(3)
-    for subset in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
-        a = columns[:, subset]
-        if np.linalg.matrix_rank(a) < len(subset):
-            continue
-        z = np.linalg.lstsq(a, target, rcond=None)[0]
-        if np.all(z >= 0):
-            residual = float(np.sum((a @ z - target) ** 2))
-            if residual < best:
-                best, found = residual, np.zeros(3)
-                found[list(subset)] = z
-    fixed, t, per_byte = (float(v) for v in found)
-    return fixed, 1 / (1 + t), per_byte
-
-
 def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
@@ -627,7 +587,6 @@ def _zoo_rows(
             if progress is not None:
                 progress(f"{type(layer).__name__} {shape}")
             frame = timed_rows(layer, shape, repeats, device)
-            frame["weight_bytes"] = float(sum(p.numel() * p.element_size() for p in layer.parameters()))
             calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
             frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
     rows = pd.concat(frames, ignore_index=True)
@@ -664,14 +623,12 @@ def _zoo_rows(
         ["family", "phase"]
     ):
         key = f"{family}/{phase}"
-        fixed[key], fitted[key], fixed[f"{key}/{WEIGHT_BYTE}"] = weight_cost_fit(
-            group["predicted"] / group["calls"], group["measured"] / group["calls"], group["weight_bytes"]
+        fixed[key], fitted[key] = fixed_cost_fit(
+            group["predicted"] / group["calls"], group["measured"] / group["calls"]
         )
-    # Each convolution kind: its efficiency over what the dense fit's costs per call leave.
+    # Each convolution kind: its efficiency over what the dense fit's fixed cost per call leaves.
     for (family, phase, kind), group in rows[~dense].groupby(["family", "phase", "kind"]):
-        per_call = fixed.get(f"{family}/{phase}", 0.0)
-        per_call = per_call + fixed.get(f"{family}/{phase}/{WEIGHT_BYTE}", 0.0) * group["weight_bytes"]
-        left = group["measured"] - per_call * group["calls"]
+        left = group["measured"] - fixed.get(f"{family}/{phase}", 0.0) * group["calls"]
         if left.sum() > 0:
             fitted[f"{family}/{phase}/{kind}"] = min(1.0, float(group["predicted"].sum() / left.sum()))
     # A family's efficiency is that of its memory-bound operators: the per-element kernels (GELU,
@@ -804,7 +761,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-9/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-8/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:

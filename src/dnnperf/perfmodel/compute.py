@@ -135,13 +135,6 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         roofline = roofline + ops["zeros"].to_numpy(float) * per_zero
     kernel = ~np.isin(families, NO_KERNEL)
     fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
-    # A family's cost per byte of the layer's weights, per call (calibrate.weight_cost_fit).
-    per_byte = [
-        machine.call_s.get(f"{f}/{p}/weight_byte", 0.0) for f, p in zip(families, phases, strict=True)
-    ]
-    if any(per_byte):
-        weights = ops["module"].map(graph.module_param_bytes).fillna(0.0).to_numpy(float)
-        fixed = fixed + np.array(per_byte) * weights
     found = np.zeros(len(ops), dtype=bool)
     if options.replay_kernels and machine.replay_device and graph.kernels:
         keys = list(zip(ops["module"], phases, ops["op"], strict=True))

@@ -103,8 +103,7 @@ class Machine:
     #: phase) achieves; absent: 1.0 (pure roofline). Calibrated: calibrate.family_efficiency.
     efficiency: dict[str, float] = field(default_factory=dict)
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
-    #: and primitive set-up), and per "family/phase/weight_byte" seconds per call per byte of the
-    #: layer's weights (their reorder); absent: 0. Calibrated: calibrate.zoo_calibration.
+    #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
     call_s: dict[str, float] = field(default_factory=dict)
     #: Extra seconds per element equal to zero in an operator's input, per operator ("aten.sqrt"), where
     #: this host's kernel takes a slow path on zeros (Adam's square root of untouched embedding rows'
