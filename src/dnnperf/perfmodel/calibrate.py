@@ -606,7 +606,7 @@ def _zoo_rows(
     # The families with a fixed cost keep every call: their fit separates the fixed part itself. (A
     # tiny 1x1 convolution, 13 us forward and 26-29 us backward, sat on the cut: in the fit in one
     # calibration and out of it in the next, 178 against 34 us of fixed cost backward. 1x1
-    # convolutions take another path with a small fixed cost; the zoo's tiny ones are now 3x3, 4x4 and
+    # convolutions take another path with a small fixed cost; the zoo's tiny ones are 3x3, 4x4 and
     # transposed, the kinds most convolutions of the suite are.)
     long_enough = per_call.ge(2 * floor + (GPU_MIN_CALL_S if gpu else MIN_CALL_S)) | rows["family"].isin(
         FIXED_COST_FAMILIES
