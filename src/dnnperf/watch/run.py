@@ -346,6 +346,8 @@ def end_leftovers(
         if on_sample is not None:
             on_sample(result)
     remaining = sampler.alive()
+    # Named again now: one found between its fork and its exec carried its parent's name then.
+    described |= {p.pid: now for p in remaining if (now := describe(p))[0]}
     for process in remaining:
         with contextlib.suppress(psutil.Error):
             process.terminate()
@@ -362,8 +364,13 @@ def end_leftovers(
 
 
 def describe(process: psutil.Process) -> tuple[str, list[str]]:
+    """The program a process runs now (psutil caches a handle's first name; a new handle reads it
+    afresh), or ("", []) once it is gone or another process has its pid."""
     try:
-        return process.name(), process.cmdline()
+        fresh = psutil.Process(process.pid)
+        if fresh.create_time() != process.create_time():
+            return "", []
+        return fresh.name(), fresh.cmdline()
     except psutil.Error:
         return "", []
 
