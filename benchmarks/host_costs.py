@@ -1,16 +1,13 @@
-"""Where a GPU step's host time goes, against what the performance model's host calibration sees.
-
-The model over-predicts host-bound GPU steps 1.3-1.6x (docs/validation.md#single-process-on-a-gpu-step-time).
-This measures, in one process on one device, where a step's host time goes and what the
-calibration's timing sees of it:
+"""Where a GPU step's host time goes: real steps by phase, and one block alone against the same block
+as one of many in a network.
 
 1. real training steps of suite workloads at a host-bound batch: the host seconds of forward,
    backward and update (the host clock around each phase, nothing synchronised inside the step) and
    the wall step;
-2. two zoo-like blocks (conv-BatchNorm-ReLU, Linear-ReLU): each operator's host seconds as the model's
-   calibration times them (the counter, each call behind a lead), against the blocks' forward and
-   backward in a tight loop without any counter;
-3. what the counter adds to a view against a plain call (``calibrate.operator_call_overhead``).
+2. two zoo-like blocks (conv-BatchNorm-ReLU, Linear-ReLU): each block's forward and backward issue
+   time in a tight loop as the only layer of a step, and per block in a network of 20 copies (the
+   first call of each phase pays for the step's start, which the model's host calibration,
+   ``calibrate.host_issue_rows``, leaves out).
 
     python benchmarks/host_costs.py --device cuda --output host_costs.json   # benchmarks/gpu_check.sh
 
@@ -32,7 +29,6 @@ from torch import nn
 
 from dnnperf import environment
 from dnnperf.devices import synchronize
-from dnnperf.perfmodel.calibrate import operator_call_overhead, timed_rows
 from dnnperf.workloads import get_workload
 
 WORKLOADS = ("resnet18", "resnet50", "vgg16", "alexnet", "transformer", "gpt2", "inception_v3", "seq2seq")
@@ -71,18 +67,13 @@ def step_phases(name: str, device: torch.device, batch: int, steps: int) -> dict
     return {k: statistics.median(v) for k, v in marks.items()}
 
 
-def block(make: Callable[[], nn.Module], shape: tuple[int, ...], device: torch.device) -> dict:
-    """A block's operators as the model's calibration times them (``calibrate.timed_rows``: the
-    counter, each call behind a lead), their host seconds per call and per phase, against the block's
-    forward and backward in a tight loop without any counter."""
-    torch.manual_seed(0)
-    layer = make().to(device)
-    rows = timed_rows(layer, shape, 10, device)
-    per_call = rows["host"] / rows["calls"]
-    keys = rows["phase"] + "/" + rows["family"] + "/" + rows["op"]
-    found: dict = {"counted per call": dict(zip(keys, per_call, strict=True))}
-    for phase in ("forward", "backward"):
-        found[f"counted {phase} s"] = float(rows.loc[rows["phase"] == phase, "host"].sum())
+#: Copies of a block in the network whose per-block issue time is set beside the block's alone.
+COPIES = 20
+
+
+def issue_times(layer: nn.Module, shape: tuple[int, ...], device: torch.device) -> tuple[float, float]:
+    """Median host seconds of ``layer``'s forward and backward issue in a tight loop (synchronised
+    every 10 iterations, never inside one)."""
     x = torch.randn(shape, device=device, requires_grad=True)
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
@@ -96,9 +87,20 @@ def block(make: Callable[[], nn.Module], shape: tuple[int, ...], device: torch.d
         backward.append(time.perf_counter() - middle)
         if i % 10 == 9:
             synchronize(device)
-    found["loop forward s"] = statistics.median(forward[10:])
-    found["loop backward s"] = statistics.median(backward[10:])
-    return found
+    return statistics.median(forward[10:]), statistics.median(backward[10:])
+
+
+def block(make: Callable[[], nn.Module], shape: tuple[int, ...], device: torch.device) -> dict:
+    """A block's forward and backward issue time alone, and per block as one of ``COPIES``."""
+    torch.manual_seed(0)
+    alone = issue_times(make().to(device), shape, device)
+    network = issue_times(nn.Sequential(*[make() for _ in range(COPIES)]).to(device), shape, device)
+    return {
+        "alone forward s": alone[0],
+        "alone backward s": alone[1],
+        f"one of {COPIES} forward s": network[0] / COPIES,
+        f"one of {COPIES} backward s": network[1] / COPIES,
+    }
 
 
 def main() -> None:
@@ -118,8 +120,6 @@ def main() -> None:
     result["blocks"] = {label: block(make, shape, device) for label, make, shape in BLOCKS}
     for label, found in result["blocks"].items():
         print(label, {k: f"{v * 1e6:.0f} us" for k, v in found.items() if k.endswith(" s")}, flush=True)
-    result["view_counter_adds_s"] = operator_call_overhead(device)
-    print(f"a view: the counter adds {result['view_counter_adds_s'] * 1e6:.2f} us", flush=True)
     partial = args.output.with_suffix(args.output.suffix + ".part")
     partial.write_text(json.dumps(result, indent=1))
     partial.replace(args.output)

@@ -381,8 +381,7 @@ def test_a_gpu_machine_predicts_a_step_from_its_own_calibration():
     assert machine.asynchronous and machine.replay_device.startswith("cuda") and machine.host_bandwidth > 0
     assert 0 < zoo.kernel_s < 50e-6 and all(0 < v <= 1 for v in zoo.efficiency.values())
     assert "convolution/forward" in zoo.host_call_s and "free/forward" in zoo.host_call_s
-    # An H200 host: convolutions 89-199 us a call beyond the reference, views 5-16 us (2026-11-26).
-    assert 0 < zoo.host_call_s["convolution/forward"] < 1e-3 and zoo.host_call_s["free/forward"] < 50e-6
+    assert all(0 <= v < 1e-3 for v in zoo.host_call_s.values())
     graph = describe_workload("resnet18", "tiny", 4, machine.replay_device)
     times = op_times(graph, machine)
     assert times["replayed"].any()
@@ -413,3 +412,47 @@ def test_a_replay_behind_a_lead_times_the_kernel_not_its_launch():
         end.synchronize()
         idle.append(start.elapsed_time(end) * 1e-3)
     assert 0 < replayed < sorted(idle)[len(idle) // 2]
+
+
+def test_the_host_costs_per_call_add_up_to_a_networks_issue_time():
+    """A network of 12 conv-BatchNorm-ReLU blocks (a shape not in the zoo): the host seconds the model
+    charges its calls (the overhead per kernel call and each family's cost, from the zoo fitted on
+    one call per family at a time) against the forward and backward's issue time measured on the host
+    clock, nothing synchronised inside: within a factor 1.5 (the GPU host's own spread between
+    runs: 20-40%)."""
+    import statistics
+    import time
+
+    from dnnperf import calibration
+    from dnnperf.perfmodel.calibrate import dispatch_net_of_views, op_overhead, zoo_calibration
+    from dnnperf.perfmodel.compute import NO_KERNEL
+    from dnnperf.perfmodel.machine import from_profile
+    from dnnperf.probes.opcount import OpCounter
+
+    profile = calibration.calibrate(CUDA, quick=True)
+    zoo = zoo_calibration(from_profile(profile), repeats=3)
+    dispatch = dispatch_net_of_views(op_overhead(device=str(CUDA)), zoo.host_call_s, CUDA)
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        *[nn.Sequential(nn.Conv2d(48, 48, 3, padding=1), nn.BatchNorm2d(48), nn.ReLU()) for _ in range(12)]
+    ).to(CUDA)
+    x = torch.randn(24, 48, 20, 20, device=CUDA, requires_grad=True)
+    grad = torch.randn_like(net(x)).detach()
+    for _ in range(3):
+        net(x).backward(grad)
+    counter = OpCounter(net, count=False)
+    with counter:
+        net(x).backward(grad)
+    charged = 0.0
+    for r in counter.table():
+        own = zoo.host_call_s.get(f"{r.family}/{r.phase}", 0.0)
+        charged += r.calls * (own if r.family in NO_KERNEL else dispatch + own)
+    issued = []
+    for _ in range(15):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        net(x).backward(grad)
+        issued.append(time.perf_counter() - started)
+    torch.cuda.synchronize()
+    measured = statistics.median(issued)
+    assert measured / 1.5 <= charged <= measured * 1.5, (charged, measured)

@@ -471,33 +471,43 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch, known
     assert 0.75 * waited <= slowed - base <= 1.6 * waited
 
 
-def test_what_the_counters_timing_adds_to_a_call_holds_an_injected_delay(monkeypatch) -> None:
-    """Every call the counter times made to look 20 us longer (its start read 20 us early): the
-    timing's own cost per call, against a plain view, grows by those 20 us. Both clocks read this
-    thread's CPU time, so another process's preemption moves neither side; the plain and the slowed
-    calibrations alternate, three of each, and their medians are compared (a core shared with another
-    process still slows this one's instructions a little, alike on both sides)."""
+def test_host_costs_per_call_recover_delays_injected_into_layers(monkeypatch, known_delay) -> None:
+    """Layers whose forward spins a known CPU time before its operator: the fit of the layers' issue
+    times gives each family's forward the logged delay per call (the operator's own microseconds
+    beside it: 5-10 us here), whether a layer runs one such call or two. The host clock reads this
+    thread's CPU time, so another process's preemption moves nothing."""
     import time
 
-    from dnnperf.perfmodel.calibrate import operator_call_overhead
-    from dnnperf.probes import opcount
+    from dnnperf.perfmodel.calibrate import fit_host_costs, host_issue_rows
 
     monkeypatch.setattr(time, "perf_counter", time.thread_time)
-    monkeypatch.setattr(time, "perf_counter_ns", time.thread_time_ns)
-    real_start = opcount.HostTimer.start
+    scale_delay, product_delay = known_delay(300e-6, cpu=True), known_delay(600e-6, cpu=True)
 
-    def early(self) -> int:
-        return real_start(self) - 20_000
+    class Scale(nn.Module):
+        def __init__(self, times: int) -> None:
+            super().__init__()
+            self.times = times
 
-    bases, slowed = [], []
-    for _ in range(3):
-        bases.append(operator_call_overhead("cpu"))
-        with monkeypatch.context() as patch:
-            patch.setattr(opcount.HostTimer, "start", early)
-            slowed.append(operator_call_overhead("cpu"))
-    base = statistics.median(bases)
-    assert 0 < base < 20e-6
-    assert statistics.median(slowed) - base == pytest.approx(20e-6, abs=5e-6)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(self.times):
+                scale_delay()
+                x = x * 1.5
+            return x
+
+    class Product(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            product_delay()
+            return x @ self.weight
+
+    layers = [(Scale(1), (4, 16)), (Scale(2), (4, 16)), (Product(), (4, 16))]
+    costs = fit_host_costs(host_issue_rows(layers, torch.device("cpu"), repeats=5))
+    assert costs["elementwise/forward"] == pytest.approx(scale_delay.median(), abs=25e-6)
+    assert costs["matmul/forward"] == pytest.approx(product_delay.median(), abs=25e-6)
+    assert 0 <= costs["elementwise/backward"] < 100e-6  # nothing injected there
 
 
 def test_operators_outside_every_layer_land_in_the_stage_that_runs_them() -> None:

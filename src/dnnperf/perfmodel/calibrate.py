@@ -10,7 +10,9 @@ without autograd and is several times smaller.
 batch, layer and group norm, ReLU, GELU, max pooling, linear, softmax, dropout), forward and backward, each
 operator timed (``OpCounter(timed=True)``), and compares the time with the machine's roofline for the
 same operators: per family and phase, the achieved fraction (predicted / measured seconds, summed)
-is the efficiency the model divides its roofline time by.
+is the efficiency the model divides its roofline time by. On a GPU it also gives each family's host
+seconds per call (:func:`host_issue_rows`, :func:`fit_host_costs`): what the zoo's layers take to
+issue, as several calls in one step, beyond one call.
 
 :func:`measure_page_fault_cost` times what a minor page fault adds to a write into fresh memory: the
 model charges it per fault a step takes (``StepGraph.page_faults``, counted when it is described).
@@ -48,6 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from scipy import optimize
 from torch import nn
 
 from dnnperf.cache import JsonCache
@@ -492,12 +495,19 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     ]
 
 
+def _zoo_on(device: torch.device) -> list[tuple[nn.Module, tuple[int, ...]]]:
+    """The zoo at ``device``'s batches (``GPU_BATCH_SCALE`` times the CPU's on a GPU)."""
+    if device.type != "cuda":
+        return _zoo()
+    return [(layer, (shape[0] * GPU_BATCH_SCALE, *shape[1:])) for layer, shape in _zoo()]
+
+
 def timed_rows(
     layer: nn.Module, shape: tuple[int, ...], repeats: int, device: torch.device | None = None
 ) -> pd.DataFrame:
-    """Per operator of one forward + backward of ``layer`` on ``device`` (default the CPU): counts, the
+    """Per operator of one forward + backward of ``layer`` on ``device`` (default the CPU): counts and the
     median measured seconds (on a GPU, CUDA events around each call, made behind a lead from an empty
-    queue so that they time its kernels) and the host's seconds."""
+    queue so that they time its kernels)."""
     device = device or torch.device("cpu")
     layer = layer.to(device)
     x = torch.randn(shape, device=device, requires_grad=True)
@@ -527,7 +537,6 @@ def timed_rows(
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
             "measured": r.seconds,
-            "host": r.host_seconds,
         }
         for table in tables
         for r in table
@@ -580,17 +589,19 @@ def _zoo_rows(
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
     frames = []
+    host_call: dict[str, float] = {}
     with current(device):
-        for layer, shape in _zoo():
-            if gpu:
-                shape = (shape[0] * GPU_BATCH_SCALE, *shape[1:])
+        for layer, shape in _zoo_on(device):
             if progress is not None:
                 progress(f"{type(layer).__name__} {shape}")
             frame = timed_rows(layer, shape, repeats, device)
             calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
             frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
+        if gpu:
+            per_call = fit_host_costs(host_issue_rows(_zoo_on(device), device, repeats))
+            reference = dispatch_net_of_views(op_overhead(device=str(device)), per_call, device)
+            host_call = host_call_costs(per_call, reference)
     rows = pd.concat(frames, ignore_index=True)
-    host_call = host_call_costs(rows, *_host_reference(device, repeats)) if gpu else {}
     # The timing mode's own cost per call: the median of the calls that move next to nothing. It is
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
     # which the model counts separately). The harness's own operators (outside the layer) are left out too.
@@ -647,69 +658,91 @@ def _zoo_rows(
     return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor, host_call
 
 
-def _host_reference(device: torch.device, repeats: int) -> tuple[float, float]:
-    """On a GPU: the per-call overhead microbenchmark's own kernel calls timed as the zoo times its
-    operators, their mean host seconds per kernel call; and what the counter's timing adds to a call
-    (:func:`operator_call_overhead`). (Back to back without a lead, an H200's conv block's operators
-    took the same host seconds within 5%, 2026-11-26: the lead does not make them cold.)"""
-    with current(device):
-        model, step = _tiny_step(device)
-        step()  # the optimizer's state
-        counter = OpCounter(model, timed=True, device=device, lead=device_lead(device))
-        per_kernel = []
-        with counter:
-            for i in range(repeats + 2):
-                step()
-                synchronize(device)
-                table = counter.take_step()
-                kernels = [r for r in table if r.family not in NO_KERNEL]
-                if i >= 2 and kernels:
-                    host = sum(r.host_seconds or 0.0 for r in kernels)
-                    per_kernel.append(host / sum(r.calls for r in kernels))
-    return statistics.median(per_kernel), operator_call_overhead(device)
+#: Copies of a zoo layer that one step of :func:`host_issue_rows` runs: the first call of each phase
+#: pays for the step's start (the autograd engine's thread waking for backward, cold caches), which a
+#: network pays once per step; the other copies cost what a call adds inside a network. (An H100
+#: host's conv-BatchNorm-ReLU block took 343 us to issue forward alone and 144 us as one of 20.)
+HOST_COPIES = 8
 
 
-def operator_call_overhead(device: torch.device | str, calls: int = 200, repeats: int = 7) -> float:
-    """A view's host seconds as the counter times it on ``device`` (its ``OpOverload`` called below
-    autograd, behind a lead on a GPU, as the zoo's calls are timed) less the same view called through
-    the tensor's method in a tight loop: what a view the zoo timed is charged less, so that it costs
-    about what a plain ``x.view`` does (a step makes its views in C++ or through the methods). Zero
-    where the counted call is the cheaper."""
-    device = torch.device(device)
-    x = torch.zeros(8, 8, device=device)
-    plain, timed = [], []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(calls):
-            x.view(64)
-        plain.append((time.perf_counter() - started) / calls)
-    counter = OpCounter(nn.Identity(), timed=True, device=device, lead=device_lead(device))
-    with current(device), counter:
-        for _ in range(repeats):
-            for _ in range(calls):
-                x.view(64)
+def host_issue_rows(
+    layers: Sequence[tuple[nn.Module, tuple[int, ...]]], device: torch.device, repeats: int = 7
+) -> pd.DataFrame:
+    """Per layer, phase and family: the calls and the host seconds that ``HOST_COPIES`` calls of the
+    layer in one step take to issue beyond one call (forward and backward each timed on the host
+    clock with nothing synchronised inside; the median over ``repeats`` steps of each size, the two
+    sizes alternating). Columns: layer, phase, family, calls, issue_s (the phase's, on each of its
+    families' rows)."""
+    rows = []
+    for index, (layer, shape) in enumerate(layers):
+        layer = layer.to(device)
+        x = torch.randn(shape, device=device, requires_grad=True)
+        with torch.no_grad():
+            grad = torch.randn_like(layer(x))
+
+        def step(copies: int, layer: nn.Module = layer, x: torch.Tensor = x, grad: torch.Tensor = grad):
+            started = time.perf_counter()
+            outs = [layer(x) for _ in range(copies)]
+            middle = time.perf_counter()
+            torch.autograd.backward(outs, [grad] * copies)
+            ended = time.perf_counter()
             synchronize(device)
-            views = [r for r in counter.take_step() if r.name == "aten.view"]
-            timed.append(sum(r.host_seconds or 0.0 for r in views) / max(sum(r.calls for r in views), 1))
-    return max(statistics.median(timed) - statistics.median(plain), 0.0)
+            return middle - started, ended - middle
+
+        calls = {}
+        for copies in (1, HOST_COPIES):
+            for _ in range(3):
+                step(copies)
+            counter = OpCounter(layer, count=False)
+            with counter:
+                step(copies)
+            found: dict[tuple[str, str], int] = {}
+            for r in counter.table():
+                found[(r.phase, r.family)] = found.get((r.phase, r.family), 0) + r.calls
+            calls[copies] = found
+        times: dict[int, list[tuple[float, float]]] = {1: [], HOST_COPIES: []}
+        for _ in range(repeats):
+            for copies in times:
+                times[copies].append(step(copies))
+        for number, phase in enumerate(("forward", "backward")):
+            issue = statistics.median(t[number] for t in times[HOST_COPIES])
+            issue -= statistics.median(t[number] for t in times[1])
+            for (row_phase, family), count in calls[HOST_COPIES].items():
+                added = count - calls[1].get((row_phase, family), 0)
+                if row_phase == phase and added > 0:
+                    rows.append((index, phase, family, added, issue))
+    return pd.DataFrame(rows, columns=["layer", "phase", "family", "calls", "issue_s"])
 
 
-def host_call_costs(rows: pd.DataFrame, reference_s: float, operator_call_s: float) -> dict[str, float]:
-    """On a GPU, per "family/phase": the host seconds one call takes beyond the mean kernel call of the
-    per-call overhead microbenchmark (``reference_s``, timed the same way; the model charges every
-    kernel call that microbenchmark's whole step per kernel call, ``dispatch_s``, and each family what
-    it adds to it: a cuDNN convolution sets up descriptors and picks an algorithm on the host each
-    call), the medians of the zoo's calls; for views and other calls that launch nothing, their host
-    time less ``operator_call_s`` (:func:`operator_call_overhead`), ``dispatch_s`` being net of the
-    microbenchmark's own views (dispatch_net_of_views)."""
-    own = rows[rows["module"] != NO_MODULE]
-    per_call = own["host"] / own["calls"]
-    costs = {}
-    for (family, phase), group in per_call.groupby([own["family"], own["phase"]]):
-        value = float(group.median())
-        beyond = operator_call_s if family in NO_KERNEL else reference_s
-        costs[f"{family}/{phase}"] = max(0.0, value - beyond)
-    return costs
+def fit_host_costs(rows: pd.DataFrame) -> dict[str, float]:
+    """Host seconds per call of each "family/phase" that add up to every layer's and phase's issue
+    seconds (:func:`host_issue_rows`): non-negative least squares on the relative error, so that a
+    cheap layer counts as much as a costly one. Phases whose issue time came out at zero or below
+    (lost in noise) are left out."""
+    rows = rows[rows["issue_s"] > 0]
+    if rows.empty:
+        return {}
+    keys = sorted(set(rows["family"] + "/" + rows["phase"]))
+    column = {key: i for i, key in enumerate(keys)}
+    groups = list(rows.groupby(["layer", "phase"]))
+    a = np.zeros((len(groups), len(keys)))
+    for i, (_, group) in enumerate(groups):
+        issue = float(group["issue_s"].iloc[0])
+        for family, phase, calls in zip(group["family"], group["phase"], group["calls"], strict=True):
+            a[i, column[f"{family}/{phase}"]] += calls / issue
+    solution, _ = optimize.nnls(a, np.ones(len(groups)))
+    return {key: float(value) for key, value in zip(keys, solution, strict=True)}
+
+
+def host_call_costs(per_call_s: dict[str, float], reference_s: float) -> dict[str, float]:
+    """On a GPU, per "family/phase": what the model charges a call on the host beyond the per-call
+    overhead ``reference_s`` it charges every kernel call (``dispatch_s``): a kernel family's host
+    seconds per call (:func:`fit_host_costs`) less the reference, a call that launches nothing (a
+    view) its own seconds (the model charges it those alone)."""
+    return {
+        key: value if key.split("/")[0] in NO_KERNEL else max(0.0, value - reference_s)
+        for key, value in per_call_s.items()
+    }
 
 
 def family_efficiency(
@@ -761,7 +794,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-8/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-9/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
