@@ -226,7 +226,7 @@ def device_name(device: str) -> str:
 
 def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace) -> dict[str, Any]:
     profile = read_profile(args.profile)
-    every = calibrated_machines(profile)[0]
+    every, calibration = calibrated_machines(profile)
     model = every[MODEL]
     every[ONE_CONVOLUTION] = dataclasses.replace(
         model,
@@ -287,6 +287,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             "device": args.device,
             "batch_scale": args.batch_scale,
         },
+        "calibration": calibration,
         "rows": rows,
         "summary": summaries(rows),
         "variants": {v: error_summary([r["variant_errors"][v] for r in rows]) for v in machines},
