@@ -391,6 +391,24 @@ def test_host_costs_per_call_solve_the_layers_issue_times() -> None:
     assert fit_host_costs(frame) == pytest.approx(truth, rel=1e-9)
 
 
+def test_a_family_the_layers_never_run_apart_from_another_is_not_priced() -> None:
+    """A recurrent layer's forward runs rnn and memory operators together in every layer: the fit
+    cannot split their seconds and prices neither; a layer of the memory operator alone determines
+    both (memory 10 us a call, rnn 300 us)."""
+    from dnnperf.perfmodel.calibrate import fit_host_costs, identified
+
+    mixed = [(0, "forward", "rnn", 7, 7 * 300e-6 + 14 * 10e-6), (0, "forward", "memory", 14, 0.0)]
+    mixed += [(1, "forward", "rnn", 7, 7 * 300e-6 + 21 * 10e-6), (1, "forward", "memory", 21, 0.0)]
+    columns = ["layer", "phase", "family", "calls", "issue_s"]
+    frame = pd.DataFrame(mixed, columns=columns)
+    frame["issue_s"] = frame.groupby("layer")["issue_s"].transform("max")
+    assert identified(frame) == set() and fit_host_costs(frame) == {}
+    alone = pd.DataFrame([(2, "forward", "memory", 7, 70e-6)], columns=columns)
+    both = pd.concat([frame, alone], ignore_index=True)
+    assert identified(both) == {"memory/forward", "rnn/forward"}
+    assert fit_host_costs(both) == pytest.approx({"memory/forward": 10e-6, "rnn/forward": 300e-6})
+
+
 def test_a_gpus_host_cost_per_call_is_what_a_family_adds_to_the_overhead() -> None:
     """A kernel family is charged its seconds per call beyond the overhead every kernel call pays
     (never below zero); a view, which pays no overhead, its own seconds."""

@@ -443,6 +443,37 @@ class _CausalAttention(nn.Module):
         return nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=0.1, is_causal=True)
 
 
+class _Pad(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.pad(x, (1, 1, 1, 1))
+
+
+class _Concat(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x], dim=1)
+
+
+class _Contiguous(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(-1, -2).contiguous()
+
+
+def _host_zoo(device: torch.device) -> list[tuple[nn.Module, tuple[int, ...]]]:
+    """The layers a GPU's host costs are fitted on: the zoo, layers of the operators that copy or make
+    tensors (padding, concatenation, a transposed copy), which the zoo runs only beside a recurrent
+    layer or attention, and a linear layer without bias, whose backward has no bias sum: without them
+    the fit cannot tell those operators' host seconds from their neighbours' (it gave a pad the
+    seconds of an LSTM's set-up)."""
+    scale = GPU_BATCH_SCALE if device.type == "cuda" else 1
+    return [
+        *_zoo_on(device),
+        (_Pad(), (8 * scale, 64, 16, 16)),
+        (_Concat(), (8 * scale, 64, 16, 16)),
+        (_Contiguous(), (8 * scale, 64, 16, 16)),
+        (nn.Linear(256, 256, bias=False), (64 * scale, 256)),
+    ]
+
+
 def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     """(layer, input shape): shapes of the small presets' early, middle and late layers."""
     return [
@@ -598,7 +629,7 @@ def _zoo_rows(
             calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
             frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
         if gpu:
-            per_call = fit_host_costs(host_issue_rows(_zoo_on(device), device, repeats))
+            per_call = fit_host_costs(host_issue_rows(_host_zoo(device), device, repeats))
             reference = dispatch_net_of_views(op_overhead(device=str(device)), per_call, device)
             host_call = host_call_costs(per_call, reference)
     rows = pd.concat(frames, ignore_index=True)
@@ -714,11 +745,23 @@ def host_issue_rows(
     return pd.DataFrame(rows, columns=["layer", "phase", "family", "calls", "issue_s"])
 
 
+def identified(rows: pd.DataFrame) -> set[str]:
+    """The "family/phase" keys whose seconds per call the rows determine, by substitution: a family
+    is known once some layer and phase runs it beside known families only (views, which every layer
+    may run, are known where they run alone or beside known families, like any other)."""
+    groups = [set(g["family"] + "/" + g["phase"]) for _, g in rows.groupby(["layer", "phase"])]
+    known: set[str] = set()
+    while found := {next(iter(g - known)) for g in groups if len(g - known) == 1}:
+        known |= found
+    return known
+
+
 def fit_host_costs(rows: pd.DataFrame) -> dict[str, float]:
     """Host seconds per call of each "family/phase" that add up to every layer's and phase's issue
     seconds (:func:`host_issue_rows`): non-negative least squares on the relative error, so that a
     cheap layer counts as much as a costly one. Phases whose issue time came out at zero or below
-    (lost in noise) are left out."""
+    (lost in noise) are left out, and so are the families the rest does not determine
+    (:func:`identified`): the fit would split their seconds with a neighbour's at random."""
     rows = rows[rows["issue_s"] > 0]
     if rows.empty:
         return {}
@@ -731,7 +774,8 @@ def fit_host_costs(rows: pd.DataFrame) -> dict[str, float]:
         for family, phase, calls in zip(group["family"], group["phase"], group["calls"], strict=True):
             a[i, column[f"{family}/{phase}"]] += calls / issue
     solution, _ = optimize.nnls(a, np.ones(len(groups)))
-    return {key: float(value) for key, value in zip(keys, solution, strict=True)}
+    known = identified(rows)
+    return {key: float(value) for key, value in zip(keys, solution, strict=True) if key in known}
 
 
 def host_call_costs(per_call_s: dict[str, float], reference_s: float) -> dict[str, float]:
@@ -794,7 +838,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-9/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-10/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
