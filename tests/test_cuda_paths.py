@@ -461,10 +461,10 @@ def test_the_host_costs_per_call_add_up_to_a_networks_issue_time():
 def test_the_gpus_host_fit_prices_every_family_its_layers_run():
     """On the GPU's own operators (cuDNN's recurrent layers make their states beside the rnn kernel),
     every family the host fit's layers run is determined by them (``calibrate.identified``)."""
-    from dnnperf.perfmodel.calibrate import _host_zoo, host_issue_rows, identified
+    from dnnperf.perfmodel.calibrate import host_issue_rows, host_zoo, identified
     from dnnperf.perfmodel.compute import NO_KERNEL
 
-    rows = host_issue_rows(_host_zoo(CUDA), CUDA, repeats=1)
+    rows = host_issue_rows(host_zoo(CUDA), CUDA, repeats=1)
     kernels = rows[~rows["family"].isin(NO_KERNEL)]
     assert {"memory/forward", "rnn/forward", "matmul/backward"} <= set(
         kernels["family"] + "/" + kernels["phase"]

@@ -458,7 +458,7 @@ class _Contiguous(nn.Module):
         return x.transpose(-1, -2).contiguous()
 
 
-def _host_zoo(device: torch.device) -> list[tuple[nn.Module, tuple[int, ...]]]:
+def host_zoo(device: torch.device) -> list[tuple[nn.Module, tuple[int, ...]]]:
     """The layers a GPU's host costs are fitted on: the zoo, layers of the operators that copy or make
     tensors (padding, concatenation, a transposed copy), which the zoo runs only beside a recurrent
     layer or attention, and a linear layer without bias, whose backward has no bias sum: without them
@@ -629,7 +629,7 @@ def _zoo_rows(
             calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
             frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
         if gpu:
-            per_call = fit_host_costs(host_issue_rows(_host_zoo(device), device, repeats))
+            per_call = fit_host_costs(host_issue_rows(host_zoo(device), device, repeats))
             reference = dispatch_net_of_views(op_overhead(device=str(device)), per_call, device)
             host_call = host_call_costs(per_call, reference)
     rows = pd.concat(frames, ignore_index=True)
