@@ -88,6 +88,16 @@ FRESH_MODELS = (
     ("hf:focalnet", "tiny", (4, 8), "CNN, depthwise focal modulation"),
     ("hf:textnet", "tiny", (4, 8), "CNN, asymmetric kernels"),
 )
+#: A third set, none of them looked at before convolutions of few output rows were priced apart
+#: (compute.FEW_ROWS): `--third`.
+THIRD_MODELS = (
+    ("hf:levit", "tiny", (4, 8), "convolutional stem + attention with pooled keys"),
+    ("hf:swiftformer", "tiny", (4, 8), "CNN, depthwise + additive attention"),
+    ("hf:pvt_v2", "tiny", (4, 8), "pyramid transformer, depthwise convolutions in the MLP"),
+    ("hf:segformer", "tiny", (4, 8), "pyramid transformer, overlapping patch convolutions"),
+    ("hf:pvt", "tiny", (4, 8), "pyramid transformer, strided-convolution key reduction"),
+    ("hf:swinv2", "tiny", (4, 8), "windowed vision transformer, log-spaced position bias"),
+)
 #: timm's models, where timm is installed (it needs a torchvision built for the installed torch).
 TIMM_MODELS = (
     ("timm:mobilenetv3_small_100", "small", (8, 16), "CNN, inverted residual + hard-swish (timm)"),
@@ -230,7 +240,11 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     model = every[MODEL]
     every[ONE_CONVOLUTION] = dataclasses.replace(
         model,
-        efficiency={k: v for k, v in model.efficiency.items() if k.split("/")[-1] not in CONVOLUTION_KINDS},
+        efficiency={
+            k: v
+            for k, v in model.efficiency.items()
+            if k.split("/")[-1] not in CONVOLUTION_KINDS and not k.endswith("-small")
+        },
     )
     machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
@@ -358,6 +372,7 @@ def main() -> None:
     parser.add_argument("--profile", required=True, help="hardware profile JSON (dnnperf hw --output)")
     parser.add_argument("--models", help="comma-separated workloads of MODELS (default: all)")
     parser.add_argument("--fresh", action="store_true", help="the second held-out set (FRESH_MODELS)")
+    parser.add_argument("--third", action="store_true", help="the third held-out set (THIRD_MODELS)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration per round")
@@ -372,7 +387,15 @@ def main() -> None:
         parser.error("--device cuda: this host has no CUDA GPU")
     if args.batch_scale < 1 or args.predictions < 1:
         parser.error("--batch-scale and --predictions must be at least 1")
-    models = FRESH_MODELS if args.fresh else MODELS + (TIMM_MODELS if timm_available() else ())
+    if args.fresh and args.third:
+        parser.error("--fresh and --third: choose one set")
+    models = (
+        FRESH_MODELS
+        if args.fresh
+        else THIRD_MODELS
+        if args.third
+        else MODELS + (TIMM_MODELS if timm_available() else ())
+    )
     if args.models:
         wanted = args.models.split(",")
         unknown = sorted(set(wanted) - {m[0] for m in models})

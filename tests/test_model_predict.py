@@ -629,6 +629,38 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(
     assert 0.8 * waited <= slow_param - param <= 1.6 * waited, (slow_param - param, waited)
 
 
+def test_a_convolution_of_few_output_rows_is_priced_at_its_classs_efficiency() -> None:
+    """The same two convolutions on a 2x2 map (4 rows a call) and on a 16x16 one (256): the small
+    ones take their class's efficiency ("pointwise-small", "dense-small"), the large ones their kind's
+    or the phase's; a class the machine lacks falls back to the kind's."""
+    from dnnperf.perfmodel.compute import op_times
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.Conv2d(16, 8, 3, padding=1))
+    efficiency = {
+        "convolution/forward": 0.5,
+        "convolution/backward": 0.4,
+        "convolution/forward/pointwise": 0.25,
+        "convolution/backward/pointwise": 0.2,
+        "convolution/forward/pointwise-small": 0.05,
+        "convolution/forward/dense-small": 0.1,
+    }
+    expected = {
+        2: {("0", "forward"): 0.05, ("0", "backward"): 0.2, ("1", "forward"): 0.1, ("1", "backward"): 0.4},
+        16: {("0", "forward"): 0.25, ("0", "backward"): 0.2, ("1", "forward"): 0.5, ("1", "backward"): 0.4},
+    }
+    for side, factors in expected.items():
+        graph = describe_model(model, torch.randn(1, 8, side, side), name=f"convs{side}")
+        plain = op_times(graph, seed002())
+        priced = op_times(graph, dataclasses.replace(seed002(), efficiency=efficiency))
+        convs = plain["family"] == "convolution"
+        found = {
+            (row.module, row.phase): base / row.compute_s
+            for row, base in zip(priced[convs].itertuples(), plain[convs]["compute_s"], strict=True)
+        }
+        assert found == pytest.approx(factors, rel=1e-9), side
+
+
 def test_a_convolution_kinds_efficiency_prices_its_calls() -> None:
     """A 1x1, a depthwise and a dense convolution: each row's roofline is divided by its kind's
     efficiency where the machine has one, else by the convolution phase's."""

@@ -479,6 +479,19 @@ def test_pooling_flops_are_the_window_it_covers_per_output(pool, shape, window):
     assert flops(counter, "0", "forward", ("pooling",)) == window * outputs
 
 
+def test_a_convolutions_rows_are_its_batch_times_output_pixels():
+    """Output rows per call, forward and backward: batch x output height x output width (a strided
+    convolution's output map, not its input's), summed over the calls; 0 for other operators."""
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(16, 4, 1))
+    counter = OpCounter(model)
+    with counter:
+        for _ in range(3):
+            model(torch.randn(5, 8, 12, 10)).sum().backward()
+    found = {(r.module, r.phase): r.rows for r in counter.table() if r.family == "convolution"}
+    assert found == {(m, p): 3 * 5 * 6 * 5 for m in ("0", "2") for p in ("forward", "backward")}
+    assert all(r.rows == 0 for r in counter.table() if r.family != "convolution")
+
+
 def test_convolution_kinds_follow_groups_and_kernel_size():
     """Each convolution's shape class from how the layer was built: groups and kernel size."""
     built = {

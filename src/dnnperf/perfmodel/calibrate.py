@@ -56,7 +56,13 @@ from torch import nn
 from dnnperf.cache import JsonCache
 from dnnperf.devices import current, synchronize
 from dnnperf.hardware import device_key
-from dnnperf.perfmodel.compute import NO_KERNEL, PER_ELEMENT_OPS, ComputeOptions, op_times
+from dnnperf.perfmodel.compute import (
+    NO_KERNEL,
+    PER_ELEMENT_OPS,
+    ComputeOptions,
+    few_rows_class,
+    op_times,
+)
 from dnnperf.perfmodel.graph import StepGraph
 from dnnperf.perfmodel.kernels import device_lead
 from dnnperf.perfmodel.machine import Curve, Machine, dedupe
@@ -505,6 +511,15 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=64), (8, 64, 32, 32)),
         (nn.Conv2d(128, 128, 3, padding=1, groups=8), (8, 128, 16, 16)),
         (nn.Conv2d(256, 256, 3, padding=1, groups=32), (8, 256, 8, 8)),
+        # Each kind with few output rows a call (compute.FEW_ROWS): wide layers on maps of 2x2 to 4x4.
+        (nn.Conv2d(512, 512, 1), (4, 512, 4, 4)),
+        (nn.Conv2d(1024, 256, 1), (8, 1024, 2, 2)),
+        (nn.Conv2d(256, 1024, 1), (2, 256, 4, 4)),
+        (nn.Conv2d(256, 256, 3, padding=1), (4, 256, 4, 4)),
+        (nn.Conv2d(512, 512, 3, padding=1), (8, 512, 2, 2)),
+        (nn.Conv2d(512, 512, 3, padding=1, groups=512), (4, 512, 4, 4)),
+        (nn.Conv2d(1024, 1024, 7, padding=3, groups=1024), (8, 1024, 2, 2)),
+        (nn.Conv2d(512, 512, 3, padding=1, groups=32), (4, 512, 4, 4)),
         (nn.BatchNorm2d(64), (8, 64, 32, 32)),
         (nn.GroupNorm(1, 64), (8, 64, 16, 16)),  # WGAN-GP's critic: layer norm over (C, H, W)
         (nn.ReLU(), (8, 64, 32, 32)),
@@ -564,6 +579,7 @@ def timed_rows(
             "family": r.family,
             "dtype": r.dtype or "float32",
             "kind": r.kind,
+            "rows": float(r.rows),
             "flops": float(r.flops or 0),
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
@@ -668,11 +684,19 @@ def _zoo_rows(
         fixed[key], fitted[key] = fixed_cost_fit(
             group["predicted"] / group["calls"], group["measured"] / group["calls"]
         )
-    # Each convolution kind: its efficiency over what the dense fit's fixed cost per call leaves.
-    for (family, phase, kind), group in rows[~dense].groupby(["family", "phase", "kind"]):
+    # Each convolution kind, and each kind's calls of few output rows (compute.few_rows_class): its
+    # efficiency over what the dense fit's fixed cost per call leaves.
+    classes = [
+        few_rows_class(k, r / max(c, 1.0)) if f == "convolution" else ""
+        for f, k, r, c in zip(rows["family"], rows["kind"], rows["rows"], rows["calls"], strict=True)
+    ]
+    rows = rows.assign(size_class=classes)
+    kinds = rows[~dense & (rows["size_class"] == "")].rename(columns={"kind": "group"})
+    small = rows[rows["size_class"] != ""].rename(columns={"size_class": "group"})
+    for (family, phase, group_name), group in pd.concat([kinds, small]).groupby(["family", "phase", "group"]):
         left = group["measured"] - fixed.get(f"{family}/{phase}", 0.0) * group["calls"]
         if left.sum() > 0:
-            fitted[f"{family}/{phase}/{kind}"] = min(1.0, float(group["predicted"].sum() / left.sum()))
+            fitted[f"{family}/{phase}/{group_name}"] = min(1.0, float(group["predicted"].sum() / left.sum()))
     # A family's efficiency is that of its memory-bound operators: the per-element kernels (GELU,
     # softmax) take another bandwidth (compute.PER_ELEMENT_OPS) and always have their own.
     own = rows["op"].isin(PER_ELEMENT_OPS)
@@ -838,7 +862,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-10/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-11/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:

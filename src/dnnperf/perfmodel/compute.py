@@ -122,11 +122,17 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         # and phase, else per family, from calibration microbenchmarks.
         efficiency = machine.efficiency
         kinds = ops["kind"].fillna("").to_numpy(str) if "kind" in ops else np.full(len(ops), "")
+        rows = ops["rows"].to_numpy(float) / calls if "rows" in ops else np.zeros(len(ops))
+        small = [
+            few_rows_class(k, r) if f == "convolution" else ""
+            for f, k, r in zip(families, kinds, rows, strict=True)
+        ]
         factor = [
             efficiency.get(f"{f}/{p}/{o}")
+            or (c and efficiency.get(f"{f}/{p}/{c}"))
             or (k and efficiency.get(f"{f}/{p}/{k}"))
             or efficiency.get(f"{f}/{p}", efficiency.get(f, 1.0))
-            for f, p, o, k in zip(families, phases, ops["op"].to_numpy(str), kinds, strict=True)
+            for f, p, o, k, c in zip(families, phases, ops["op"].to_numpy(str), kinds, small, strict=True)
         ]
         roofline = roofline / np.array(factor)
     if machine.zero_operand_s and options.zero_operands and "zeros" in ops:
@@ -202,6 +208,19 @@ def fault_seconds(graph: StepGraph, machine: Machine, options: ComputeOptions = 
     if not options.faults or not graph.page_faults:  # not counted, or none
         return 0.0
     return graph.page_faults * machine.page_fault_s
+
+
+#: Convolutions of fewer output rows a call than this (batch x output pixels: the rows of the matrix
+#: product they amount to) are priced at their own efficiency, their kind's "-small" class: oneDNN's
+#: rate falls steeply below it (a 1x1 convolution of 1,024 channels on this AMD EPYC, one thread: 92
+#: GFLOP/s forward at 1,024 rows, 57 at 64).
+FEW_ROWS = 128
+
+
+def few_rows_class(kind: str, rows_per_call: float) -> str:
+    """A convolution's efficiency class when it has few output rows a call ("pointwise-small",
+    "dense-small" for a kind of ""); "" otherwise (its kind's, or the phase's efficiency applies)."""
+    return f"{kind or 'dense'}-small" if 0 < rows_per_call < FEW_ROWS else ""
 
 
 def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:

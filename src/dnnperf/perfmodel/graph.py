@@ -39,7 +39,7 @@ from dnnperf.workloads.base import no_stages
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
 BASE_BATCHES = (2, 4)
 _COLUMNS = ("phase", "module", "op", "family", "dtype", "kind")
-_NUMBERS = ("flops", "bytes", "calls", "zeros")
+_NUMBERS = ("flops", "bytes", "calls", "zeros", "rows")
 
 
 @dataclass
@@ -141,6 +141,8 @@ class StepGraph:
             values["ops"]["zeros"] = 0.0
         if "kind" not in values["ops"]:  # nor convolutions' shape classes
             values["ops"]["kind"] = ""
+        if "rows" not in values["ops"]:  # nor their output rows
+            values["ops"]["rows"] = 0.0
         values["layers"] = [Layer(**layer) for layer in values["layers"]]
         values["memory_walk"] = [Segment(**segment) for segment in values.get("memory_walk", [])]
         return cls(**values)
@@ -540,6 +542,7 @@ def capture(
             "bytes": float(r.bytes_read + r.bytes_written),
             "calls": float(r.calls),
             "zeros": float(zeros.zeros.get((r.module, r.phase, r.name), 0)),
+            "rows": float(r.rows),
         }
         for r in counter.table()
     ]
@@ -683,7 +686,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-22"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-23"],
         sort_keys=True,
         default=str,
     )

@@ -121,11 +121,12 @@ def accumulation_ops(module_param_bytes: Mapping[str, int], micro_batches: int) 
             "bytes": float(extra * 3 * nbytes),
             "calls": float(extra),
             "zeros": 0.0,
+            "rows": 0.0,
         }
         for module, nbytes in module_param_bytes.items()
         if nbytes > 0 and extra > 0
     ]
-    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros"]
+    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros", "rows"]
     return pd.DataFrame(rows, columns=columns)
 
 

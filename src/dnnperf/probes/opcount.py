@@ -166,6 +166,9 @@ class OpRecord:
     dtype: str | None = None
     #: A convolution's shape class (:func:`convolution_kind`); "" for every other operator.
     kind: str = ""
+    #: A convolution's output rows (batch x output pixels: its matrix product's rows), summed over the
+    #: calls (:func:`convolution_rows`); 0 for every other operator.
+    rows: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -969,6 +972,20 @@ def convolution_kind(name: str, call: OpCall) -> str:
     return "pointwise" if all(size == 1 for size in weight.shape[2:]) else ""
 
 
+def convolution_rows(name: str, call: OpCall) -> int:
+    """A convolution call's output rows: batch times output pixels, the rows of the matrix product it
+    amounts to (libraries lose much of their rate below a hundred or so); 0 for every other operator."""
+    if name == "aten.convolution":
+        out = call.out
+    elif name == "aten.convolution_backward":
+        out = call.args[0]  # the output's gradient
+    else:
+        return 0
+    if not isinstance(out, torch.Tensor) or out.dim() < 3:
+        return 0
+    return int(out.shape[0] * math.prod(out.shape[2:]))
+
+
 def library_of(name: str, family: str, call: OpCall) -> str:
     """Which library ran one operator call: oneDNN, MKL/OpenBLAS (CPU BLAS), cuDNN, cuBLAS, a fused
     attention kernel, or ``native`` (ATen's own kernels).
@@ -1079,6 +1096,7 @@ class _Totals:
     library: str | None = None
     dtype: str | None = None
     kind: str | None = None
+    rows: int = 0
 
 
 class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
@@ -1345,6 +1363,7 @@ class OpCounter:
             totals.dtype = _dtype_of(call)
         if totals.kind is None:
             totals.kind = convolution_kind(info.name, call)
+        totals.rows += convolution_rows(info.name, call)
 
     def _remember_results(self, call: OpCall, module: str, info: _OpInfo) -> None:
         # Results that may get an autograd node: remember under which module they were made.
@@ -1376,6 +1395,7 @@ class OpCounter:
                 library=totals.library,
                 dtype=totals.dtype,
                 kind=totals.kind or "",
+                rows=totals.rows,
             )
             for (module, phase, name), totals in self._totals.items()
         ]
