@@ -110,7 +110,8 @@ TIMM_MODELS = (
 #: convolution at its phase's efficiency (no efficiency per convolution kind).
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
-VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION)
+NO_FEW_ROWS = "no few-rows classes"
+VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION, NO_FEW_ROWS)
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
     # (what, page, heading of the section whose first table has an "error" column, inputs)
@@ -245,6 +246,9 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             for k, v in model.efficiency.items()
             if k.split("/")[-1] not in CONVOLUTION_KINDS and not k.endswith("-small")
         },
+    )
+    every[NO_FEW_ROWS] = dataclasses.replace(
+        model, efficiency={k: v for k, v in model.efficiency.items() if not k.endswith("-small")}
     )
     machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
