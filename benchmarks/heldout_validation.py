@@ -106,8 +106,9 @@ TIMM_MODELS = (
     ("timm:vit_tiny_patch16_224", "small", (4, 8), "vision transformer (timm)"),
 )
 #: The model, and the variants of it the held-out rows also report (those a machine has: "synchronous"
-#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, and every
-#: convolution at its phase's efficiency (no efficiency per convolution kind).
+#: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, every
+#: convolution at its phase's efficiency (no kinds, no few-rows classes), and the kinds without the
+#: few-rows classes.
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
