@@ -98,11 +98,12 @@ def test_gpt2_presets_match_their_analytic_counts():
 
 HF_IMAGE_MODELS = [
     # model type, the library's class for it (a CNN, a plain transformer, one of two classes for the
-    # type, windowed attention)
+    # type, windowed attention, an input size given as a pair)
     ("resnet", "ResNetForImageClassification"),
     ("vit", "ViTForImageClassification"),
     ("deit", "DeiTForImageClassification"),
     ("swin", "SwinForImageClassification"),
+    ("hiera", "HieraForImageClassification"),  # its input size a (height, width) pair
 ]
 
 

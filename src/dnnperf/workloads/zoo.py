@@ -314,7 +314,9 @@ def _image_preset(default: Any, model_type: str, preset: str) -> HFImageConfig:
     """An image classifier's configuration at ``preset`` (the module docstring says how each shrinks)."""
     settings: dict[str, Any] = {"num_labels": CLASSES[preset]}
     own_size = getattr(default, "image_size", None)
-    size = own_size if isinstance(own_size, int) else 224
+    pair = isinstance(own_size, (list, tuple)) and len(own_size) == 2  # (height, width): Hiera's
+    pair = pair and all(isinstance(v, int) for v in own_size)
+    size = own_size if isinstance(own_size, int) else own_size[0] if pair else 224
     if preset != "full":
         if all(hasattr(default, name) for name in BASE_SCALING):
             settings.update(BASE_SCALING)
@@ -327,6 +329,8 @@ def _image_preset(default: Any, model_type: str, preset: str) -> HFImageConfig:
     size = preset_image_size(size, preset)
     if isinstance(own_size, int):  # models built for one input size (ViT's positions, Swin's windows)
         settings["image_size"] = size
+    elif pair:  # the suite's images are square
+        settings["image_size"] = type(own_size)((size, size))
     window, patch, depths = (getattr(default, n, None) for n in ("window_size", "patch_size", "depths"))
     if preset != "full" and all(isinstance(v, int) for v in (window, patch)) and depths:
         # Attention windows no larger than the last stage's feature map: the library cannot shrink a
