@@ -307,6 +307,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             "batch_scale": args.batch_scale,
         },
         "calibration": calibration,
+        # The model's efficiencies (per family, operator, convolution kind and few-rows class).
+        "efficiency": model.efficiency,
         "rows": rows,
         "summary": summaries(rows),
         "variants": {v: error_summary([r["variant_errors"][v] for r in rows]) for v in machines},
