@@ -16,7 +16,8 @@ OUTDIR=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PYTHON=${PYTHON:-python3}
 export DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-"env tests zoo-tests collectives buckets hw memsave-full profile memsave-small profile-full \
-memsave-resnet50 profile-hf memsave-hf memsave-timm fsdp host hw-full predict heldout model"}
+memsave-resnet50 profile-hf memsave-hf memsave-timm fsdp host hw-full predict heldout heldout-fresh heldout-third \
+model"}
 export WORK=$(mktemp -d /tmp/dnnperf-gpu-check.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 DNNPERF_RUNS_DIR=$WORK/runs DNNPERF_CACHE_DIR=$WORK/cache
@@ -109,6 +110,13 @@ step predict 120 dnnperf predict resnet50 --preset full -b 64 --machine hw --dev
 step heldout 330 "$PYTHON" benchmarks/heldout_validation.py --profile "$WORK/logs/hw-$DEVICE.json" \
     --device "$DEVICE" --batch-scale 8 --predictions 2 ${HELDOUT_MODELS:+--models "$HELDOUT_MODELS"} --json "$WORK/logs/heldout-$DEVICE.json" \
     --markdown "$WORK/logs/heldout-$DEVICE.md"
+# The second and third held-out sets (benchmarks/heldout_validation.py --fresh, --third), likewise.
+step heldout-fresh 240 "$PYTHON" benchmarks/heldout_validation.py --profile "$WORK/logs/hw-$DEVICE.json" \
+    --device "$DEVICE" --batch-scale 8 --predictions 2 --fresh --json "$WORK/logs/heldout-fresh-$DEVICE.json" \
+    --markdown "$WORK/logs/heldout-fresh-$DEVICE.md"
+step heldout-third 240 "$PYTHON" benchmarks/heldout_validation.py --profile "$WORK/logs/hw-$DEVICE.json" \
+    --device "$DEVICE" --batch-scale 8 --predictions 2 --third --json "$WORK/logs/heldout-third-$DEVICE.json" \
+    --markdown "$WORK/logs/heldout-third-$DEVICE.md"
 step model 360 dnnperf validate ${MODEL_WORKLOADS:-resnet18 resnet50 vgg16 alexnet inception_v3 transformer gpt2 \
     seq2seq} --device "$DEVICE" --preset small --batch-sizes "${MODEL_BATCHES:-16,64,256}" --processes 1 --steps 10 \
     --json

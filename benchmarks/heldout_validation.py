@@ -8,8 +8,9 @@ For each model x batch size B, in one process at this process's thread count:
   B), on the machine ``dnnperf validate`` calibrates from a ``dnnperf hw`` profile and the model's
   microbenchmarks. No input is of the configuration predicted: no step at B is described, an
   interpolated description replays no convolution, and the page faults are those counted in this
-  process at E and E/2, interpolated. ``--predictions`` predictions (default 3), each from descriptions
-  of its own; the row takes their median and their spread.
+  process at E and E/2, interpolated; on a GPU, the host seconds the descriptions at E and E/2 took
+  to issue their steps (the smaller of the two, perfmodel/issue.py). ``--predictions`` predictions
+  (default 3), each from descriptions of its own; the row takes their median and their spread.
 - measured step: the fastest of ``--rounds`` interleaved rounds (each round times ``--steps`` steps of
   every configuration in turn and keeps their median), after ``--warmup`` steps of each.
 - measured peak memory: the memory profiler's peak of one tracked step at B (as ``dnnperf validate
@@ -45,6 +46,7 @@ from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
 from dnnperf.hardware import read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
+from dnnperf.perfmodel.compute import ComputeOptions
 from dnnperf.perfmodel.graph import describe_model
 from dnnperf.perfmodel.machine import Machine
 from dnnperf.perfmodel.predict import Prediction
@@ -112,7 +114,11 @@ TIMM_MODELS = (
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
-VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION, NO_FEW_ROWS)
+PER_CALL_HOST = "per-call host costs"
+VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION, NO_FEW_ROWS, PER_CALL_HOST)
+#: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
+#: from the calibrated per-call costs alone, not the seconds the description measured it issue.
+OPTIONS = {PER_CALL_HOST: ComputeOptions(measured_issue=False)}
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
     # (what, page, heading of the section whose first table has an "error" column, inputs)
@@ -225,7 +231,10 @@ def predict_variants(
     ``dnnperf.predict`` makes them)."""
     arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
     graph = scalable(describe_model(task.model, example, **arguments), task.model, example, **arguments)
-    return {v: predict_graph(graph, m, size, "single") for v, m in machines.items()}
+    return {
+        v: predict_graph(graph, m, size, "single", options=OPTIONS.get(v, ComputeOptions()))
+        for v, m in machines.items()
+    }
 
 
 def device_name(device: str) -> str:
@@ -251,6 +260,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     every[NO_FEW_ROWS] = dataclasses.replace(
         model, efficiency={k: v for k, v in model.efficiency.items() if not k.endswith("-small")}
     )
+    if profile.device_type == "cuda":
+        every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
     rows: list[dict[str, Any]] = []

@@ -470,3 +470,33 @@ def test_the_gpus_host_fit_prices_every_family_its_layers_run():
         kernels["family"] + "/" + kernels["phase"]
     )
     assert identified(rows) == set(rows["family"] + "/" + rows["phase"])
+
+
+def test_a_description_on_the_gpu_times_the_hosts_issue_and_the_prediction_follows_it():
+    """A network whose forward sleeps 20 ms on the host (its step waits for its host, as a small
+    model's does for its Python): the description times the forward's issue at the sleep or more, and
+    the prediction for this host's GPU is at least the phases' measured seconds; without them (the
+    calibrated per-call costs alone) it misses the sleep."""
+    import time
+
+    from dnnperf.perfmodel.compute import ComputeOptions
+    from dnnperf.perfmodel.graph import describe_model
+    from dnnperf.perfmodel.machine import preset
+    from dnnperf.perfmodel.predict import predict
+
+    class Sleepy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.020)
+            return self.conv(x)
+
+    graph = describe_model(Sleepy().to(CUDA), torch.randn(4, 8, 16, 16, device=CUDA))
+    assert set(graph.issue_s) == {"forward", "backward", "update"}
+    assert graph.issue_s["forward"] >= 0.020
+    this_host = dataclasses.replace(preset("h100-ib"), stream_device="cuda:0", asynchronous=True)
+    predicted = predict(graph, this_host, 4).step_s
+    assert predicted >= sum(graph.issue_s.values())
+    assert predict(graph, this_host, 4, options=ComputeOptions(measured_issue=False)).step_s < 0.020

@@ -378,8 +378,7 @@ def test_sigkill_of_a_collective_calibration_leaves_no_rank_or_scratch_directory
     scratch = f"{tempfile.gettempdir()}/dnnperf-collectives-*"
     before = set(glob.glob(scratch))
     code = (
-        "from dnnperf.perfmodel.collective_calibration import measure; "
-        "measure(rounds=100000, timeout_s=600)"
+        "from dnnperf.perfmodel.collective_calibration import measure; measure(rounds=100000, timeout_s=600)"
     )
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:

@@ -187,19 +187,24 @@ def test_an_asynchronous_device_ends_each_row_as_its_calls_queue() -> None:
         )
 
 
-def test_an_asynchronous_step_overlaps_host_and_device() -> None:
-    ops = pd.DataFrame(
+def _forward_backward_update(matmul_flops: float) -> pd.DataFrame:
+    """A matmul forward (and 3 views), twice its FLOPs backward, a 1 MB update (10 us at 100 GB/s)."""
+    return pd.DataFrame(
         {
             "phase": ["forward", "forward", "backward", "update"],
             "module": ["m", "m", "m", "(optimizer)"],
             "op": ["aten.mm", "aten.view", "aten.mm", "aten._foreach_add_"],
             "family": ["matmul", "free", "matmul", "elementwise"],
             "dtype": ["float32"] * 4,
-            "flops": [1e9, 0.0, 2e9, 0.0],  # 1 ms and 2 ms at 1 TFLOP/s
-            "bytes": [0.0, 0.0, 0.0, 1e6],  # 10 us at 100 GB/s
+            "flops": [matmul_flops, 0.0, 2 * matmul_flops, 0.0],
+            "bytes": [0.0, 0.0, 0.0, 1e6],
             "calls": [1.0, 3.0, 1.0, 1.0],
         }
     )
+
+
+def test_an_asynchronous_step_overlaps_host_and_device() -> None:
+    ops = _forward_backward_update(1e9)  # 1 ms and 2 ms at 1 TFLOP/s
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 1_000_000)  # a 1 MB batch
     machine = _machine(dispatch_s=20e-6, asynchronous=True, kernel_s=2e-6, host_bandwidth=1e10)
     step = step_time(graph, machine)
@@ -222,6 +227,55 @@ def test_an_asynchronous_step_overlaps_host_and_device() -> None:
     sync = dataclasses.replace(machine, asynchronous=False, host_bandwidth=0.0)
     times = op_times(graph, sync)
     assert step_time(graph, sync).total_s == pytest.approx(times["seconds"].sum() + 2 * 1e6 / 1e11)
+
+
+def test_the_host_seconds_a_description_measured_replace_the_calls_costs_phase_by_phase() -> None:
+    ops = _forward_backward_update(1e6)  # 1 us and 2 us at 1 TFLOP/s
+    measured = {"forward": 30e-3, "backward": 7e-3}  # the update's issue not measured
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0, issue_s=measured)
+    # A slow host (5 ms a kernel call, views 1 ms): each kernel waits for its issue.
+    host = _machine(dispatch_s=5e-3, asynchronous=True, host_call_s={"free/forward": 1e-3})
+    by_calls = step_time(graph, host)
+    # The copy (5 ms), forward 5 + 3 x 1 ms, backward 5 ms, update 5 ms, then the update's 10 us kernel.
+    assert by_calls.total_s == pytest.approx(5e-3 + 8e-3 + 5e-3 + 5e-3 + 10e-6)
+    # On this host's GPU (a profile's stream device) each measured phase takes its measured seconds,
+    # the update its calls' own; nothing else moves.
+    this_host = dataclasses.replace(host, stream_device="cuda:0")
+    step = step_time(graph, this_host)
+    assert step.total_s == pytest.approx(5e-3 + 30e-3 + 7e-3 + 5e-3 + 10e-6)
+    assert step.forward_s == pytest.approx(30e-3, rel=1e-3)
+    assert step.backward_s == pytest.approx(7e-3, rel=1e-3)  # and its 2 us kernel
+    # A machine described elsewhere (a preset), or the option off: the calls' costs alone.
+    assert step_time(graph, this_host, ComputeOptions(measured_issue=False)).total_s == pytest.approx(
+        by_calls.total_s
+    )
+    # Device-bound phases stay the device's: 1,000x the FLOPs make each matmul longer than its issue.
+    heavy = dataclasses.replace(graph, ops=_forward_backward_update(1e11))
+    assert step_time(heavy, this_host).total_s == pytest.approx(5e-3 + 5e-3 + 0.1 + 0.2 + 10e-6, rel=0.05)
+
+
+def test_an_interpolated_description_keeps_the_smaller_issue_time_of_its_two() -> None:
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward"],
+            "module": ["m"],
+            "op": ["aten.mm"],
+            "family": ["matmul"],
+            "dtype": ["float32"],
+            "flops": [1e6],
+            "bytes": [0.0],
+            "calls": [1.0],
+            "zeros": [0.0],
+            "rows": [0.0],
+            "kind": [""],
+        }
+    )
+    small = StepGraph("toy", 2, ops, 0, {}, 0, 0, 0, issue_s={"forward": 3e-3, "backward": 9e-3})
+    large = dataclasses.replace(small, batch_size=8, ops=ops.assign(flops=[4e6]), issue_s={"forward": 5e-3})
+    between = small.at_batch(large, 4)
+    assert between.ops["flops"].tolist() == pytest.approx([2e6])
+    assert between.issue_s == {"forward": 3e-3}  # backward measured once only: not kept
+    assert StepGraph.from_dict(between.to_dict()).issue_s == between.issue_s
 
 
 def test_zero_operands_cost_what_the_machine_says_per_zero() -> None:

@@ -76,6 +76,9 @@ class ComputeOptions:
     zero_operands: bool = True
     replay_kernels: bool = True
     per_element: bool = True
+    #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
+    #: rather than the calibrated per-call costs alone.
+    measured_issue: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -240,6 +243,20 @@ def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = Comp
     )
 
 
+def scaled_to_issue(host_s: np.ndarray, phases: np.ndarray, issue_s: dict[str, float]) -> np.ndarray:
+    """Each row's host seconds ``host_s`` scaled so that each phase's add up to the seconds the
+    description measured the host issue it in (``StepGraph.issue_s``; a phase not measured, or
+    charged nothing, keeps its rows' seconds): the calls' costs give the order and the shares, the
+    measurement the model's own code between the calls."""
+    scaled = host_s.copy()
+    for phase, seconds in issue_s.items():
+        mask = phases == phase
+        charged = float(host_s[mask].sum())
+        if charged > 0:
+            scaled[mask] *= seconds / charged
+    return scaled
+
+
 def queued_step(graph: StepGraph, machine: Machine, times: pd.DataFrame, options: ComputeOptions) -> StepTime:
     """The step of an asynchronous device (:func:`queued_end`): the batch's copy, then every row in
     the description's order. A kernel call costs the host the machine's per-call overhead
@@ -255,6 +272,9 @@ def queued_step(graph: StepGraph, machine: Machine, times: pd.DataFrame, options
     keys = times["family"].astype(str) + "/" + times["phase"].astype(str)
     extra = keys.map(machine.host_call_s).fillna(0.0).to_numpy(float) if options.overhead else 0.0
     host = dispatch + extra
+    phases = times["phase"].to_numpy(str)
+    if options.overhead and options.measured_issue and machine.stream_device:
+        host = scaled_to_issue(host * calls, phases, graph.issue_s) / calls
     # A replay timed the whole kernel; the roofline's rows are net of a kernel's floor (the zoo's times).
     floor = np.where(times["replayed"].to_numpy(bool), 0.0, machine.kernel_s)
     device = np.where(kernel, times["compute_s"].to_numpy(float) / calls + fixed + floor, 0.0)
@@ -262,7 +282,6 @@ def queued_step(graph: StepGraph, machine: Machine, times: pd.DataFrame, options
     data = data_seconds(graph, machine)
     ends = queued_end(host, device, calls, issued=copy_issued, free=copy_issued + data)
     issued = copy_issued + float((host * calls).sum())
-    phases = times["phase"].to_numpy(str)
     seconds: dict[str, float] = {}
     reached = copy_issued + data
     for phase in ("forward", "backward", "update"):

@@ -28,6 +28,7 @@ from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.perfmodel import workspace
 from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
+from dnnperf.perfmodel.issue import issue_seconds
 from dnnperf.perfmodel.kernels import KernelCalls
 from dnnperf.perfmodel.zeros import ZeroCounts
 from dnnperf.probes.opcount import OpCounter
@@ -126,6 +127,10 @@ class StepGraph:
     #: often (perfmodel/kernels.py): replayed for workspace and, on this host, for time. Empty in older
     #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
     kernels: list[dict[str, Any]] = field(default_factory=list)
+    #: On a GPU of the host that described it: the host seconds each phase of the step takes to issue
+    #: ("forward", "backward", "update"; perfmodel/issue.py). Empty where not measured (a CPU, which
+    #: runs the operators itself, shapes only, older descriptions).
+    issue_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -215,6 +220,13 @@ class StepGraph:
             batch_bytes=lerp(self.batch_bytes, other.batch_bytes),
             layers=layers,
             kernels=[],
+            # The host's work does not grow with the batch; a device a full queue behind makes it
+            # wait, so the smaller of the two measurements is the host's own (perfmodel/issue.py).
+            issue_s={
+                phase: min(seconds, other.issue_s[phase])
+                for phase, seconds in self.issue_s.items()
+                if phase in other.issue_s
+            },
         )
 
 
@@ -666,6 +678,8 @@ def describe_model(
         graph = capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
         if count_faults and first.device.type == "cpu":  # in this process: see perfmodel/faults.py
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
+        if first.device.type == "cuda":
+            graph.issue_s = issue_seconds(step, first.device)
     return graph
 
 
@@ -686,7 +700,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-23"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-24"],
         sort_keys=True,
         default=str,
     )
@@ -751,6 +765,9 @@ def describe_workload(
             f"(micro-batch, with pp): {first}"
         ) from None
     graph.pipeline_layers = pipeline_layers(spec.name, task.model)
+    if torch.device(device).type == "cuda":
+        with put_back(task.model, task.optimizers()):
+            graph.issue_s = issue_seconds(lambda stages: task.step(batch, stages), torch.device(device))
     if count_faults:
         graph.page_faults = workload_faults(spec.name, preset, batch_size)
     store.put(key, graph.to_dict())

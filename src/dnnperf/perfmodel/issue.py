@@ -1,0 +1,62 @@
+"""How long a host takes to issue a training step to its GPU, measured on the step itself.
+
+On a GPU the host queues kernels and goes on; a small network's step is the host's time, and most of
+that is not in the operators' own calls: the model's Python (module calls, reshapes, the glue of a
+transformers block), the autograd engine's walk, the optimizer's loops. The calibrated per-call costs
+(calibrate.fit_host_costs) price a zoo layer's calls; a user's model runs code between them that no
+zoo has. So a description made on a GPU also times the host's side of the step: each phase from its
+start to the return of its last call, nothing synchronised inside, the device idle at the start of
+each step. The host's work does not grow with the batch (the kernels it queues do), so the seconds
+measured at the description's batch hold at any other (perfmodel/compute.py's queued step scales
+the calls' host costs to them). Where the device falls a full queue behind, the host waits and the
+time measured is an upper bound: of two descriptions the smaller is kept (StepGraph.at_batch).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from dnnperf.devices import synchronize
+from dnnperf.workloads.base import Stages, no_stages
+
+
+class _PhaseClock:
+    """A ``stages`` callable that adds up the host seconds spent inside each named phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - started
+
+
+def issue_seconds(
+    step: Callable[[Stages], Any], device: torch.device, warm: int = 3, counted: int = 7
+) -> dict[str, float]:
+    """Host seconds per phase ("forward", "backward", "update") of one step as ``step(stages)`` runs
+    it on ``device``: the median over ``counted`` steps after ``warm`` more, each started on an idle
+    device (synchronised before, not inside)."""
+    for _ in range(warm):
+        step(no_stages)
+        synchronize(device)
+    samples: dict[str, list[float]] = defaultdict(list)
+    for _ in range(counted):
+        clock = _PhaseClock()
+        synchronize(device)
+        step(clock)
+        synchronize(device)
+        for phase, seconds in clock.seconds.items():
+            samples[phase].append(seconds)
+    return {phase: statistics.median(values) for phase, values in samples.items()}
