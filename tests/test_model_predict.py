@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import statistics
 
 import pandas as pd
@@ -629,10 +630,12 @@ def test_the_ddp_calibration_finds_injected_per_step_and_per_parameter_delays(
     assert 0.8 * waited <= slow_param - param <= 1.6 * waited, (slow_param - param, waited)
 
 
-def test_a_convolution_of_few_output_rows_is_priced_at_its_classs_efficiency() -> None:
-    """The same two convolutions on a 2x2 map (4 rows a call) and on a 16x16 one (256): the small
-    ones take their class's efficiency ("pointwise-small", "dense-small"), the large ones their kind's
-    or the phase's; a class the machine lacks falls back to the kind's."""
+def test_a_convolution_of_few_output_rows_is_priced_between_its_classs_and_its_kinds_efficiency() -> None:
+    """The same two convolutions at 4, 256 and 1,024 output rows a call (a 2x2, 16x16 and 32x32 map):
+    at 4 rows they take their class's efficiency ("pointwise-small", "dense-small"), at 1,024 their
+    kind's or the phase's, at 256 the two's geometric mean weighted by where 256 lies between 64 and
+    512 in log rows (1/3 on the class); a class the machine lacks (backward's here) leaves the kind's
+    throughout."""
     from dnnperf.perfmodel.compute import op_times
 
     torch.manual_seed(0)
@@ -645,10 +648,18 @@ def test_a_convolution_of_few_output_rows_is_priced_at_its_classs_efficiency() -
         "convolution/forward/pointwise-small": 0.05,
         "convolution/forward/dense-small": 0.1,
     }
+    w = math.log(512 / 256) / math.log(512 / 64)  # the class's share at 256 rows: 1/3
     expected = {
         2: {("0", "forward"): 0.05, ("0", "backward"): 0.2, ("1", "forward"): 0.1, ("1", "backward"): 0.4},
-        16: {("0", "forward"): 0.25, ("0", "backward"): 0.2, ("1", "forward"): 0.5, ("1", "backward"): 0.4},
+        16: {
+            ("0", "forward"): 0.05**w * 0.25 ** (1 - w),
+            ("0", "backward"): 0.2,
+            ("1", "forward"): 0.1**w * 0.5 ** (1 - w),
+            ("1", "backward"): 0.4,
+        },
+        32: {("0", "forward"): 0.25, ("0", "backward"): 0.2, ("1", "forward"): 0.5, ("1", "backward"): 0.4},
     }
+    assert w == pytest.approx(1 / 3)
     for side, factors in expected.items():
         graph = describe_model(model, torch.randn(1, 8, side, side), name=f"convs{side}")
         plain = op_times(graph, seed002())
@@ -659,6 +670,34 @@ def test_a_convolution_of_few_output_rows_is_priced_at_its_classs_efficiency() -
             for row, base in zip(priced[convs].itertuples(), plain[convs]["compute_s"], strict=True)
         }
         assert found == pytest.approx(factors, rel=1e-9), side
+
+
+def test_the_few_rows_interpolation_spans_the_zoos_few_rows_and_kind_layers() -> None:
+    """FEW_ROWS_AT and MANY_ROWS_AT against the zoo's own convolutions (rows = batch x output pixels,
+    worked out from each layer's shape): the few-rows layers reach FEW_ROWS_AT rows and no more, the
+    pointwise, depthwise and grouped kinds' layers start at MANY_ROWS_AT."""
+    from dnnperf.perfmodel.calibrate import host_zoo
+    from dnnperf.perfmodel.compute import FEW_ROWS, FEW_ROWS_AT, MANY_ROWS_AT
+
+    few, kinds = [], []
+    for layer, shape in host_zoo(
+        torch.device("cpu")
+    ):  # the CPU's zoo, and four layers that are no convolution
+        if not isinstance(layer, nn.Conv2d):
+            continue
+        height, width = (
+            (size + 2 * pad - k) // stride + 1
+            for size, pad, k, stride in zip(
+                shape[2:], layer.padding, layer.kernel_size, layer.stride, strict=True
+            )
+        )
+        rows = shape[0] * height * width
+        if rows < FEW_ROWS:
+            few.append(rows)
+        elif layer.kernel_size == (1, 1) or layer.groups > 1:
+            kinds.append(rows)
+    assert max(few) == FEW_ROWS_AT
+    assert min(kinds) == MANY_ROWS_AT
 
 
 def test_a_convolution_kinds_efficiency_prices_its_calls() -> None:

@@ -79,6 +79,9 @@ class ComputeOptions:
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
     measured_issue: bool = True
+    #: A convolution between FEW_ROWS_AT and MANY_ROWS_AT rows a call priced between its few-rows
+    #: class and its kind (few_rows_weight); False: the class below FEW_ROWS rows, the kind above.
+    few_rows_between: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -125,19 +128,33 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         # and phase, else per family, from calibration microbenchmarks.
         efficiency = machine.efficiency
         kinds = ops["kind"].fillna("").to_numpy(str) if "kind" in ops else np.full(len(ops), "")
+        operators = ops["op"].to_numpy(str)
+        large = np.array(
+            [
+                efficiency.get(f"{f}/{p}/{o}")
+                or (k and efficiency.get(f"{f}/{p}/{k}"))
+                or efficiency.get(f"{f}/{p}", efficiency.get(f, 1.0))
+                for f, p, o, k in zip(families, phases, operators, kinds, strict=True)
+            ]
+        )
+        # A convolution of few output rows a call: between its kind's few-rows class and the kind.
+        small = np.array(
+            [
+                (
+                    f == "convolution"
+                    and f"{f}/{p}/{o}" not in efficiency
+                    and efficiency.get(f"{f}/{p}/{k or 'dense'}-small")
+                )
+                or e
+                for f, p, o, k, e in zip(families, phases, operators, kinds, large, strict=True)
+            ]
+        )
         rows = ops["rows"].to_numpy(float) / calls if "rows" in ops else np.zeros(len(ops))
-        small = [
-            few_rows_class(k, r) if f == "convolution" else ""
-            for f, k, r in zip(families, kinds, rows, strict=True)
-        ]
-        factor = [
-            efficiency.get(f"{f}/{p}/{o}")
-            or (c and efficiency.get(f"{f}/{p}/{c}"))
-            or (k and efficiency.get(f"{f}/{p}/{k}"))
-            or efficiency.get(f"{f}/{p}", efficiency.get(f, 1.0))
-            for f, p, o, k, c in zip(families, phases, ops["op"].to_numpy(str), kinds, small, strict=True)
-        ]
-        roofline = roofline / np.array(factor)
+        between = (
+            few_rows_weight(rows) if options.few_rows_between else ((rows > 0) & (rows < FEW_ROWS)) * 1.0
+        )
+        weight = np.where(families == "convolution", between, 0.0)
+        roofline = roofline / (small**weight * large ** (1.0 - weight))
     if machine.zero_operand_s and options.zero_operands and "zeros" in ops:
         # Kernels that take a slow path on zeros (perfmodel/zeros.py): the calibrated cost of each.
         per_zero = np.array([machine.zero_operand_s.get(o, 0.0) for o in ops["op"].to_numpy(str)])
@@ -213,16 +230,34 @@ def fault_seconds(graph: StepGraph, machine: Machine, options: ComputeOptions = 
     return graph.page_faults * machine.page_fault_s
 
 
-#: Convolutions of fewer output rows a call than this (batch x output pixels: the rows of the matrix
-#: product they amount to) are priced at their own efficiency, their kind's "-small" class: oneDNN's
-#: rate falls steeply below it (a 1x1 convolution of 1,024 channels on this AMD EPYC, one thread: 92
-#: GFLOP/s forward at 1,024 rows, 57 at 64).
+#: The zoo's convolutions of fewer output rows a call than this (batch x output pixels: the rows of
+#: the matrix product they amount to) calibrate their kind's "-small" class: oneDNN's rate falls
+#: steeply at few rows (a 1x1 convolution of 1,024 channels on this AMD EPYC, one thread: 92 GFLOP/s
+#: forward at 1,024 rows, 57 at 64).
 FEW_ROWS = 128
 
 
+#: Between these output rows a call a convolution's efficiency moves from its kind's few-rows class
+#: to its kind's, log-linearly in the rows: the zoo's few-rows layers have at most 64 rows a call,
+#: its kinds' own layers 512 or more (one dense 3x3 at 128), so a call between the two is priced
+#: between their efficiencies rather than by which side of FEW_ROWS it falls.
+FEW_ROWS_AT = 64
+MANY_ROWS_AT = 512
+
+
+def few_rows_weight(rows_per_call: np.ndarray) -> np.ndarray:
+    """The share (in log efficiency) of a convolution's few-rows class in its efficiency: 1 up to
+    FEW_ROWS_AT rows a call, 0 from MANY_ROWS_AT, log-linear between; 0 where the rows are not
+    recorded (0)."""
+    rows = np.asarray(rows_per_call, dtype=float)
+    clipped = np.clip(rows, FEW_ROWS_AT, MANY_ROWS_AT)
+    weight = np.log(MANY_ROWS_AT / clipped) / np.log(MANY_ROWS_AT / FEW_ROWS_AT)
+    return np.where(rows > 0, weight, 0.0)
+
+
 def few_rows_class(kind: str, rows_per_call: float) -> str:
-    """A convolution's efficiency class when it has few output rows a call ("pointwise-small",
-    "dense-small" for a kind of ""); "" otherwise (its kind's, or the phase's efficiency applies)."""
+    """The efficiency class a zoo convolution of few output rows a call calibrates ("pointwise-small",
+    "dense-small" for a kind of ""); "" otherwise (it calibrates its kind's)."""
     return f"{kind or 'dense'}-small" if 0 < rows_per_call < FEW_ROWS else ""
 
 
