@@ -125,6 +125,14 @@ BAD_INPUT = [
     (("bench", "basic_cnn", "--workers", "2"), ("--workers and --data-dir apply to --data disk",)),
     (("hw", "--show", "--quick"), ("--show calibrates nothing",)),
     (("predict", "basic_cnn", "--machine", "a100-ib", "--strategy", "dp", "--schedule", "gpipe"), ("pp's",)),
+    (
+        ("predict", "basic_cnn", "--machine", "a100-ib", "--strategy", "dp", "--no-reshard-after-forward"),
+        ("--reshard-after-forward is fsdp's",),
+    ),
+    (
+        ("validate", "basic_cnn", "--distributed", "dp", "--reshard-after-forward"),
+        ("add --distributed fsdp",),
+    ),
 ]
 
 

@@ -149,6 +149,24 @@ def test_what_fsdp_holds_gathered_follows_backward():
     )
 
 
+def test_what_fsdp_holds_gathered_when_kept_after_forward():
+    """By hand, the same units kept gathered after forward: a unit is whole from its forward until its
+    backward has run, so where backward is at a segment every unit that began at or before it is
+    whole, and the root throughout (the loss included); the gradients as when resharded."""
+    units, sizes = ["a", "b", "c", "d"], [10, 20, 30, 40]
+    modules = ["embed", "a.x", "b", "c.y.z", "d", "head", "(none)"]
+    held = strategies.gathered_in_backward(modules, units, sizes, 100, reshard_after_forward=False)
+    assert held == (
+        (100, 100),
+        (110, 110),
+        (130, 120),
+        (160, 130),
+        (200, 140),
+        (200, 100),
+        (200, 0),
+    )
+
+
 def _group_bytes(workload: str) -> list[int]:
     """By hand: the bytes of each unit fsdp shards (``shard_units``' choice, tested in test_fsdp.py)
     and of the rest (the root), each tied tensor once."""
@@ -183,3 +201,10 @@ def test_fsdp_gathers_every_group_twice_and_reduces_it_once(workload):
         sum(collectives.reduce_scatter(n, 2, scatter_link) for n in sizes)
     )
     assert fsdp.communication_s == pytest.approx(fsdp.detail["allgather_s"] + fsdp.detail["reduce_scatter_s"])
+    # Kept gathered after forward: each group is all-gathered once, for its forward only.
+    kept = predict(workload, machine, 8, "fsdp", preset="tiny", exact=False, reshard_after_forward=False)
+    assert kept.detail["allgather_s"] == pytest.approx(
+        sum(collectives.allgather(n, 2, gather_link) for n in sizes)
+    )
+    assert kept.detail["reduce_scatter_s"] == pytest.approx(fsdp.detail["reduce_scatter_s"])
+    assert kept.memory_bytes > fsdp.memory_bytes

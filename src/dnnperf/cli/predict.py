@@ -70,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--schedule", choices=("gpipe", "1f1b"), help="pipeline schedule (1f1b)")
     parser.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        help="fsdp: each block's parameters freed after its forward and gathered again for backward (yes)",
+    )
+    parser.add_argument(
         "--algorithm",
         default="ring",
         choices=("ring", "rabenseifner", "recursive_doubling", "tree"),
@@ -195,6 +200,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         "micro_batches": args.micro_batches,
         "schedule": args.schedule or "1f1b",
         "algorithm": args.algorithm,
+        "reshard_after_forward": args.reshard_after_forward is not False,
     }
     if args.strategy != "auto":
         chosen: tuple[str, ...] = tuple(dict.fromkeys(n.strip() for n in args.strategy.split(",")))
@@ -202,6 +208,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         chosen = ("single",) if machine.devices == 1 and not axes else ("dp", "pp", "tp")
     if "pp" not in chosen and (args.micro_batches is not None or args.schedule is not None):
         raise UsageError(f"--micro-batches and --schedule are pp's: the strategies are {', '.join(chosen)}")
+    if "fsdp" not in chosen and args.reshard_after_forward is not None:
+        raise UsageError(f"--reshard-after-forward is fsdp's: the strategies are {', '.join(chosen)}")
     if axes:
         with out.progress_fraction("predicting") as update:
             frame = sweep(workload.name, machine, batch, axes, strategies_=chosen, progress=update, **options)
@@ -337,6 +345,12 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         "the profile must be calibrated at one thread, OMP_NUM_THREADS=1 dnnperf hw)",
     )
     parser.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        help="with --distributed fsdp: run and predict fsdp with each block's parameters freed after its "
+        "forward (yes) or kept gathered until its backward (--no-reshard-after-forward)",
+    )
+    parser.add_argument(
         "--link-mbit",
         metavar="100,1000,unshaped",
         help="with --distributed: every configuration once per rate, the 2 ranks in their own network "
@@ -413,11 +427,19 @@ def run_validate(args: argparse.Namespace, out: Output) -> int:
     links = _links(args.link_mbit)
     if links is not None and not strategies:
         raise UsageError("--link-mbit shapes the link between 2 ranks: add --distributed dp,pp,tp")
+    if args.reshard_after_forward is not None and "fsdp" not in strategies:
+        raise UsageError("--reshard-after-forward is fsdp's: add --distributed fsdp")
+    reshard = args.reshard_after_forward is not False
     if links is not None and os.geteuid() != 0:
         raise UsageError("--link-mbit needs root (it creates network namespaces and shapes links with tc)")
     if names and args.memory and strategies:
         frame = validate_memory_distributed(
-            names, batches, strategies, args.preset, out.error if not args.json else None
+            names,
+            batches,
+            strategies,
+            args.preset,
+            out.error if not args.json else None,
+            reshard_after_forward=reshard,
         )
         summary = memory_summary(frame)
         result.memory = [
@@ -425,7 +447,11 @@ def run_validate(args: argparse.Namespace, out: Output) -> int:
             for r in frame.to_dict("records")
             if r["measured_bytes"] == r["measured_bytes"] and r["predicted_bytes"] == r["predicted_bytes"]
         ]
-        document["memory"] = {"rows": frame.to_dict(orient="records"), "summary": summary}
+        document["memory"] = {
+            "rows": frame.to_dict(orient="records"),
+            "summary": summary,
+            "reshard_after_forward": reshard,
+        }
         if not args.json:
             out.print(distributed_memory_table(frame, summary))
     elif names and args.memory:
@@ -578,6 +604,7 @@ def _validate_distributed(
         out.error if not args.json else None,
         links=_links(args.link_mbit),
         processes=args.processes,
+        reshard_after_forward=args.reshard_after_forward is not False,
     )
     ranking = ranking_agrees(frame)
     if not args.json:
@@ -590,6 +617,7 @@ def _validate_distributed(
         "link": machine.collectives,
         "rows": frame.to_dict(orient="records"),
         "ranking": ranking.to_dict(orient="records"),
+        "reshard_after_forward": args.reshard_after_forward is not False,
     }
 
 

@@ -273,6 +273,7 @@ def predict(
     algorithm: str = "ring",
     options: ComputeOptions = DEFAULT_OPTIONS,
     exact: bool = True,
+    reshard_after_forward: bool = True,
 ) -> Prediction:
     """Predict one step of ``source`` (a suite workload's name, a :class:`StepGraph` from
     ``describe_model`` or a :class:`ScalableGraph` of two) on ``machine`` (all its devices for
@@ -320,7 +321,7 @@ def predict(
         detail: dict[str, Any] = {"phases_s": phases}
         if strategy == "fsdp" and devices > 1:
             compute, exposed, sharded, memory = _fully_sharded(
-                graph, times, machine, devices, compute, _units(source, preset)
+                graph, times, machine, devices, compute, _units(source, preset), reshard_after_forward
             )
             detail.update(sharded)
         elif devices > 1:
@@ -633,11 +634,17 @@ def fsdp_host_seconds(graph: StepGraph, times: pd.DataFrame, machine: Machine, u
 
 
 def _fully_sharded(
-    graph: StepGraph, times: pd.DataFrame, machine: Machine, ranks: int, compute: float, units: list[str]
+    graph: StepGraph,
+    times: pd.DataFrame,
+    machine: Machine,
+    ranks: int,
+    compute: float,
+    units: list[str],
+    reshard_after_forward: bool = True,
 ) -> tuple[float, float, dict[str, Any], MemoryEstimate]:
-    """fsdp (ZeRO-3): per unit an all-gather of its parameters before its forward and again before its
-    backward (resharded after forward), a reduce-scatter of its gradients after its backward; the
-    root's gathered once for forward and backward, reduced at the end. Their copies in and out are
+    """fsdp (ZeRO-3): per unit an all-gather of its parameters before its forward and, when resharded
+    after forward, again before its backward, a reduce-scatter of its gradients after its backward;
+    the root's likewise, reduced at the end. Their copies in and out are
     memory passes added to compute, and FSDP's own host work (:func:`fsdp_host_seconds`) too; the
     update runs on 1/ranks of the parameters. On an asynchronous
     device the collectives overlap compute one unit ahead (:func:`strategies.shard_overlap`); on the
@@ -667,8 +674,10 @@ def _fully_sharded(
     # the root, whose reduce-scatter ends the step; every group is gathered again for backward, the
     # root too (dnnperf passes reshard_after_forward to every fully_shard call, so FSDP2 reshards the
     # root after forward as well: its parameters are shards alone at the loss, as measured).
+    # Kept gathered after forward, no group is gathered again: its parameters stay whole until its
+    # backward has run.
     backward_order = [*range(len(sizes) - 1, 0, -1), 0]
-    regather = [gathers[i] for i in backward_order]
+    regather = [gathers[i] if reshard_after_forward else 0.0 for i in backward_order]
     collective_s = sum(gathers) + sum(regather) + sum(scatters)
     if machine.asynchronous:
         exposed = strategies.shard_overlap(forward, gathers, [0.0] * len(sizes)) + strategies.shard_overlap(
@@ -678,14 +687,21 @@ def _fully_sharded(
         exposed = collective_s
     # Copies: each all-gather copies the shard in (read and write n/ranks) and the result out (n); each
     # reduce-scatter copies the gradients in (n) and divides its output (n/ranks).
-    gathered = 2 * sum(sizes)
+    gathered = (2 if reshard_after_forward else 1) * sum(sizes)
     copy_bytes = 2 * (gathered + sum(sizes)) * (1 + 1 / ranks)
     copy_s = _streamed_s(copy_bytes, machine)
     host_s = fsdp_host_seconds(graph, times, machine, len(units))
     sharded = dataclasses.replace(
-        strategies.sharded_memory("fsdp", ranks, unit_bytes, root_bytes, graph.param_bytes),
+        strategies.sharded_memory(
+            "fsdp",
+            ranks,
+            unit_bytes,
+            root_bytes,
+            graph.param_bytes,
+            reshard_after_forward=reshard_after_forward,
+        ),
         gathered_in_backward=strategies.gathered_in_backward(
-            [s.module for s in graph.memory_walk], units, unit_bytes, root_bytes
+            [s.module for s in graph.memory_walk], units, unit_bytes, root_bytes, reshard_after_forward
         ),
     )
     detail = {

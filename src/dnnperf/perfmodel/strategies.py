@@ -328,30 +328,48 @@ class ShardedMemory:
 
 
 def gathered_in_backward(
-    modules: Sequence[str], units: Sequence[str], unit_bytes: Sequence[int], root_bytes: int
+    modules: Sequence[str],
+    units: Sequence[str],
+    unit_bytes: Sequence[int],
+    root_bytes: int,
+    reshard_after_forward: bool = True,
 ) -> tuple[tuple[float, float], ...]:
     """Per memory-walk segment (the module it runs under, forward order), the (parameter, gradient)
-    bytes FSDP2 holds unsharded while backward runs there, every group resharded after forward.
+    bytes FSDP2 holds unsharded while backward runs there.
 
-    Outside the model (the loss: module ``(none)``) nothing is gathered and no gradient made yet: the
-    root's pre-backward all-gather waits for the gradient of the model's output. Inside it, the
-    root's parameters (gathered from then to the end of backward) and gradients (reduce-scattered at
-    the end); in a unit, also that unit's parameters and gradients and the parameters of the unit
-    before it in forward order (FSDP2 prefetches the next all-gather of backward when a unit's
-    backward starts)."""
+    Resharded after forward: outside the model (the loss: module ``(none)``) nothing is gathered and
+    no gradient made yet: the root's pre-backward all-gather waits for the gradient of the model's
+    output. Inside it, the root's parameters (gathered from then to the end of backward) and gradients
+    (reduce-scattered at the end); in a unit, also that unit's parameters and gradients and the
+    parameters of the unit before it in forward order (FSDP2 prefetches the next all-gather of
+    backward when a unit's backward starts).
+
+    Kept gathered after forward: every group is gathered from its forward until its own backward has
+    run (FSDP2 reshards a group after its backward), so at a segment every unit whose forward began
+    there or earlier is still whole, and the root throughout, at the loss too; the gradients as above."""
     owners = _owners(modules, units)
     index = {unit: i for i, unit in enumerate(units)}
+    first: dict[str, int] = {}
+    for k, module in enumerate(modules):
+        if owners.get(module) is not None:
+            first.setdefault(owners[module], k)
     held = []
-    for module in modules:
+    for k, module in enumerate(modules):
+        unit = owners.get(module) if module != "(none)" else None
+        grads = float(root_bytes) + (unit_bytes[index[unit]] if unit is not None else 0)
+        if module == "(none)":
+            grads = 0.0
+        if not reshard_after_forward:
+            whole = sum(unit_bytes[index[u]] for u, start in first.items() if start <= k)
+            held.append((float(root_bytes + whole), grads))
+            continue
         if module == "(none)":
             held.append((0.0, 0.0))
             continue
-        params = grads = float(root_bytes)
-        unit = owners[module]
+        params = float(root_bytes)
         if unit is not None:
             i = index[unit]
             params += unit_bytes[i] + (unit_bytes[i - 1] if i > 0 else 0)
-            grads += unit_bytes[i]
         held.append((params, grads))
     return tuple(held)
 

@@ -271,6 +271,29 @@ def validate_memory(
     return pd.DataFrame(rows)
 
 
+def _predictor(
+    name: str, machine: Machine, batch: int, strategy: str, preset: str, micro_batches: int, reshard: bool
+) -> Callable[[], Any]:
+    """The prediction of one 2-rank configuration, to be made (again) when called."""
+    from dnnperf.perfmodel.predict import predict
+
+    return functools.partial(
+        predict,
+        name,
+        machine,
+        batch,
+        strategy,
+        preset=preset,
+        micro_batches=micro_batches,
+        reshard_after_forward=reshard,
+    )
+
+
+def _reshard_argument(strategy: str, reshard_after_forward: bool) -> list[str]:
+    """The launch's flag for fsdp kept gathered after forward (resharding is FSDP's default here)."""
+    return ["--no-reshard-after-forward"] if strategy == "fsdp" and not reshard_after_forward else []
+
+
 def validate_memory_distributed(
     workloads: Sequence[str],
     batches: Sequence[int],
@@ -278,6 +301,7 @@ def validate_memory_distributed(
     preset: str,
     progress: Callable[[str], None] | None = None,
     micro_batches: int = 4,
+    reshard_after_forward: bool = True,
 ) -> pd.DataFrame:
     """One row per workload x global batch x strategy on 2 local ranks: the model's predicted peak
     memory of one device (``predict(...).memory_bytes``, the heaviest device's) against the memory
@@ -289,7 +313,6 @@ def validate_memory_distributed(
     import tempfile
 
     from dnnperf.perfmodel.machine import preset as machine_preset
-    from dnnperf.perfmodel.predict import predict
 
     # Memory does not depend on the machine's speed: any machine of 2 devices in one node.
     two = dataclasses.replace(machine_preset("a100-ib"), devices_per_node=2, nodes=1)
@@ -301,7 +324,9 @@ def validate_memory_distributed(
                 row.update(measured_bytes=float("nan"), predicted_bytes=float("nan"), error=float("nan"))
                 rows.append(row)
                 try:
-                    made = predict(name, two, batch, strategy, preset=preset, micro_batches=micro_batches)
+                    made = _predictor(
+                        name, two, batch, strategy, preset, micro_batches, reshard_after_forward
+                    )()
                 except UsageError as error:
                     row["reason"] = str(error)
                     continue
@@ -319,6 +344,7 @@ def validate_memory_distributed(
                 ]
                 argv += ["--nproc", "2", "--strategy", strategy, "--microbatches", str(micro_batches)]
                 argv += ["--steps", "1", "--warmup", "1", "--memory", "--json"]
+                argv += _reshard_argument(strategy, reshard_after_forward)
                 with tempfile.TemporaryDirectory(prefix="dnnperf-validate-") as scratch:
                     done = run_child([*argv, "--runs-dir", scratch])
                 if done.returncode != 0:
@@ -374,6 +400,7 @@ def validate_distributed(
     micro_batches: int = 4,
     links: Sequence[float | None] | None = None,
     processes: int = 1,
+    reshard_after_forward: bool = True,
 ) -> pd.DataFrame:
     """One row per workload x global batch x strategy on 2 local ranks (gloo, one thread each): the
     median measured step of ``dnnperf profile --nproc 2`` (a fresh launch, as a user runs it) and the
@@ -396,7 +423,6 @@ def validate_distributed(
     import tempfile
 
     from dnnperf.perfmodel.collective_calibration import shaped_fits
-    from dnnperf.perfmodel.predict import predict
 
     calibrated: dict[float | None, dict[str, dict[str, float]]] = {}
 
@@ -423,13 +449,14 @@ def validate_distributed(
                 for strategy in strategies:
                     row: dict = {"workload": name, "batch": batch, "strategy": strategy}
                     row["link"] = link_label(link)
-                    again = functools.partial(
-                        predict, name, two, batch, strategy, preset=preset, micro_batches=micro_batches
+                    again = _predictor(
+                        name, two, batch, strategy, preset, micro_batches, reshard_after_forward
                     )
                     argv = [sys.executable, "-m", "dnnperf", "profile", name, "--preset", preset]
                     argv += ["-b", str(batch), "--nproc", "2", "--strategy", strategy]
                     argv += ["--steps", str(steps), "--warmup", "3", "--microbatches", str(micro_batches)]
                     argv += ["--runs-dir", "{runs}", "--json"]
+                    argv += _reshard_argument(strategy, reshard_after_forward)
                     if link != LOOPBACK:
                         argv += ["--netns"] + ([] if link is None else ["--link-mbit", f"{link:g}"])
                     planned.append((row, again, argv))
