@@ -510,3 +510,28 @@ def test_a_what_if_keeps_the_devices_operator_stream_but_replays_nothing() -> No
     for axis, value in (("tflops", 10.0), ("memory_gbs", 500.0)):
         changed = gpu.with_axis(axis, value)
         assert changed.replay_device == "" and changed.stream_device == "cuda:0" and changed.asynchronous
+
+
+def test_the_zoo_keeps_each_layers_fastest_pass_so_a_slow_spell_moves_nothing() -> None:
+    """Layers whose timed rows are known: a slow spell (3x every time measured) over the whole first
+    pass, and another over the last layer's second pass, leave what the passes keep equal to the rows
+    of a quiet host, layer by layer and in order."""
+    from dnnperf.perfmodel.calibrate import fastest_passes
+
+    layers = [(object(), (i + 1, 4)) for i in range(4)]
+    quiet = {shape: pd.DataFrame({"op": ["aten.mm"], "measured": [1e-3 * shape[0]]}) for _, shape in layers}
+    calls: list[tuple[int, ...]] = []
+
+    def slow_at_times(layer: object, shape: tuple[int, ...]) -> pd.DataFrame:
+        calls.append(shape)
+        slow = len(calls) <= len(layers) or (len(calls) == 2 * len(layers) and shape == (4, 4))
+        return quiet[shape].assign(measured=quiet[shape]["measured"] * (3.0 if slow else 1.0))
+
+    kept = fastest_passes(layers, slow_at_times, passes=3)
+    assert calls == [shape for _ in range(3) for _, shape in layers]  # interleaved: pass after pass
+    assert [frame["measured"].tolist() for frame in kept] == [
+        quiet[s]["measured"].tolist() for _, s in layers
+    ]
+    # One pass keeps whatever it measured: the slow spell stays.
+    calls.clear()
+    assert fastest_passes(layers, slow_at_times, passes=1)[0]["measured"].tolist() == [3e-3]
