@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from rich.console import Console
 
 from dnnperf.distributed.sharded import shard_units
 from dnnperf.perfmodel import collectives, strategies
 from dnnperf.perfmodel.machine import preset
 from dnnperf.perfmodel.predict import link_for, predict, reduce_scatter_link, sweep
 from dnnperf.perfmodel.whatif import best_per_configuration, crossovers
+from dnnperf.report.terminal import prediction_table
 from dnnperf.workloads import get_workload
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
@@ -208,3 +210,8 @@ def test_fsdp_gathers_every_group_twice_and_reduces_it_once(workload):
     )
     assert kept.detail["reduce_scatter_s"] == pytest.approx(fsdp.detail["reduce_scatter_s"])
     assert kept.memory_bytes > fsdp.memory_bytes
+    assert (fsdp.detail["reshard_after_forward"], kept.detail["reshard_after_forward"]) == (True, False)
+    console = Console(width=200, record=True)
+    console.print(prediction_table([fsdp, kept], {}))
+    shown = [line.split("│")[1].strip() for line in console.export_text().splitlines() if "│" in line]
+    assert shown == ["fsdp", "fsdp kept after forward"]

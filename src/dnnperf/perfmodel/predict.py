@@ -706,6 +706,7 @@ def _fully_sharded(
     )
     detail = {
         "units": len(units),
+        "reshard_after_forward": reshard_after_forward,
         "allgather_s": sum(gathers) + sum(regather),
         "reduce_scatter_s": sum(scatters),
         "fsdp_copy_s": copy_s,

@@ -733,8 +733,9 @@ def prediction_table(predictions: list[Any], refused: dict[str, str], best: Any 
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for p in predictions:
         mark = " (best)" if best is not None and p is best else ""
+        kept = " kept after forward" if p.detail.get("reshard_after_forward") is False else ""
         table.add_row(
-            f"{p.strategy}{mark}",
+            f"{p.strategy}{kept}{mark}",
             str(p.devices),
             f"{p.step_s * 1e3:.3g}",
             milliseconds(p.compute_s),
