@@ -355,21 +355,17 @@ def gathered_in_backward(
             first.setdefault(owners[module], k)
     held = []
     for k, module in enumerate(modules):
-        unit = owners.get(module) if module != "(none)" else None
-        grads = float(root_bytes) + (unit_bytes[index[unit]] if unit is not None else 0)
-        if module == "(none)":
-            grads = 0.0
+        unit = owners[module] if module != "(none)" else None
+        grads = 0.0 if module == "(none)" else float(root_bytes + (unit_bytes[index[unit]] if unit else 0))
         if not reshard_after_forward:
-            whole = sum(unit_bytes[index[u]] for u, start in first.items() if start <= k)
-            held.append((float(root_bytes + whole), grads))
-            continue
-        if module == "(none)":
-            held.append((0.0, 0.0))
-            continue
-        params = float(root_bytes)
-        if unit is not None:
-            i = index[unit]
-            params += unit_bytes[i] + (unit_bytes[i - 1] if i > 0 else 0)
+            params = float(root_bytes + sum(unit_bytes[index[u]] for u, start in first.items() if start <= k))
+        elif module == "(none)":
+            params = 0.0
+        else:
+            params = float(root_bytes)
+            if unit:  # the unit's own parameters and the previous one's, prefetched
+                i = index[unit]
+                params += unit_bytes[i] + (unit_bytes[i - 1] if i > 0 else 0)
         held.append((params, grads))
     return tuple(held)
 
