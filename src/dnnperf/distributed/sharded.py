@@ -22,6 +22,14 @@ rank computes are not exposed and stay in ``forward`` and ``backward``. The root
 FSDP's end-of-backward callback when its inputs need no gradient (token ids, images): that
 reduce-scatter stays in ``backward``.
 
+On the CPU, FSDP's collectives are ``WatchedAllGather`` and ``WatchedReduceScatter`` (installed
+through FSDP's public ``set_custom_all_gather``/``set_custom_reduce_scatter``): the same buffers and
+collectives as FSDP's defaults, told to the memory profiler. gloo's worker thread sometimes drops a
+collective's last reference to its tensors, FSDP's buffers and gloo's own copies, and torch's profiler
+does not see a release made there: each buffer's release is noted (``probes.memory.watch_release``),
+and the copies a synchronous collective makes inside itself end with it
+(``probes.memory.synchronous_collective``).
+
 zero1's ``exchange`` is DDP's (see ``ddp.py``); the parameter broadcast of ``ZeroRedundancyOptimizer``'s
 step is in ``update``.
 """
@@ -30,17 +38,20 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dnnperf.distributed.ddp import DataParallelTask, require_supervised
-from dnnperf.distributed.partition import rebuild_optimizer
+from dnnperf.distributed.partition import device_of, rebuild_optimizer
 from dnnperf.errors import UsageError
 from dnnperf.memsave.policy import find_units
+from dnnperf.probes.memory import synchronous_collective, watch_release
 from dnnperf.workloads.base import Batch, Stages, Task, no_stages
 
 MIXED_PRECISIONS = ("bf16",)
@@ -67,6 +78,60 @@ def shard_units(model: nn.Module) -> list[str]:
         if all(inside(owner, name) for p in params for owner in owners[id(p)]):
             chosen.append(name)
     return chosen
+
+
+def _collective(async_op: bool) -> AbstractContextManager[None]:
+    return nullcontext() if async_op else synchronous_collective()
+
+
+def _watched_buffer(size: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    buffer = torch.empty(*size, dtype=dtype, device=device)  # as FSDP's default allocates
+    watch_release(buffer)
+    return buffer
+
+
+class WatchedAllGather:
+    """FSDP's all-gather as its default runs it (FSDP's ``AllGather`` protocol), its buffer watched."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return _watched_buffer(size, dtype, device)
+
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
+    ) -> Any:
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        with _collective(async_op):
+            return gather(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+class WatchedReduceScatter:
+    """FSDP's reduce-scatter as its default runs it (FSDP's ``ReduceScatter`` protocol), its buffers
+    watched."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return _watched_buffer(size, dtype, device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        with _collective(async_op):
+            return scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
+def watch_collective_buffers(module: nn.Module) -> bool:
+    """Give a CPU ``fully_shard`` module the watched collectives (False where this torch's FSDP has no
+    custom collectives: its buffers' releases on gloo's thread then go unseen)."""
+    if not (hasattr(module, "set_custom_all_gather") and hasattr(module, "set_custom_reduce_scatter")):
+        return False
+    module.set_custom_all_gather(WatchedAllGather())  # type: ignore[operator]
+    module.set_custom_reduce_scatter(WatchedReduceScatter())  # type: ignore[operator]
+    return True
 
 
 class ExposedComm:
@@ -150,6 +215,10 @@ class FullyShardedTask(Task):
         for module in sharded:
             fully_shard(module, **options)
         fully_shard(model, **options)
+        #: Whether FSDP's collective buffers are watched (the CPU: see the module docstring).
+        self.watched = device_of(model).type == "cpu" and all(
+            watch_collective_buffers(m) for m in [*sharded, model]
+        )
         self.model = model
         self.module = model
         # fully_shard replaced every parameter by its DTensor shard: the optimizer follows them.

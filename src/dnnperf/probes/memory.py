@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
@@ -282,6 +283,100 @@ def outside_releases(allocations: list[AllocatorEvent], known: set[int]) -> list
     return found
 
 
+def with_unseen_releases(
+    allocations: list[AllocatorEvent],
+    noted: list[tuple[float, int, int]],
+    collectives: Iterable[tuple[float, float]] = (),
+) -> list[AllocatorEvent]:
+    """The allocator's events with the releases torch's profiler did not see. It reports only what a
+    thread it profiles releases, and a collective's worker thread (gloo's) sometimes drops the last
+    reference to the collective's tensors:
+
+    - a block whose release is ``noted`` ((when, address, bytes): ``watch_release``) is released then;
+    - a block allocated inside a collective that returns once done (``collectives``: (start, end),
+      ``synchronous_collective``) and never released in the trace is the collective's own buffer,
+      released by its end;
+    - a block allocated again at its address with no release between was released by then.
+
+    Each added release lowers the running total of every event after it."""
+    windows = list(collectives)
+    unreleased: list[int] = []  # indices of allocations the trace never releases
+    open_blocks: dict[int, int] = {}  # address -> index of its allocation
+    for index, event in enumerate(allocations):
+        if event.bytes > 0:
+            if event.addr in open_blocks:
+                unreleased.append(open_blocks[event.addr])
+            open_blocks[event.addr] = index
+        else:
+            open_blocks.pop(event.addr, None)
+    unreleased += open_blocks.values()
+    # (when, address, bytes, the allocation's index where known)
+    found: list[tuple[float, int, int, int]] = [(at, address, nbytes, -1) for at, address, nbytes in noted]
+    for index in unreleased:
+        event = allocations[index]
+        ends = [stop for start, stop in windows if start <= event.ts <= stop]
+        if ends:
+            found.append((min(ends), event.addr, event.bytes, index))
+    found.sort()
+
+    held: dict[int, tuple[int, int]] = {}  # address -> (index of its allocation, bytes)
+    unseen = 0  # bytes released without an event so far
+    out: list[AllocatorEvent] = []
+
+    def release(ts: float, address: int) -> None:
+        nonlocal unseen
+        _, nbytes = held.pop(address)
+        unseen += nbytes
+        total = out[-1].total if out else 0
+        out.append(AllocatorEvent(ts, address, -nbytes, total - nbytes))
+
+    def release_found(at: float, address: int, nbytes: int, index: int) -> None:
+        block = held.get(address)
+        if block is not None and block[1] == nbytes and index in (-1, block[0]):
+            release(at, address)
+
+    next_found = 0
+    for index, event in enumerate(allocations):
+        while next_found < len(found) and found[next_found][0] <= event.ts:
+            release_found(*found[next_found])
+            next_found += 1
+        if event.bytes > 0 and event.addr in held:
+            release(event.ts, event.addr)
+        if event.bytes > 0:
+            held[event.addr] = (index, event.bytes)
+        else:
+            held.pop(event.addr, None)
+        out.append(replace(event, total=event.total - unseen))
+    for entry in found[next_found:]:
+        release_found(*entry)
+    return out
+
+
+#: The trackers now tracking a step (``watch_release`` and ``synchronous_collective`` tell each).
+_TRACKING: list[MemoryTracker] = []
+
+
+def watch_release(tensor: torch.Tensor) -> None:
+    """Note when ``tensor``'s storage is released, on whichever thread drops its last reference, for
+    the CPU step being tracked (what a collective's worker thread frees, the profiler does not see).
+    Nothing happens while no step is tracked."""
+    for tracker in _TRACKING:
+        tracker.watch(tensor)
+
+
+@contextmanager
+def synchronous_collective() -> Iterator[None]:
+    """Around a collective that returns once it is done: the buffers it allocates inside itself and
+    the trace never sees released were released by its end (by its worker thread, unseen)."""
+    trackers = list(_TRACKING)
+    starts = [tracker.now() for tracker in trackers]
+    try:
+        yield
+    finally:
+        for tracker, start in zip(trackers, starts, strict=True):
+            tracker.collectives.append((start, tracker.now()))
+
+
 @dataclass
 class StepTrace:
     """What the profiler saw of one step, on the step's own clock (seconds from its start): the
@@ -523,6 +618,11 @@ class MemoryTracker:
         # profiler reports no release of a block allocated before it started.
         self._released: list[tuple[float, str, int, int]] = []
         self._finalizers: list[weakref.finalize] = []
+        # Storages released on a thread other than the step's (watch_release): (time, address, bytes).
+        self._released_elsewhere: list[tuple[float, int, int]] = []
+        #: Synchronous collectives run in the step: (start, end) (see synchronous_collective).
+        self.collectives: list[tuple[float, float]] = []
+        self._thread = threading.get_ident()
         self._hooks: list[Any] = []
         self._saved_hooks: Any = None
         self._counters = CacheCounters()
@@ -544,13 +644,14 @@ class MemoryTracker:
         """A stage begins now (the update: the gradients it will read are named as such)."""
         self._mark(stage)
         if stage == "update":
-            self._gradients_at_update.append((self._now(), _addresses(self._grads())))
+            self._gradients_at_update.append((self.now(), _addresses(self._grads())))
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """Seconds since the tracked step began."""
         return time.perf_counter() - self._start
 
     def _mark(self, stage: str) -> None:
-        self._stages.append((self._now(), stage))
+        self._stages.append((self.now(), stage))
         record_moment(f"s{len(self._stages) - 1}")
 
     # -- context -------------------------------------------------------------------------------------
@@ -585,6 +686,8 @@ class MemoryTracker:
             self._watch_releases(before)
             del before  # its lists would keep every tensor from before the step alive
             self._start = time.perf_counter()
+            self._thread = threading.get_ident()
+            _TRACKING.append(self)
             self._allocator = AllocatorEvents(self.device, self._start).__enter__()
         except BaseException:
             self._remove()
@@ -593,7 +696,7 @@ class MemoryTracker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        end = self._now()
+        end = self.now()
         # The resident figures end with the step: stopping the profiler and reading its trace back (a
         # JSON of every event) is Python memory too, and on an op-heavy step dwarfs the step's own
         # (WGAN-GP at `small`: the peak rose from 26 to 53 MiB after a 22 MiB step; docs/memory.md).
@@ -628,7 +731,22 @@ class MemoryTracker:
                     self._finalizers.append(released)
 
     def _on_released(self, category: str, nbytes: int, address: int) -> None:
-        self._released.append((self._now(), category, nbytes, address))
+        self._released.append((self.now(), category, nbytes, address))
+
+    def watch(self, tensor: torch.Tensor) -> None:
+        """Note the release of ``tensor``'s storage if it happens on another thread (see watch_release):
+        the profiler reports those on the step's own thread itself. CPU only: CUDA's peak is its
+        caching allocator's, which sees every thread."""
+        if self.device.type != "cpu" or not on_device(tensor, self.device):
+            return
+        storage = tensor.untyped_storage()
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes > 0:
+            self._finalizers.append(weakref.finalize(storage, self._on_released_elsewhere, address, nbytes))
+
+    def _on_released_elsewhere(self, address: int, nbytes: int) -> None:
+        if threading.get_ident() != self._thread:
+            self._released_elsewhere.append((self.now(), address, nbytes))
 
     def _alive_before(self, address: int, t: float) -> bool:
         """Is ``address`` a block from before the step, not released by ``t``?"""
@@ -637,6 +755,8 @@ class MemoryTracker:
         return not any(a == address and at <= t for at, _, _, a in self._released)
 
     def _remove(self) -> None:
+        if self in _TRACKING:
+            _TRACKING.remove(self)
         for finalizer in self._finalizers:
             finalizer.detach()
         self._finalizers.clear()
@@ -652,16 +772,14 @@ class MemoryTracker:
     def _enter_module(self, module: nn.Module, args: Any) -> None:
         name = self._names.get(id(module), type(module).__name__)
         self._module_stack.append(name)
-        self._module_changes.append((self._now(), name))
+        self._module_changes.append((self.now(), name))
         record_moment(f"m{len(self._module_changes) - 1}")
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
         name = self._names.get(id(module), type(module).__name__)
         if name in self._module_stack:  # normally the last entry
             del self._module_stack[len(self._module_stack) - 1 - self._module_stack[::-1].index(name) :]
-        self._module_changes.append(
-            (self._now(), self._module_stack[-1] if self._module_stack else NO_MODULE)
-        )
+        self._module_changes.append((self.now(), self._module_stack[-1] if self._module_stack else NO_MODULE))
         record_moment(f"m{len(self._module_changes) - 1}")
         self._outputs[name] = self._outputs.get(name, 0) + sum(storages(tensors_of(output)).values())
 
@@ -669,7 +787,7 @@ class MemoryTracker:
         if tensor.device.type != "meta":
             storage = tensor.untyped_storage()
             module = self._module_stack[-1] if self._module_stack else NO_MODULE
-            self._saved_storages.append((self._now(), storage.data_ptr(), storage.nbytes(), module))
+            self._saved_storages.append((self.now(), storage.data_ptr(), storage.nbytes(), module))
 
     def _grads(self) -> list[torch.Tensor]:
         return [local(p.grad) for p in self.model.parameters() if p.grad is not None]
@@ -754,6 +872,10 @@ class MemoryTracker:
     def _finish(self, end: float) -> None:
         trace = self._allocator.trace if self._allocator is not None else StepTrace()
         trace = trace.shifted(-self._clock_skew(trace))
+        trace = replace(
+            trace,
+            allocations=with_unseen_releases(trace.allocations, self._released_elsewhere, self.collectives),
+        )
         blocks, events = self._blocks(trace, end)
         # Blocks from before the step whose release the trace did report (CUDA's allocator always
         # does; torch's CPU reporter does for a block it saw allocated in an earlier profiled session):
