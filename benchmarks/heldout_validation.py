@@ -156,12 +156,23 @@ ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
 PER_CALL_HOST = "per-call host costs"
 FEW_ROWS_STEP = "few-rows class below 128 rows"
-VARIANTS = (MODEL, "hw dispatch", "synchronous", ONE_CONVOLUTION, NO_FEW_ROWS, FEW_ROWS_STEP, PER_CALL_HOST)
+NO_REPLAYS = "no replays"
+VARIANTS = (
+    MODEL,
+    "hw dispatch",
+    "synchronous",
+    ONE_CONVOLUTION,
+    NO_FEW_ROWS,
+    FEW_ROWS_STEP,
+    NO_REPLAYS,
+    PER_CALL_HOST,
+)
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
 #: from the calibrated per-call costs alone, not the seconds the description measured it issue.
 OPTIONS = {
     PER_CALL_HOST: ComputeOptions(measured_issue=False),
     FEW_ROWS_STEP: ComputeOptions(few_rows_between=False),
+    NO_REPLAYS: ComputeOptions(replays_between=False),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -305,6 +316,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         model, efficiency={k: v for k, v in model.efficiency.items() if not k.endswith("-small")}
     )
     every[FEW_ROWS_STEP] = model
+    if profile.device_type == "cpu":
+        every[NO_REPLAYS] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

@@ -113,7 +113,9 @@ torch.manual_seed(0)
 task = FullyShardedTask(w.build("tiny", "cpu"), w.name)
 """
 
-SHARDS_WORKER = BASIC_CNN_RANK + """
+SHARDS_WORKER = (
+    BASIC_CNN_RANK
+    + """
 seen = {}
 
 def at_update(optimizer, args, kwargs):
@@ -128,6 +130,7 @@ seen["optimizer_state"] = sum(storages(optimizer_tensors([task.optimizer])).valu
 open(f"{sys.argv[1]}.{rank}", "w").write(json.dumps(seen))
 dist.destroy_process_group()
 """
+)
 
 
 def test_fsdp_ranks_hold_their_shards_to_the_byte(tmp_path):
@@ -223,7 +226,9 @@ def test_a_late_rank_shows_as_its_peers_exposed_exchange(tmp_path):
         assert early[step]["stages"]["forward"] < early[step]["stages"]["exchange"]
 
 
-TRACKED_WORKER = BASIC_CNN_RANK + """
+TRACKED_WORKER = (
+    BASIC_CNN_RANK
+    + """
 source = ShardSource(MemorySource(w.data("tiny"), 8, seed=0), rank, world)
 for _ in range(2):
     task.step(next(source))
@@ -237,6 +242,7 @@ for _ in range(int(sys.argv[2])):
 open(f"{sys.argv[1]}.{rank}", "w").write(json.dumps({"watched": task.watched, "unattributed": steps}))
 dist.destroy_process_group()
 """
+)
 
 
 def test_fsdp_collective_buffers_released_on_gloos_thread_are_not_held_to_the_steps_end(tmp_path):

@@ -254,3 +254,45 @@ def test_tensor_parallel_takes_a_split_convolutions_replay_as_it_is(monkeypatch:
     assert tp.compute_s == pytest.approx(expected)
     halved = times.loc[conv, "compute_s"].sum() / 2 + times.loc[conv, "overhead_s"].sum()
     assert tp.compute_s > halved + times.loc[~conv, "seconds"].sum()
+
+
+def test_an_interpolated_description_takes_its_sources_replays_interpolated(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A convolution whose replay takes an affine time in its batch (injected: 2 ms + 1 ms a sample,
+    whatever the host): described at 6 and 3 and interpolated to 4, its rows take the replays'
+    seconds at 4 exactly (what the exact description at 4 takes from its own replays), and not the
+    roofline; off, or for a what-if machine, the roofline as before. Rows replayed in one source only
+    keep the roofline."""
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+
+    def affine(call: dict, device: str = "cpu") -> kernels.Replay:
+        batch = call["args"][0]["shape"][0]
+        return kernels.Replay(2e-3 + 1e-3 * batch, 0.0)
+
+    monkeypatch.setattr(kernels, "time_call", affine)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(1, 3, 8, 8))
+    loss_fn = lambda m, b: m(b["x"]).square().mean()  # noqa: E731
+    described = {n: describe_model(model, {"x": torch.randn(n, 3, 8, 8)}, loss_fn=loss_fn) for n in (6, 3, 4)}
+    between = described[6].at_batch(described[3], 4)
+    assert [s["batch"] for s in between.kernels_between] == [6, 3] and between.kernels == []
+    here = _machine(replay_device="cpu")
+
+    def convolutions(graph: StepGraph, machine: Machine, **options: bool) -> pd.Series:
+        times = op_times(graph, machine, ComputeOptions(**options))
+        rows = times[times["op"].isin(kernels.REPLAYED_OPS)]
+        return rows.set_index(["phase", "op"])["compute_s"]
+
+    exact = convolutions(described[4], here)
+    interpolated = convolutions(between, here)
+    assert len(exact) >= 2  # forward and backward
+    assert interpolated.to_dict() == pytest.approx(exact.to_dict())
+    assert exact.min() >= 2e-3 + 4e-3  # the injected replay at 4, not a roofline of microseconds
+    off = convolutions(between, here, replays_between=False)
+    elsewhere = convolutions(between, _machine())
+    assert (off < 1e-3).all() and (elsewhere < 1e-3).all()
+    one_source = dataclasses.replace(between, kernels_between=between.kernels_between[:1])
+    assert (convolutions(one_source, here) < 1e-3).all()

@@ -475,14 +475,16 @@ def test_the_split_region_calibration_finds_an_injected_delay(monkeypatch, known
 def test_host_costs_per_call_recover_delays_injected_into_layers(monkeypatch, known_delay) -> None:
     """Layers whose forward spins a known CPU time before its operator: the fit of the layers' issue
     times gives each family's forward the logged delay per call (the operator's own microseconds
-    beside it: 5-10 us here), whether a layer runs one such call or two. The host clock reads this
-    thread's CPU time, so another process's preemption moves nothing."""
+    beside it: 5-10 us on an idle machine; beside another test process the fit came out 4-6% above
+    the logged delay, the two processes' contention being this thread's CPU time too, hence 8%),
+    whether a layer runs one such call or two. The host clock reads this thread's CPU time, so another
+    process's preemption moves nothing."""
     import time
 
     from dnnperf.perfmodel.calibrate import fit_host_costs, host_issue_rows
 
     monkeypatch.setattr(time, "perf_counter", time.thread_time)
-    scale_delay, product_delay = known_delay(300e-6, cpu=True), known_delay(600e-6, cpu=True)
+    scale_delay, product_delay = known_delay(1.5e-3, cpu=True), known_delay(3e-3, cpu=True)
 
     class Scale(nn.Module):
         def __init__(self, times: int) -> None:
@@ -506,8 +508,8 @@ def test_host_costs_per_call_recover_delays_injected_into_layers(monkeypatch, kn
 
     layers = [(Scale(1), (4, 16)), (Scale(2), (4, 16)), (Product(), (4, 16))]
     costs = fit_host_costs(host_issue_rows(layers, torch.device("cpu"), repeats=5))
-    assert costs["elementwise/forward"] == pytest.approx(scale_delay.median(), abs=25e-6)
-    assert costs["matmul/forward"] == pytest.approx(product_delay.median(), abs=25e-6)
+    assert costs["elementwise/forward"] == pytest.approx(scale_delay.median(), rel=0.08)
+    assert costs["matmul/forward"] == pytest.approx(product_delay.median(), rel=0.08)
     assert 0 <= costs["elementwise/backward"] < 100e-6  # nothing injected there
 
 

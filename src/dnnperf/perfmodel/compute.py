@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from dnnperf.perfmodel.graph import StepGraph
-from dnnperf.perfmodel.kernels import replayed_rows
+from dnnperf.perfmodel.kernels import replayed_between, replayed_rows
 from dnnperf.perfmodel.machine import Machine
 
 #: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
@@ -75,6 +75,9 @@ class ComputeOptions:
     update_from_memory: bool = True
     zero_operands: bool = True
     replay_kernels: bool = True
+    #: An interpolated description's rows from its two sources' replays, interpolated to its batch
+    #: (kernels.replayed_between); on the CPU, where it was validated (validation-heldout.md).
+    replays_between: bool = True
     per_element: bool = True
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
@@ -162,10 +165,15 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     kernel = ~np.isin(families, NO_KERNEL)
     fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
     found = np.zeros(len(ops), dtype=bool)
-    if options.replay_kernels and machine.replay_device and graph.kernels:
+    between = options.replays_between and graph.kernels_between and machine.replay_device == "cpu"
+    if options.replay_kernels and machine.replay_device and (graph.kernels or between):
         keys = list(zip(ops["module"], phases, ops["op"], strict=True))
         per_row = dict(zip(keys, ops["calls"], strict=True))
-        replayed = replayed_rows(graph.kernels, per_row, machine.replay_device, machine.page_fault_s)
+        device, fault_s = machine.replay_device, machine.page_fault_s
+        if graph.kernels:
+            replayed = replayed_rows(graph.kernels, per_row, device, fault_s)
+        else:
+            replayed = replayed_between(graph.kernels_between, graph.batch_size, per_row, device, fault_s)
         measured = np.array([replayed.get(key, np.nan) for key in keys])
         found = ~np.isnan(measured)
         roofline = np.where(found, measured, roofline)

@@ -127,6 +127,10 @@ class StepGraph:
     #: often (perfmodel/kernels.py): replayed for workspace and, on this host, for time. Empty in older
     #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
     kernels: list[dict[str, Any]] = field(default_factory=list)
+    #: An interpolated description's two sources' kernels: [{"batch": B, "kernels": [...]}, ...], so
+    #: that on this host a row replayed in both takes the replays' seconds interpolated to its batch
+    #: (kernels.replayed_between). Empty otherwise.
+    kernels_between: list[dict[str, Any]] = field(default_factory=list)
     #: On a GPU of the host that described it: the host seconds each phase of the step takes to issue
     #: ("forward", "backward", "update"; perfmodel/issue.py). Empty where not measured (a CPU, which
     #: runs the operators itself, shapes only, older descriptions).
@@ -220,6 +224,14 @@ class StepGraph:
             batch_bytes=lerp(self.batch_bytes, other.batch_bytes),
             layers=layers,
             kernels=[],
+            kernels_between=(
+                [
+                    {"batch": self.batch_size, "kernels": self.kernels},
+                    {"batch": other.batch_size, "kernels": other.kernels},
+                ]
+                if self.kernels and other.kernels
+                else []
+            ),
             # The host's work does not grow with the batch; a device a full queue behind makes it
             # wait, so the smaller of the two measurements is the host's own (perfmodel/issue.py).
             issue_s={
@@ -792,6 +804,9 @@ def workload_graph(
         graph = describe_workload(workload, preset, batch_size, device, count_faults=count_faults)
         return dataclasses.replace(graph, kernels=[])
     a, b = (
-        describe_workload(workload, preset, size, device, count_faults=count_faults) for size in BASE_BATCHES
+        dataclasses.replace(
+            describe_workload(workload, preset, size, device, count_faults=count_faults), kernels=[]
+        )
+        for size in BASE_BATCHES
     )
     return a.at_batch(b, batch_size)

@@ -342,6 +342,27 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     return [_TIMED[key] for key, _ in keys]
 
 
+def replayed_between(
+    sources: Sequence[Mapping[str, Any]],
+    batch_size: int,
+    calls_per_row: Mapping[tuple[str, str, str], float],
+    device: str,
+    fault_s: float = 0.0,
+) -> dict[tuple[str, str, str], float]:
+    """An interpolated description's rows from its two sources' replays (``StepGraph.kernels_between``):
+    each row replayed whole in both, its seconds interpolated linearly in the batch to ``batch_size``
+    (as the description's FLOPs and bytes are), never below 0."""
+    if len(sources) != 2 or sources[0]["batch"] == sources[1]["batch"]:
+        return {}
+    (a, rows_a), (b, rows_b) = (
+        (float(s["batch"]), replayed_rows(s["kernels"], calls_per_row, device, fault_s)) for s in sources
+    )
+    t = (batch_size - a) / (b - a)
+    return {
+        key: max(value + t * (rows_b[key] - value), 0.0) for key, value in rows_a.items() if key in rows_b
+    }
+
+
 def replayed_rows(
     kernels: Sequence[Mapping[str, Any]],
     calls_per_row: Mapping[tuple[str, str, str], float],
