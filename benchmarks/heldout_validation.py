@@ -114,6 +114,19 @@ FOURTH_MODELS = (
     ("hf:qwen2", "small", (2, 3), "decoder, causal LM (grouped-query attention)"),
     ("hf:pegasus", "small", (2, 3), "encoder-decoder"),
 )
+#: A fifth set, fixed before any of its models was run by this script: held out from the replays of
+#: an interpolated description's convolutions (kernels.replayed_between), chosen on the first set's
+#: mobilenet_v2 and then run on the first five sets.
+FIFTH_MODELS = (
+    ("hf:pp_lcnet", "tiny", (4, 8), "CNN, depthwise separable + hard-swish (PP-LCNet)"),
+    ("hf:donut-swin", "tiny", (4, 8), "windowed vision transformer (Donut's encoder)"),
+    ("hf:data2vec-vision", "small", (4, 8), "vision transformer, relative position bias"),
+    ("hf:ijepa", "small", (4, 8), "vision transformer, no class token"),
+    ("hf:vit_msn", "small", (4, 8), "vision transformer (MSN)"),
+    ("hf:convbert", "small", (2, 3), "encoder, span-based dynamic convolution"),
+    ("hf:ibert", "small", (2, 3), "encoder, masked LM (integer-only BERT, float mode)"),
+    ("hf:nystromformer", "small", (2, 3), "encoder, Nystrom-approximated attention"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -141,6 +154,8 @@ SHAPES_MODELS = tuple(
     for name, preset, _, family in MODELS + FRESH_MODELS + THIRD_MODELS
     if name in _CONVOLUTIONAL
 )
+#: The same models at batch sizes no run had before the replays between descriptions (5 and 10).
+SHAPES_AGAIN_MODELS = tuple((name, preset, (5, 10), family) for name, preset, _, family in SHAPES_MODELS)
 TIMM_MODELS = (
     ("timm:mobilenetv3_small_100", "small", (8, 16), "CNN, inverted residual + hard-swish (timm)"),
     ("timm:convnext_atto", "small", (4, 8), "CNN, depthwise 7x7 + MLP (timm)"),
@@ -450,6 +465,10 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="the second held-out set (FRESH_MODELS)")
     parser.add_argument("--third", action="store_true", help="the third held-out set (THIRD_MODELS)")
     parser.add_argument("--fourth", action="store_true", help="the fourth held-out set (FOURTH_MODELS)")
+    parser.add_argument("--fifth", action="store_true", help="the fifth held-out set (FIFTH_MODELS)")
+    parser.add_argument(
+        "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
+    )
     parser.add_argument(
         "--shapes", action="store_true", help="the CNNs of the first three sets at batches 6 and 12"
     )
@@ -467,10 +486,21 @@ def main() -> None:
         parser.error("--device cuda: this host has no CUDA GPU")
     if args.batch_scale < 1 or args.predictions < 1:
         parser.error("--batch-scale and --predictions must be at least 1")
-    chosen = [flag for flag in ("fresh", "third", "fourth", "shapes") if getattr(args, flag)]
+    chosen = [
+        flag
+        for flag in ("fresh", "third", "fourth", "fifth", "shapes", "shapes_again")
+        if getattr(args, flag)
+    ]
     if len(chosen) > 1:
-        parser.error(f"--{' and --'.join(chosen)}: choose one set")
-    sets = {"fresh": FRESH_MODELS, "third": THIRD_MODELS, "fourth": FOURTH_MODELS, "shapes": SHAPES_MODELS}
+        parser.error(f"--{' and --'.join(c.replace('_', '-') for c in chosen)}: choose one set")
+    sets = {
+        "fresh": FRESH_MODELS,
+        "third": THIRD_MODELS,
+        "fourth": FOURTH_MODELS,
+        "fifth": FIFTH_MODELS,
+        "shapes": SHAPES_MODELS,
+        "shapes_again": SHAPES_AGAIN_MODELS,
+    }
     models = sets[chosen[0]] if chosen else MODELS + (TIMM_MODELS if timm_available() else ())
     if args.models:
         wanted = args.models.split(",")

@@ -217,3 +217,20 @@ def test_the_suite_imports_neither_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_a_classifier_that_returns_no_loss_trains_on_the_cross_entropy_of_its_logits():
+    """PP-LCNet's classifier takes no labels and returns its logits as ``last_hidden_state``: its
+    loss is the cross-entropy of those logits, by hand here, about ln(10) for 10 classes at random
+    weights, and the model trains on it."""
+    library("transformers")
+    workload = get_workload("hf:pp_lcnet")
+    torch.manual_seed(0)
+    task = workload.build("tiny", "cpu")
+    batch = workload.data("tiny").synthesize(4, seed=0)
+    task.model.eval()  # the same forward twice (no dropout, batch norm's running statistics)
+    logits = task.model(pixel_values=batch["image"]).last_hidden_state
+    expected = -torch.log_softmax(logits, dim=1)[torch.arange(4), batch["label"]].mean()
+    assert task.loss_fn(task.model, batch).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert abs(expected.item() - math.log(10)) < 0.5
+    assert_trains(losses_on_a_fixed_batch("hf:pp_lcnet"))

@@ -388,7 +388,15 @@ def _seq2seq_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def _image_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-    return model(pixel_values=batch["image"], labels=batch["label"]).loss
+    output = model(pixel_values=batch["image"], labels=batch["label"])
+    if getattr(output, "loss", None) is not None:
+        return output.loss
+    # A classifier that returns its logits and no loss (PP-LCNet's, as ``last_hidden_state``): the
+    # cross-entropy its labels would have given.
+    logits = output["logits"] if "logits" in output else output[0]
+    if logits.dim() != 2 or logits.shape[0] != batch["label"].shape[0]:
+        raise UsageError(f"{type(model).__name__} returns no loss and no (batch, classes) logits")
+    return nn.functional.cross_entropy(logits, batch["label"])
 
 
 def _hf_task(config: HFConfig | HFImageConfig, device: torch.device) -> Task:
