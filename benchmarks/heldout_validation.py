@@ -6,10 +6,11 @@ For each model x batch size B, in one process at this process's thread count:
 - predicted step and peak memory: ``dnnperf.predict(model, example, loss_fn, optimizer, machine,
   batch_size=B)`` with the example batch at E = 3B/2 (the call describes E and E/2 and interpolates to
   B), on the machine ``dnnperf validate`` calibrates from a ``dnnperf hw`` profile and the model's
-  microbenchmarks. No input is of the configuration predicted: no step at B is described, an
-  interpolated description replays no convolution, and the page faults are those counted in this
-  process at E and E/2, interpolated; on a GPU, the host seconds the descriptions at E and E/2 took
-  to issue their steps (the smaller of the two, perfmodel/issue.py). ``--predictions`` predictions
+  microbenchmarks. No input is of the configuration predicted: no step at B is described, the
+  convolutions replayed are those of the descriptions at E and E/2 (on the CPU, their seconds
+  interpolated to B), and the page faults are those counted in this process at E and E/2,
+  interpolated; on a GPU, the host seconds the descriptions at E and E/2 took to issue their steps
+  (the smaller of the two, perfmodel/issue.py). ``--predictions`` predictions
   (default 3), each from descriptions of its own; the row takes their median and their spread.
 - measured step: the fastest of ``--rounds`` interleaved rounds (each round times ``--steps`` steps of
   every configuration in turn and keeps their median), after ``--warmup`` steps of each.
@@ -164,8 +165,9 @@ TIMM_MODELS = (
 )
 #: The model, and the variants of it the held-out rows also report (those a machine has: "synchronous"
 #: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, every
-#: convolution at its phase's efficiency (no kinds, no few-rows classes), and the kinds without the
-#: few-rows classes.
+#: convolution at its phase's efficiency (no kinds, no few-rows classes), the kinds without the
+#: few-rows classes, the few-rows classes without the interpolation to the kind, and (on the CPU) the
+#: convolutions priced by the zoo's efficiencies instead of the descriptions' replays.
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -426,9 +428,7 @@ def markdown(document: dict[str, Any]) -> str:
         "| figures | what | rows | median abs error | max abs error | median signed error | inputs |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
-    held_out = (
-        "third-party models; described at other batches (interpolated), no replay, faults of other batches"
-    )
+    held_out = "third-party models; described at other batches (interpolated), with their replays and faults"
     for what, key in (("step time", "step"), ("memory", "memory")):
         s = document["summary"][key]
         lines.append(

@@ -165,7 +165,7 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     kernel = ~np.isin(families, NO_KERNEL)
     fixed = np.array([machine.call_s.get(f"{f}/{p}", 0.0) for f, p in zip(families, phases, strict=True)])
     found = np.zeros(len(ops), dtype=bool)
-    between = options.replays_between and graph.kernels_between and machine.replay_device == "cpu"
+    between = bool(options.replays_between and graph.kernels_between and machine.replay_device == "cpu")
     if options.replay_kernels and machine.replay_device and (graph.kernels or between):
         keys = list(zip(ops["module"], phases, ops["op"], strict=True))
         per_row = dict(zip(keys, ops["calls"], strict=True))
