@@ -84,17 +84,17 @@ def _collective(async_op: bool) -> AbstractContextManager[None]:
     return nullcontext() if async_op else synchronous_collective()
 
 
-def _watched_buffer(size: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    buffer = torch.empty(*size, dtype=dtype, device=device)  # as FSDP's default allocates
-    watch_release(buffer)
-    return buffer
-
-
-class WatchedAllGather:
-    """FSDP's all-gather as its default runs it (FSDP's ``AllGather`` protocol), its buffer watched."""
+class _WatchedBuffers:
+    """FSDP's ``Comm.allocate`` as its default allocates, each buffer watched (``watch_release``)."""
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return _watched_buffer(size, dtype, device)
+        buffer = torch.empty(*size, dtype=dtype, device=device)
+        watch_release(buffer)
+        return buffer
+
+
+class WatchedAllGather(_WatchedBuffers):
+    """FSDP's all-gather as its default runs it (FSDP's ``AllGather`` protocol), its buffer watched."""
 
     def __call__(
         self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool = False
@@ -104,12 +104,9 @@ class WatchedAllGather:
             return gather(output_tensor, input_tensor, group=group, async_op=async_op)
 
 
-class WatchedReduceScatter:
+class WatchedReduceScatter(_WatchedBuffers):
     """FSDP's reduce-scatter as its default runs it (FSDP's ``ReduceScatter`` protocol), its buffers
     watched."""
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return _watched_buffer(size, dtype, device)
 
     def __call__(
         self,
