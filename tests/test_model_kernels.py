@@ -19,7 +19,7 @@ from torch import nn
 from dnnperf.perfmodel import kernels
 from dnnperf.perfmodel.compute import ComputeOptions, op_times
 from dnnperf.perfmodel.graph import StepGraph, describe_model
-from dnnperf.perfmodel.machine import Machine
+from dnnperf.perfmodel.machine import Curve, Machine
 from test_model_formulas import _machine as toy_machine
 
 SLEEP_S = 0.004
@@ -283,7 +283,7 @@ def test_an_interpolated_description_takes_its_sources_replays_interpolated(
 
     def convolutions(graph: StepGraph, machine: Machine, **options: bool) -> pd.Series:
         times = op_times(graph, machine, ComputeOptions(**options))
-        rows = times[times["op"].isin(kernels.REPLAYED_OPS)]
+        rows = times[times["op"].isin(kernels.CONVOLUTION_OPS)]
         return rows.set_index(["phase", "op"])["compute_s"]
 
     exact = convolutions(described[4], here)
@@ -296,3 +296,53 @@ def test_an_interpolated_description_takes_its_sources_replays_interpolated(
     assert (off < 1e-3).all() and (elsewhere < 1e-3).all()
     one_source = dataclasses.replace(between, kernels_between=between.kernels_between[:1])
     assert (convolutions(one_source, here) < 1e-3).all()
+
+
+def test_a_product_s_flops_from_its_signature() -> None:
+    """2 x rows x inner x columns, times a bmm's batch; an addmm's bias does not count."""
+    a, b = torch.randn(3, 5), torch.randn(5, 7)
+    assert kernels.product_flops(kernels.signature("aten.mm", [a, b])) == 2 * 3 * 5 * 7
+    assert kernels.product_flops(kernels.signature("aten.addmm", [torch.randn(7), a, b])) == 2 * 3 * 5 * 7
+    batched = kernels.signature("aten.bmm", [torch.randn(4, 3, 5), torch.randn(4, 5, 7)])
+    assert kernels.product_flops(batched) == 4 * 2 * 3 * 5 * 7
+    assert kernels.product_flops({"op": "aten.mm", "args": [1.0]}) == math.inf
+
+
+@pytest.mark.parametrize("injected_s", [5e-3, 1e-9])
+def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, injected_s: float
+) -> None:
+    """A linear layer's products (addmm forward, mm backward) replayed at an injected time: 5 ms a call
+    (thousands of times the toy roofline of a 16x16 product) is taken as the rows' seconds; 1 ns a call
+    (faster than the roofline) leaves the roofline. So does a machine whose matmul curve starts at the
+    smallest product's FLOPs, a GPU machine, and the option off."""
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "time_call", lambda call, device="cpu": kernels.Replay(injected_s, 0.0))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    loss_fn = lambda m, b: m(b["x"]).square().mean()  # noqa: E731
+    graph = describe_model(model, {"x": torch.randn(4, 16)}, loss_fn=loss_fn, count_faults=False)
+    assert {k["call"]["op"] for k in graph.kernels} >= {"aten.addmm", "aten.mm"}
+    flops = [kernels.product_flops(k["call"]) for k in graph.kernels]
+    assert max(flops) == 2 * 4 * 16 * 16 and min(flops) == 2 * 4 * 16 * 1
+
+    def products(starts_at: float, replay_device: str = "cpu", **options: bool) -> pd.DataFrame:
+        curve = Curve(sizes=(starts_at, 1e12), rates=(1e9, 1e9))
+        machine = _machine(replay_device=replay_device, compute_curves={"matmul": curve})
+        times = op_times(graph, machine, ComputeOptions(**options))
+        return times[times["op"].isin(kernels.MATRIX_OPS)]
+
+    roofline = products(1e6, replay_kernels=False)
+    assert len(roofline) >= 3 and (roofline["compute_s"] < 1e-4).all()
+    replayed = products(1e6)
+    if injected_s > 1e-3:
+        assert replayed["replayed"].all()
+        expected = roofline["calls"].to_numpy(float) * injected_s
+        assert replayed["compute_s"].to_numpy() == pytest.approx(expected)
+    else:
+        assert not replayed["replayed"].any()
+        assert replayed["compute_s"].to_numpy() == pytest.approx(roofline["compute_s"].to_numpy())
+    for kept in (products(min(flops)), products(1e6, "cuda"), products(1e6, replay_matrix_products=False)):
+        assert not kept["replayed"].any()
+        assert kept["compute_s"].to_numpy() == pytest.approx(roofline["compute_s"].to_numpy())

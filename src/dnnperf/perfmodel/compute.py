@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from dnnperf.perfmodel.graph import StepGraph
-from dnnperf.perfmodel.kernels import replayed_between, replayed_rows
+from dnnperf.perfmodel.kernels import MATRIX_OPS, replayed_between, replayed_rows
 from dnnperf.perfmodel.machine import Machine
 
 #: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
@@ -78,6 +78,9 @@ class ComputeOptions:
     #: An interpolated description's rows from its two sources' replays, interpolated to its batch
     #: (kernels.replayed_between); on the CPU, where it was validated (validation-heldout.md).
     replays_between: bool = True
+    #: On a CPU, a matrix product's replay where slower than its roofline, for products smaller than
+    #: the calibrated matmul curve's first size (kernels.MATRIX_OPS).
+    replay_matrix_products: bool = True
     per_element: bool = True
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
@@ -170,12 +173,19 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         keys = list(zip(ops["module"], phases, ops["op"], strict=True))
         per_row = dict(zip(keys, ops["calls"], strict=True))
         device, fault_s = machine.replay_device, machine.page_fault_s
+        # Matrix products smaller than the calibrated curve's first size (kernels.MATRIX_OPS).
+        matmul = [c.sizes[0] for n, c in curves.items() if n.split("/")[0] == "matmul"]
+        below = min(matmul) if matmul and options.replay_matrix_products else 0.0
         if graph.kernels:
-            replayed = replayed_rows(graph.kernels, per_row, device, fault_s)
+            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below)
         else:
-            replayed = replayed_between(graph.kernels_between, graph.batch_size, per_row, device, fault_s)
+            replayed = replayed_between(
+                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below
+            )
         measured = np.array([replayed.get(key, np.nan) for key in keys])
         found = ~np.isnan(measured)
+        # A matrix product's replay only raises its price.
+        found &= ~(ops["op"].isin(MATRIX_OPS).to_numpy() & (measured < roofline))
         roofline = np.where(found, measured, roofline)
         fixed = np.where(found, 0.0, fixed)
     overhead = calls * (machine.dispatch_s + fixed) * kernel if options.overhead else np.zeros(len(ops))

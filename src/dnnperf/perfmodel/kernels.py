@@ -1,5 +1,5 @@
-"""Library kernels replayed in isolation: a description's distinct convolution calls, as plain data,
-run again on random operands of the same shapes, strides and dtypes.
+"""Library kernels replayed in isolation: a description's distinct convolution and matrix-product calls,
+as plain data, run again on random operands of the same shapes, strides and dtypes.
 
 Two parts of the model stand on these replays:
 
@@ -10,7 +10,8 @@ Two parts of the model stand on these replays:
   critic's gradient penalty runs double-backward convolutions, and its step was predicted 26% short.
   So on a machine that *is* this host's device (a calibrated profile: ``Machine.replay_device``), each
   distinct convolution call of the step is timed once in isolation and its median replaces the
-  roofline of the rows whose every call was replayed.
+  roofline of the rows whose every call was replayed. On a CPU each distinct matrix product is too,
+  and its rows take the slower of the replay and the roofline (:data:`MATRIX_OPS`).
 
 A replay evicts the core's private caches before each timed call and leaves the last level alone: in a
 step, a convolution's operands were last touched some layers earlier, and the small presets' working
@@ -38,9 +39,18 @@ import torch
 
 from dnnperf.devices import current
 
-#: Operators replayed: convolutions forward and backward (and the forward convolutions a double
-#: backward runs), the kernels whose cost depends on more than their FLOPs and bytes.
-REPLAYED_OPS = ("aten.convolution", "aten.convolution_backward")
+#: Convolutions forward and backward (and the forward convolutions a double backward runs): replayed
+#: for workspace and for time, the kernels whose cost depends on more than their FLOPs and bytes.
+CONVOLUTION_OPS = ("aten.convolution", "aten.convolution_backward")
+#: Matrix products: replayed for time on a CPU where a call is smaller than the machine's calibrated
+#: matmul curve starts (this host's: square products of 268 MFLOP), which prices it at its smallest
+#: size's rate. Replayed, such calls run several times slower than that (hf:levit's and hf:swin's
+#: products of 10 kFLOP to 3 MFLOP a call: 1.5-6.5x), while calls of 10-300 MFLOP replay at
+#: 0.87-0.98 of it, their operands warmer in isolation than in a step. So a product's replay only
+#: ever raises its price (compute.op_times). Not on a GPU: not validated there.
+MATRIX_OPS = ("aten.mm", "aten.bmm", "aten.addmm")
+#: Operators a description keeps the distinct calls of.
+REPLAYED_OPS = CONVOLUTION_OPS + MATRIX_OPS
 #: Timed calls per replay (after one untimed call that lets the library set up its caches).
 REPEATS = 5
 #: Bytes written between timed calls where the caches are not known (see flush_bytes).
@@ -342,12 +352,24 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     return [_TIMED[key] for key, _ in keys]
 
 
+def product_flops(call: Mapping[str, Any]) -> float:
+    """A matrix product's FLOPs from its signature (its last two tensors are the factors; a bmm's
+    first dimension is its batch); infinite where they are not there."""
+    shapes = [value["shape"] for value in call["args"] if isinstance(value, dict)]
+    if len(shapes) < 2 or len(shapes[-2]) < 2 or not shapes[-1]:
+        return math.inf
+    left, right = shapes[-2], shapes[-1]
+    batch = math.prod(left[:-2])
+    return 2.0 * batch * left[-2] * left[-1] * right[-1]
+
+
 def replayed_between(
     sources: Sequence[Mapping[str, Any]],
     batch_size: int,
     calls_per_row: Mapping[tuple[str, str, str], float],
     device: str,
     fault_s: float = 0.0,
+    products_below: float = 0.0,
 ) -> dict[tuple[str, str, str], float]:
     """An interpolated description's rows from its two sources' replays (``StepGraph.kernels_between``):
     each row replayed whole in both, its seconds interpolated linearly in the batch to ``batch_size``
@@ -355,7 +377,8 @@ def replayed_between(
     if len(sources) != 2 or sources[0]["batch"] == sources[1]["batch"]:
         return {}
     (a, rows_a), (b, rows_b) = (
-        (float(s["batch"]), replayed_rows(s["kernels"], calls_per_row, device, fault_s)) for s in sources
+        (float(s["batch"]), replayed_rows(s["kernels"], calls_per_row, device, fault_s, products_below))
+        for s in sources
     )
     t = (batch_size - a) / (b - a)
     return {
@@ -368,10 +391,20 @@ def replayed_rows(
     calls_per_row: Mapping[tuple[str, str, str], float],
     device: str,
     fault_s: float = 0.0,
+    products_below: float = 0.0,
 ) -> dict[tuple[str, str, str], float]:
     """(module, phase, operator) -> the step's seconds in that row from replays, for the rows whose
     every call (``calls_per_row``, the description's count) was replayed; each replay's page faults
-    at ``fault_s`` apiece taken off (the step's are charged apart)."""
+    at ``fault_s`` apiece taken off (the step's are charged apart). Matrix products only on a CPU
+    and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`)."""
+    cpu = device.startswith("cpu")
+    kernels = [
+        k
+        for k in kernels
+        if k["call"]["op"] not in MATRIX_OPS or (cpu and product_flops(k["call"]) < products_below)
+    ]
+    if not kernels:
+        return {}
     total: dict[tuple[str, str, str], float] = {}
     counted: dict[tuple[str, str, str], int] = {}
     for kernel, replay in zip(kernels, replays([k["call"] for k in kernels], device), strict=True):

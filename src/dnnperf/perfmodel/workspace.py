@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dnnperf.perfmodel.kernels import operands, resolve
+from dnnperf.perfmodel.kernels import CONVOLUTION_OPS, operands, resolve
 from dnnperf.probes.opcount import tensors_of
 
 
@@ -65,7 +65,11 @@ def _measure_one(call: Mapping[str, Any], device: torch.device) -> int:
 def per_module(kernels: Sequence[Mapping[str, Any]], device: torch.device | str = "cpu") -> dict[str, int]:
     """Module -> the largest workspace of the calls it makes in backward (``StepGraph.kernels``'
     entries), measured now. Only backward is walked: the memory estimate's peak is there."""
-    backward = [k for k in kernels if any(row[1] == "backward" for row in k["rows"])]
+    backward = [
+        k
+        for k in kernels
+        if k["call"]["op"] in CONVOLUTION_OPS and any(row[1] == "backward" for row in k["rows"])
+    ]
     largest: dict[str, int] = {}
     for nbytes, kernel in zip(measure([k["call"] for k in backward], device), backward, strict=True):
         for module, phase, _, _ in kernel["rows"]:
