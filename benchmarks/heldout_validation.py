@@ -326,6 +326,24 @@ def predict_variants(
     }
 
 
+def host_speed(device: str) -> dict[str, float]:
+    """This host's speed now, beside the profile's: a 512x512 float32 product (268 MFLOP, the size the
+    profile's matmul curve starts at) and a 64 MiB copy, the median of 20 calls each. The machine is
+    shared; a slow spell over a whole run moves every measured step and not the calibrated profile."""
+    a = torch.randn(512, 512, device=device)
+    source, target = torch.empty(2**24, device=device), torch.empty(2**24, device=device)
+    timed: dict[str, list[float]] = {"product": [], "copy": []}
+    for _ in range(21):
+        for what, call in (("product", lambda: torch.mm(a, a)), ("copy", lambda: target.copy_(source))):
+            synchronize()
+            start = time.perf_counter()
+            call()
+            synchronize()
+            timed[what].append(time.perf_counter() - start)
+    product, copy = (statistics.median(timed[w][1:]) for w in ("product", "copy"))
+    return {"matmul_flops": 2 * 512**3 / product, "copy_bytes_per_s": 2 * 4 * 2**24 / copy}
+
+
 def device_name(device: str) -> str:
     """The processor (and GPU, where the run used one) the figures were measured on."""
     cpu = f"{environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} thread(s)"
@@ -357,6 +375,14 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
     print(f"calibrated from {args.profile}", file=sys.stderr)
+    curve = model.compute_curves.get("matmul")
+    speed = {
+        "profile": {
+            "matmul_flops": float(curve(2 * 512**3)) if curve else model.peak("float32"),
+            "memory_bandwidth": model.memory_bandwidth,
+        },
+        "start": host_speed(args.device),
+    }
     rows: list[dict[str, Any]] = []
     runs = []
     for name, preset, batches, family in models:
@@ -390,6 +416,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
         row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
     del runs
+    speed["end"] = host_speed(args.device)
     for row in rows:
         row["measured_bytes"] = measured_peak(row["workload"], row["preset"], row["batch"], args.device)
         row["memory_error"] = row["predicted_bytes"] / row["measured_bytes"] - 1
@@ -411,6 +438,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             "batch_scale": args.batch_scale,
         },
         "calibration": calibration,
+        "host_speed": speed,
         # The model's efficiencies (per family, operator, convolution kind and few-rows class).
         "efficiency": model.efficiency,
         "rows": rows,
@@ -430,6 +458,18 @@ def markdown(document: dict[str, Any]) -> str:
         f"{document['machine']}; commit `{document.get('commit', 'unknown')}`; finished "
         f"{document['finished']}; load average " + ", ".join(f"{x:.2f}" for x in document["load_average"]),
         "",
+    ]
+    speed = document.get("host_speed")
+    if speed:
+        profile, start, end = speed["profile"], speed["start"], speed["end"]
+        lines += [
+            f"Host speed: a 512x512 product {start['matmul_flops'] / 1e9:.1f} GFLOP/s before the rows and "
+            f"{end['matmul_flops'] / 1e9:.1f} after (the profile's: {profile['matmul_flops'] / 1e9:.1f}); "
+            f"a 64 MiB copy {start['copy_bytes_per_s'] / 1e9:.1f} and {end['copy_bytes_per_s'] / 1e9:.1f} "
+            f"GB/s read + written (the profile's memory bandwidth: {profile['memory_bandwidth'] / 1e9:.1f}).",
+            "",
+        ]
+    lines += [
         "| model | family | preset | batch | measured ms | predicted ms (spread) | error | measured MiB "
         "| predicted MiB | error |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
