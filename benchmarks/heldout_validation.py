@@ -7,11 +7,11 @@ For each model x batch size B, in one process at this process's thread count:
   batch_size=B)`` with the example batch at E = 3B/2 (the call describes E and E/2 and interpolates to
   B), on the machine ``dnnperf validate`` calibrates from a ``dnnperf hw`` profile and the model's
   microbenchmarks. No input is of the configuration predicted: no step at B is described, the
-  convolutions and matrix products replayed are those of the descriptions at E and E/2 (on the CPU,
-  their seconds interpolated to B; the products' on the CPU only), and the page faults are those
-  counted in this process at E and E/2, interpolated; on a GPU, the host seconds the descriptions at
-  E and E/2 took to issue their steps (the smaller of the two, perfmodel/issue.py). ``--predictions``
-  predictions (default 3), each from descriptions of its own; the row takes their median and their spread.
+  convolutions replayed are those of the descriptions at E and E/2 (on the CPU, their seconds
+  interpolated to B), and the page faults are those counted in this process at E and E/2,
+  interpolated; on a GPU, the host seconds the descriptions at E and E/2 took to issue their steps
+  (the smaller of the two, perfmodel/issue.py). ``--predictions`` predictions (default 3), each from
+  descriptions of its own; the row takes their median and their spread.
 - measured step: the fastest of ``--rounds`` interleaved rounds (each round times ``--steps`` steps of
   every configuration in turn and keeps their median), after ``--warmup`` steps of each.
 - measured peak memory: the memory profiler's peak of one tracked step at B (as ``dnnperf validate
@@ -128,9 +128,9 @@ FIFTH_MODELS = (
     ("hf:ibert", "small", (2, 3), "encoder, masked LM (integer-only BERT, float mode)"),
     ("hf:nystromformer", "small", (2, 3), "encoder, Nystrom-approximated attention"),
 )
-#: A sixth set, fixed before any of its models was run by this script: held out from the replays of
-#: matrix products (kernels.MATRIX_OPS), chosen on hf:levit's, hf:swin's, hf:hiera's and three
-#: transformers' products.
+#: A sixth set, fixed before any of its models was run by this script, to judge the replays of small
+#: matrix products (kernels.MATRIX_OPS; variant "products replayed"), chosen on hf:levit's, hf:swin's,
+#: hf:hiera's and three transformers' products.
 SIXTH_MODELS = (
     ("hf:dinov2_with_registers", "small", (4, 8), "vision transformer with register tokens"),
     ("hf:albert", "small", (2, 3), "encoder, factorised embedding, shared layers"),
@@ -180,15 +180,15 @@ TIMM_MODELS = (
 #: on a GPU): the per-call overhead from ``dnnperf hw``'s dispatch, host and device added, every
 #: convolution at its phase's efficiency (no kinds, no few-rows classes), the kinds without the
 #: few-rows classes, the few-rows classes without the interpolation to the kind, and (on the CPU) the
-#: convolutions and products priced by the zoo's efficiencies instead of the descriptions' replays
-#: ("no replays"), or the products alone by the roofline ("products by the roofline").
+#: convolutions priced by the zoo's efficiencies instead of the descriptions' replays ("no replays"),
+#: and the small matrix products at the slower of their replay and roofline ("products replayed").
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
 PER_CALL_HOST = "per-call host costs"
 FEW_ROWS_STEP = "few-rows class below 128 rows"
 NO_REPLAYS = "no replays"
-PRODUCTS_BY_ROOFLINE = "products by the roofline"
+PRODUCTS_REPLAYED = "products replayed"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -197,7 +197,7 @@ VARIANTS = (
     NO_FEW_ROWS,
     FEW_ROWS_STEP,
     NO_REPLAYS,
-    PRODUCTS_BY_ROOFLINE,
+    PRODUCTS_REPLAYED,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -206,7 +206,7 @@ OPTIONS = {
     PER_CALL_HOST: ComputeOptions(measured_issue=False),
     FEW_ROWS_STEP: ComputeOptions(few_rows_between=False),
     NO_REPLAYS: ComputeOptions(replays_between=False),
-    PRODUCTS_BY_ROOFLINE: ComputeOptions(replay_matrix_products=False),
+    PRODUCTS_REPLAYED: ComputeOptions(replay_matrix_products=True),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -370,7 +370,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     every[FEW_ROWS_STEP] = model
     if profile.device_type == "cpu":
         every[NO_REPLAYS] = model
-        every[PRODUCTS_BY_ROOFLINE] = model
+        every[PRODUCTS_REPLAYED] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

@@ -315,7 +315,7 @@ def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
     """A linear layer's products (addmm forward, mm backward) replayed at an injected time: 5 ms a call
     (thousands of times the toy roofline of a 16x16 product) is taken as the rows' seconds; 1 ns a call
     (faster than the roofline) leaves the roofline. So does a machine whose matmul curve starts at the
-    smallest product's FLOPs, a GPU machine, and the option off."""
+    smallest product's FLOPs, a GPU machine, and the option off (the default)."""
     monkeypatch.setattr(kernels, "_TIMED", {})
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "time_call", lambda call, device="cpu": kernels.Replay(injected_s, 0.0))
@@ -330,7 +330,7 @@ def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
     def products(starts_at: float, replay_device: str = "cpu", **options: bool) -> pd.DataFrame:
         curve = Curve(sizes=(starts_at, 1e12), rates=(1e9, 1e9))
         machine = _machine(replay_device=replay_device, compute_curves={"matmul": curve})
-        times = op_times(graph, machine, ComputeOptions(**options))
+        times = op_times(graph, machine, ComputeOptions(**{"replay_matrix_products": True, **options}))
         return times[times["op"].isin(kernels.MATRIX_OPS)]
 
     roofline = products(1e6, replay_kernels=False)

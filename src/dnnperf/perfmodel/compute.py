@@ -79,8 +79,9 @@ class ComputeOptions:
     #: (kernels.replayed_between); on the CPU, where it was validated (validation-heldout.md).
     replays_between: bool = True
     #: On a CPU, a matrix product's replay where slower than its roofline, for products smaller than
-    #: the calibrated matmul curve's first size (kernels.MATRIX_OPS).
-    replay_matrix_products: bool = True
+    #: the calibrated matmul curve's first size (kernels.MATRIX_OPS). Off: on the held-out sets it
+    #: raised as many rows past their step as it brought up to it (validation-heldout.md).
+    replay_matrix_products: bool = False
     per_element: bool = True
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.

@@ -10,8 +10,8 @@ Two parts of the model stand on these replays:
   critic's gradient penalty runs double-backward convolutions, and its step was predicted 26% short.
   So on a machine that *is* this host's device (a calibrated profile: ``Machine.replay_device``), each
   distinct convolution call of the step is timed once in isolation and its median replaces the
-  roofline of the rows whose every call was replayed. On a CPU each distinct matrix product is too,
-  and its rows take the slower of the replay and the roofline (:data:`MATRIX_OPS`).
+  roofline of the rows whose every call was replayed. On a CPU, where asked, each distinct small
+  matrix product is too, and its rows take the slower of replay and roofline (:data:`MATRIX_OPS`).
 
 A replay evicts the core's private caches before each timed call and leaves the last level alone: in a
 step, a convolution's operands were last touched some layers earlier, and the small presets' working
@@ -42,12 +42,13 @@ from dnnperf.devices import current
 #: Convolutions forward and backward (and the forward convolutions a double backward runs): replayed
 #: for workspace and for time, the kernels whose cost depends on more than their FLOPs and bytes.
 CONVOLUTION_OPS = ("aten.convolution", "aten.convolution_backward")
-#: Matrix products: replayed for time on a CPU where a call is smaller than the machine's calibrated
-#: matmul curve starts (this host's: square products of 268 MFLOP), which prices it at its smallest
-#: size's rate. Replayed, such calls run several times slower than that (hf:levit's and hf:swin's
-#: products of 10 kFLOP to 3 MFLOP a call: 1.5-6.5x), while calls of 10-300 MFLOP replay at
-#: 0.87-0.98 of it, their operands warmer in isolation than in a step. So a product's replay only
-#: ever raises its price (compute.op_times). Not on a GPU: not validated there.
+#: Matrix products: where asked (``ComputeOptions.replay_matrix_products``), replayed for time on a
+#: CPU where a call is smaller than the machine's calibrated matmul curve starts (this host's: square
+#: products of 268 MFLOP), which prices it at its smallest size's rate. Replayed, such calls run
+#: several times slower than that (hf:levit's and hf:swin's products of 10 kFLOP to 3 MFLOP a call:
+#: 1.5-6.5x), while calls of 10-300 MFLOP replay at 0.87-0.98 of it, their operands warmer in
+#: isolation than in a step. So a product's replay only ever raises its price (compute.op_times).
+#: Not on a GPU: not validated there.
 MATRIX_OPS = ("aten.mm", "aten.bmm", "aten.addmm")
 #: Operators a description keeps the distinct calls of.
 REPLAYED_OPS = CONVOLUTION_OPS + MATRIX_OPS
