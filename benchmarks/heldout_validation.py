@@ -43,9 +43,10 @@ from typing import Any
 import torch
 
 from dnnperf import environment
+from dnnperf.calibration.timing import time_samples
 from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
-from dnnperf.hardware import read_profile
+from dnnperf.hardware import bytes_moved, matmul_flops, read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
 from dnnperf.perfmodel.compute import ComputeOptions
 from dnnperf.perfmodel.graph import describe_model
@@ -326,22 +327,28 @@ def predict_variants(
     }
 
 
-def host_speed(device: str) -> dict[str, float]:
+#: The host-speed probe: a square product of the size the profile's matmul curve starts at, and a copy.
+PROBE_SIDE = 512
+PROBE_COPY_BYTES = 64 * 2**20
+
+
+def host_speed(device: str, repeats: int = 20) -> dict[str, float]:
     """This host's speed now, beside the profile's: a 512x512 float32 product (268 MFLOP, the size the
-    profile's matmul curve starts at) and a 64 MiB copy, the median of 20 calls each. The machine is
-    shared; a slow spell over a whole run moves every measured step and not the calibrated profile."""
-    a = torch.randn(512, 512, device=device)
-    source, target = torch.empty(2**24, device=device), torch.empty(2**24, device=device)
-    timed: dict[str, list[float]] = {"product": [], "copy": []}
-    for _ in range(21):
-        for what, call in (("product", lambda: torch.mm(a, a)), ("copy", lambda: target.copy_(source))):
-            synchronize()
-            start = time.perf_counter()
-            call()
-            synchronize()
-            timed[what].append(time.perf_counter() - start)
-    product, copy = (statistics.median(timed[w][1:]) for w in ("product", "copy"))
-    return {"matmul_flops": 2 * 512**3 / product, "copy_bytes_per_s": 2 * 4 * 2**24 / copy}
+    profile's matmul curve starts at) and a 64 MiB copy, the median of ``repeats`` calls each after
+    one untimed. The machine is shared; a slow spell over a whole run moves every measured step and not
+    the calibrated profile."""
+    where = torch.device(device)
+    a = torch.randn(PROBE_SIDE, PROBE_SIDE, device=where)
+    source = torch.empty(PROBE_COPY_BYTES // 4, device=where)
+    target = torch.empty_like(source)
+    seconds = {}
+    for what, call in (("product", lambda: torch.mm(a, a)), ("copy", lambda: target.copy_(source))):
+        call()
+        seconds[what] = statistics.median(time_samples(call, where, calls=1, repeats=repeats))
+    return {
+        "matmul_flops": matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE) / seconds["product"],
+        "copy_bytes_per_s": bytes_moved("copy", PROBE_COPY_BYTES) / seconds["copy"],
+    }
 
 
 def device_name(device: str) -> str:
@@ -378,7 +385,9 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     curve = model.compute_curves.get("matmul")
     speed = {
         "profile": {
-            "matmul_flops": float(curve(2 * 512**3)) if curve else model.peak("float32"),
+            "matmul_flops": float(curve(matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE)))
+            if curve
+            else model.peak("float32"),
             "memory_bandwidth": model.memory_bandwidth,
         },
         "start": host_speed(args.device),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import benchmarks.heldout_validation as heldout
 import pytest
 from benchmarks.heldout_validation import DOCS, IN_SAMPLE, error_summary, markdown, summaries, table_errors
 
@@ -118,3 +119,13 @@ def test_the_validation_pages_in_sample_tables_are_readable():
     exists and its first table has an error column with rows."""
     for _, page, heading, _ in IN_SAMPLE:
         assert len(table_errors((DOCS / page).read_text(), heading)) >= 10, page
+
+
+def test_the_host_speed_is_the_probes_work_over_their_injected_times(monkeypatch: pytest.MonkeyPatch):
+    """Timed calls injected at 2 ms for the product and 8 ms for the copy: 2 x 512^3 FLOP / 2 ms =
+    134.2 GFLOP/s, and 64 MiB read and written / 8 ms = 16.8 GB/s."""
+    injected = iter([[0.002] * 3, [0.008] * 3])
+    monkeypatch.setattr(heldout, "time_samples", lambda *a, **k: next(injected))
+    speed = heldout.host_speed("cpu", repeats=3)
+    assert speed["matmul_flops"] == pytest.approx(2 * 512**3 / 0.002)
+    assert speed["copy_bytes_per_s"] == pytest.approx(2 * 64 * 2**20 / 0.008)

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dnnperf.devices import current
+from dnnperf.hardware import matmul_flops
 
 #: Convolutions forward and backward (and the forward convolutions a double backward runs): replayed
 #: for workspace and for time, the kernels whose cost depends on more than their FLOPs and bytes.
@@ -360,8 +361,7 @@ def product_flops(call: Mapping[str, Any]) -> float:
     if len(shapes) < 2 or len(shapes[-2]) < 2 or not shapes[-1]:
         return math.inf
     left, right = shapes[-2], shapes[-1]
-    batch = math.prod(left[:-2])
-    return 2.0 * batch * left[-2] * left[-1] * right[-1]
+    return float(math.prod(left[:-2]) * matmul_flops(left[-2], left[-1], right[-1]))
 
 
 def replayed_between(
