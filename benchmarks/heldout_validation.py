@@ -48,8 +48,10 @@ from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
 from dnnperf.hardware import bytes_moved, matmul_flops, read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
-from dnnperf.perfmodel.compute import ComputeOptions
+from dnnperf.perfmodel.compute import ComputeOptions, op_times
 from dnnperf.perfmodel.graph import describe_model
+from dnnperf.perfmodel.issue import PhaseClock
+from dnnperf.perfmodel.kernels import MATRIX_OPS
 from dnnperf.perfmodel.machine import Machine
 from dnnperf.perfmodel.predict import Prediction
 from dnnperf.perfmodel.predict import predict as predict_graph
@@ -182,14 +184,20 @@ TIMM_MODELS = (
 #: convolution at its phase's efficiency (no kinds, no few-rows classes), the kinds without the
 #: few-rows classes, the few-rows classes without the interpolation to the kind, and (on the CPU) the
 #: convolutions priced by the zoo's efficiencies instead of the descriptions' replays ("no replays"),
-#: and the small matrix products at the slower of their replay and roofline ("products replayed").
+#: the small matrix products at the slower of their replay and roofline ("products replayed"), the
+#: update's rows at the cache curve at their own bytes rather than the whole update's ("update in
+#: cache"), and both of the last two.
 MODEL = "model"
+#: The phases of a step the rows are measured and predicted by.
+PHASES = ("forward", "backward", "update")
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
 PER_CALL_HOST = "per-call host costs"
 FEW_ROWS_STEP = "few-rows class below 128 rows"
 NO_REPLAYS = "no replays"
 PRODUCTS_REPLAYED = "products replayed"
+UPDATE_IN_CACHE = "update in cache"
+BOTH = "products replayed, update in cache"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -199,6 +207,8 @@ VARIANTS = (
     FEW_ROWS_STEP,
     NO_REPLAYS,
     PRODUCTS_REPLAYED,
+    UPDATE_IN_CACHE,
+    BOTH,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -208,6 +218,8 @@ OPTIONS = {
     FEW_ROWS_STEP: ComputeOptions(few_rows_between=False),
     NO_REPLAYS: ComputeOptions(replays_between=False),
     PRODUCTS_REPLAYED: ComputeOptions(replay_matrix_products=True),
+    UPDATE_IN_CACHE: ComputeOptions(update_from_memory=False),
+    BOTH: ComputeOptions(replay_matrix_products=True, update_from_memory=False),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -288,22 +300,29 @@ def synchronize() -> None:
 
 def measure_steps(
     configurations: Sequence[tuple[Any, dict[str, torch.Tensor]]], warmup: int, rounds: int, steps: int
-) -> list[list[float]]:
-    """Per configuration (task, batch), the median step of each round; the rounds alternate them."""
+) -> list[list[tuple[float, dict[str, float]]]]:
+    """Per configuration (task, batch), each round's median step and, per phase of the step
+    ("forward", "backward", "update", on the host clock), the median of its steps; the rounds
+    alternate the configurations."""
     for task, batch in configurations:
         for _ in range(warmup):
             task.step(batch)
-    medians: list[list[float]] = [[] for _ in configurations]
+    medians: list[list[tuple[float, dict[str, float]]]] = [[] for _ in configurations]
     for _ in range(rounds):
         for index, (task, batch) in enumerate(configurations):
             times = []
+            phases: dict[str, list[float]] = {}
             for _ in range(steps):
+                clock = PhaseClock()
                 synchronize()
                 start = time.perf_counter()
-                task.step(batch)
+                task.step(batch, clock)
                 synchronize()
                 times.append(time.perf_counter() - start)
-            medians[index].append(statistics.median(times))
+                for phase, seconds in clock.seconds.items():
+                    phases.setdefault(phase, []).append(seconds)
+            by_phase = {phase: statistics.median(values) for phase, values in phases.items()}
+            medians[index].append((statistics.median(times), by_phase))
     return medians
 
 
@@ -316,15 +335,33 @@ def measured_peak(name: str, preset: str, batch: int, device: str) -> float:
 
 def predict_variants(
     task: Any, example: dict[str, torch.Tensor], machines: dict[str, Machine], size: int
-) -> dict[str, Prediction]:
+) -> tuple[dict[str, Prediction], float, float]:
     """Each machine's prediction of one step at ``size``, from one pair of descriptions of the model (as
-    ``dnnperf.predict`` makes them)."""
+    ``dnnperf.predict`` makes them), the seconds the model's machine prices the step's matrix products
+    at (``kernels.MATRIX_OPS``, per-call overhead included) and the product calls counted."""
     arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
     graph = scalable(describe_model(task.model, example, **arguments), task.model, example, **arguments)
-    return {
+    predictions = {
         v: predict_graph(graph, m, size, "single", options=OPTIONS.get(v, ComputeOptions()))
         for v, m in machines.items()
     }
+    times = op_times(graph.at(size), machines[MODEL])
+    products = times[times["op"].isin(MATRIX_OPS)]
+    return predictions, float(products["seconds"].sum()), float(products["calls"].sum())
+
+
+#: The profiler's names of the matrix products (kernels.MATRIX_OPS).
+PROFILED_PRODUCTS = tuple(op.replace(".", "::") for op in MATRIX_OPS)
+
+
+def products_in_step(task: Any, batch: dict[str, torch.Tensor], steps: int = 3) -> tuple[float, float]:
+    """Seconds and calls per step of the matrix products as torch's profiler sees them in ``steps`` steps
+    (CPU self time of each product call, its own dispatch included)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            task.step(batch)
+    products = [e for e in profiler.key_averages() if e.key in PROFILED_PRODUCTS]
+    return sum(e.self_cpu_time_total for e in products) * 1e-6 / steps, sum(e.count for e in products) / steps
 
 
 #: The host-speed probe: a square product of the size the profile's matmul curve starts at, and a copy.
@@ -378,6 +415,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     if profile.device_type == "cpu":
         every[NO_REPLAYS] = model
         every[PRODUCTS_REPLAYED] = model
+        every[UPDATE_IN_CACHE] = model
+        every[BOTH] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
@@ -402,7 +441,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             task = workload.build(preset, args.device)
             data = workload.data(preset)
             example = to_device(data.synthesize(size * 3 // 2, seed=1), torch.device(args.device))
-            predictions = [predict_variants(task, example, machines, size) for _ in range(args.predictions)]
+            made = [predict_variants(task, example, machines, size) for _ in range(args.predictions)]
+            predictions = [p for p, _, _ in made]
             steps = [p[MODEL].step_s for p in predictions]
             rows.append(
                 {
@@ -416,12 +456,23 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
                     "predicted_other_s": statistics.median(p[MODEL].other_s for p in predictions),
                     "predicted_bytes": float(predictions[0][MODEL].memory_bytes),
                     "variants_s": {v: statistics.median(p[v].step_s for p in predictions) for v in machines},
+                    "predicted_products_s": statistics.median(products for _, products, _ in made),
+                    "counted_product_calls": made[0][2],
+                    "predicted_phases_s": {
+                        phase: statistics.median(p[MODEL].detail["phases_s"][phase] for p in predictions)
+                        for phase in PHASES
+                    },
                 }
             )
             runs.append((task, to_device(data.synthesize(size, seed=0), torch.device(args.device))))
             print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
     for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
-        row.update(measured_s=min(rounds), measured_rounds_s=rounds)
+        fastest = min(rounds, key=lambda r: r[0])
+        row.update(measured_s=fastest[0], measured_rounds_s=[r[0] for r in rounds])
+        row["measured_phases_s"] = fastest[1]  # the fastest round's, as the step
+    if args.device == "cpu":  # the profiler's CPU times are the products' own only there
+        for row, (task, batch) in zip(rows, runs, strict=True):
+            row["measured_products_s"], row["measured_product_calls"] = products_in_step(task, batch)
         row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
         row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
     del runs
@@ -457,6 +508,18 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     }
 
 
+def phase_error(row: dict[str, Any], phase: str) -> float:
+    """A row's predicted over measured seconds of one phase, less one (NaN where not measured)."""
+    measured = row["measured_phases_s"].get(phase, math.nan)
+    return row["predicted_phases_s"][phase] / measured - 1 if measured > 0 else math.nan
+
+
+def products_error(row: dict[str, Any]) -> float:
+    """A row's priced over profiled seconds of its matrix products, less one (NaN where not profiled)."""
+    measured = row.get("measured_products_s", math.nan)
+    return row.get("predicted_products_s", math.nan) / measured - 1 if measured > 0 else math.nan
+
+
 def _percent(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:+.1%}"
 
@@ -490,6 +553,33 @@ def markdown(document: dict[str, Any]) -> str:
             f"| {r['measured_bytes'] / 2**20:.2f} | {r['predicted_bytes'] / 2**20:.2f} "
             f"| {_percent(r['memory_error'])} |"
         )
+    phased = [r for r in document["rows"] if r.get("measured_phases_s") and r.get("predicted_phases_s")]
+    if phased:
+        lines += [
+            "",
+            "By phase (the fastest round's median step, each phase on the host clock), measured / predicted "
+            "ms and the error:",
+            "",
+            "| model | batch | " + " | ".join(PHASES) + " | matrix products |",
+            "|---|---:|" + "---:|" * (len(PHASES) + 1),
+        ]
+        for r in phased:
+            cells = [
+                f"{r['measured_phases_s'].get(p, math.nan) * 1e3:.1f} / "
+                f"{r['predicted_phases_s'][p] * 1e3:.1f} ({_percent(phase_error(r, p))})"
+                for p in PHASES
+            ]
+            measured = r.get("measured_products_s", math.nan)
+            cells.append(
+                f"{measured * 1e3:.1f} / {r['predicted_products_s'] * 1e3:.1f} "
+                f"({_percent(products_error(r))})"
+                if "predicted_products_s" in r
+                else "n/a"
+            )
+            lines.append(f"| {r['workload']} | {r['batch']} | " + " | ".join(cells) + " |")
+        medians = [error_summary([phase_error(r, p) for r in phased])["median_signed"] for p in PHASES]
+        medians.append(error_summary([products_error(r) for r in phased])["median_signed"])
+        lines.append("| median signed error | | " + " | ".join(_percent(m) for m in medians) + " |")
     lines += [
         "",
         "| figures | what | rows | median abs error | max abs error | median signed error | inputs |",

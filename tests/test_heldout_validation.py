@@ -4,10 +4,14 @@ medians and extremes are known, and its reading of a validation page's error col
 from __future__ import annotations
 
 import math
+import time
 
 import benchmarks.heldout_validation as heldout
 import pytest
+import torch
 from benchmarks.heldout_validation import DOCS, IN_SAMPLE, error_summary, markdown, summaries, table_errors
+
+from dnnperf.workloads.base import no_stages
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
@@ -129,3 +133,63 @@ def test_the_host_speed_is_the_probes_work_over_their_injected_times(monkeypatch
     speed = heldout.host_speed("cpu", repeats=3)
     assert speed["matmul_flops"] == pytest.approx(2 * 512**3 / 0.002)
     assert speed["copy_bytes_per_s"] == pytest.approx(2 * 64 * 2**20 / 0.008)
+
+
+class _StagedTask:
+    """A training step that sleeps known seconds in each phase and multiplies matrices: ``products``
+    calls of ``torch.mm`` and one of ``torch.addmm`` in its forward."""
+
+    def __init__(self, forward_s: float, backward_s: float, update_s: float, products: int = 0) -> None:
+        self.seconds = {"forward": forward_s, "backward": backward_s, "update": update_s}
+        self.products = products
+        self.a = torch.randn(64, 64)
+
+    def step(self, batch: object, stages: object = no_stages) -> None:
+        for phase, seconds in self.seconds.items():
+            with stages(phase):  # type: ignore[operator]
+                time.sleep(seconds)
+                if phase == "forward" and self.products:
+                    for _ in range(self.products):
+                        torch.mm(self.a, self.a)
+                    torch.addmm(self.a, self.a, self.a)
+
+
+def test_the_profiled_products_are_the_steps_mm_and_addmm_calls():
+    """Four torch.mm and one torch.addmm a step: five product calls a step, whatever the steps."""
+    seconds, calls = heldout.products_in_step(_StagedTask(0.0, 0.0, 0.0, products=4), {}, steps=2)
+    assert calls == 5
+    assert seconds > 0
+    assert heldout.products_in_step(_StagedTask(0.0, 0.0, 0.0), {}, steps=2) == (0.0, 0.0)
+
+
+def test_the_markdown_shows_each_phase_and_the_products_measured_against_predicted():
+    row = {
+        "workload": "hf:vit",
+        "family": "vision transformer",
+        "preset": "small",
+        "batch": 4,
+        "measured_s": 0.100,
+        "predicted_s": 0.080,
+        "predicted_spread": 0.0,
+        "step_error": -0.2,
+        "measured_bytes": 2.0 * 2**20,
+        "predicted_bytes": 2.0 * 2**20,
+        "memory_error": 0.0,
+        "measured_phases_s": {"forward": 0.040, "backward": 0.050, "update": 0.010},
+        "predicted_phases_s": {"forward": 0.020, "backward": 0.045, "update": 0.015},
+        "measured_products_s": 0.025,
+        "predicted_products_s": 0.010,
+    }
+    document = {
+        "machine": "cpu",
+        "finished": "now",
+        "load_average": (1.0, 1.0, 1.0),
+        "rows": [row],
+        "summary": summaries([row]),
+        "in_sample": [],
+    }
+    table = markdown(document)
+    # 20/40 - 1 = -50%, 45/50 - 1 = -10%, 15/10 - 1 = +50%; products 10/25 - 1 = -60%.
+    assert "| hf:vit | 4 | 40.0 / 20.0 (-50.0%) | 50.0 / 45.0 (-10.0%) | 10.0 / 15.0 (+50.0%) " in table
+    assert "| 25.0 / 10.0 (-60.0%) |" in table
+    assert "| median signed error | | -50.0% | -10.0% | +50.0% | -60.0% |" in table

@@ -27,7 +27,7 @@ from dnnperf.devices import synchronize
 from dnnperf.workloads.base import Stages, no_stages
 
 
-class _PhaseClock:
+class PhaseClock:
     """A ``stages`` callable that adds up the host seconds spent inside each named phase."""
 
     def __init__(self) -> None:
@@ -53,7 +53,7 @@ def issue_seconds(
         synchronize(device)
     samples: dict[str, list[float]] = defaultdict(list)
     for _ in range(counted):
-        clock = _PhaseClock()
+        clock = PhaseClock()
         synchronize(device)
         step(clock)
         synchronize(device)
