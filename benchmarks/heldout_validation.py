@@ -483,11 +483,11 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         fastest = min(rounds, key=lambda r: r[0])
         row.update(measured_s=fastest[0], measured_rounds_s=[r[0] for r in rounds])
         row["measured_phases_s"] = fastest[1]  # the fastest round's, as the step
+        row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
+        row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
     if args.device == "cpu":  # the profiler's CPU times are the products' own only there
         for row, (task, batch) in zip(rows, runs, strict=True):
             row["measured_products_s"], row["measured_product_calls"] = products_in_step(task, batch)
-        row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
-        row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
     del runs
     speed["end"] = host_speed(args.device)
     for row in rows:
