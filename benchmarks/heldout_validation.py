@@ -339,6 +339,15 @@ def measure_steps(
     return medians
 
 
+def record_rounds(row: dict[str, Any], rounds: Sequence[tuple[float, dict[str, float]]]) -> None:
+    """A row's measured step (its fastest round's), that round's phases, and the errors of the model
+    and its variants against it."""
+    fastest = min(rounds, key=lambda r: r[0])
+    row.update(measured_s=fastest[0], measured_rounds_s=[r[0] for r in rounds], measured_phases_s=fastest[1])
+    row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
+    row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
+
+
 def measured_peak(name: str, preset: str, batch: int, device: str) -> float:
     """The memory profiler's peak of one tracked step (after one warm-up and one plain one)."""
     settings = BenchSettings(name, preset, (batch,), steps=1, warmup=1, device=device, memory=True)
@@ -480,11 +489,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
             runs.append((task, to_device(data.synthesize(size, seed=0), torch.device(args.device))))
             print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
     for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
-        fastest = min(rounds, key=lambda r: r[0])
-        row.update(measured_s=fastest[0], measured_rounds_s=[r[0] for r in rounds])
-        row["measured_phases_s"] = fastest[1]  # the fastest round's, as the step
-        row["step_error"] = row["predicted_s"] / row["measured_s"] - 1
-        row["variant_errors"] = {v: t / row["measured_s"] - 1 for v, t in row["variants_s"].items()}
+        record_rounds(row, rounds)
     if args.device == "cpu":  # the profiler's CPU times are the products' own only there
         for row, (task, batch) in zip(rows, runs, strict=True):
             row["measured_products_s"], row["measured_product_calls"] = products_in_step(task, batch)

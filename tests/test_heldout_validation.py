@@ -193,3 +193,13 @@ def test_the_markdown_shows_each_phase_and_the_products_measured_against_predict
     assert "| hf:vit | 4 | 40.0 / 20.0 (-50.0%) | 50.0 / 45.0 (-10.0%) | 10.0 / 15.0 (+50.0%) " in table
     assert "| 25.0 / 10.0 (-60.0%) |" in table
     assert "| median signed error | | -50.0% | -10.0% | +50.0% | -60.0% |" in table
+
+
+def test_a_row_takes_its_fastest_rounds_step_and_phases_and_the_errors_against_it():
+    row = {"predicted_s": 0.090, "variants_s": {"model": 0.090, "other": 0.120}}
+    rounds = [(0.110, {"forward": 0.05}), (0.100, {"forward": 0.04}), (0.130, {"forward": 0.07})]
+    heldout.record_rounds(row, rounds)
+    assert row["measured_s"] == 0.100 and row["measured_rounds_s"] == [0.110, 0.100, 0.130]
+    assert row["measured_phases_s"] == {"forward": 0.04}
+    assert row["step_error"] == pytest.approx(-0.1)
+    assert row["variant_errors"] == {"model": pytest.approx(-0.1), "other": pytest.approx(0.2)}
