@@ -88,7 +88,11 @@ def test_injected_layer_delays_land_in_their_layer_and_phase(known_delay):
     cover = layers.coverage(profile)
     row = cover["uncovered"].set_index("op").loc["dnnperf_test.spin"]
     assert row["share"] == pytest.approx(row["time_s"] / cover["time_s"])
-    assert row["share"] > 0.5 and cover["covered_share"] == pytest.approx(1 - row["share"])
+    # The spin (4 + 6 ms a step) outlasts every other uncovered operator (microseconds each), however
+    # long a loaded host makes the covered ones (its share of the whole is not asserted: the first
+    # operator-timed step's lazy initialisation can take as long as it).
+    assert cover["uncovered"]["op"].iloc[0] == "dnnperf_test.spin"
+    assert cover["covered_share"] == pytest.approx(1 - cover["uncovered"]["share"].sum())
     # Layers never take more than the step they ran in.
     per_step = sum(layers.layer_times(profile).values())
     assert len(per_step) == profile.steps == 5
