@@ -137,8 +137,14 @@ def test_an_injected_slowdown_of_one_layer_is_flagged(runs):
     row = layers.loc[(LAYER, "forward")]
     assert row["flagged"] and row["change"] == "slower", frame.to_string()
     # What it measured is what was injected: the time the spin logged.
+    # Within half of it, plus what the same layer moved between the two identical runs A and its
+    # repeat (three times that): the machine's own noise on this layer, measured, not assumed.
     spun = float(np.median(runs["spin"].log))
-    assert row["b_median_s"] - row["a_median_s"] * row["common_factor"] == pytest.approx(spun, rel=0.5)
+    excess = row["b_median_s"] - row["a_median_s"] * row["common_factor"]
+    same = compare_runs(runs["a"], runs["repeat"])
+    same = same[same["kind"] == "layer"].set_index(["name", "phase"]).loc[(LAYER, "forward")]
+    noise = abs(same["b_median_s"] - same["a_median_s"] * same["common_factor"])
+    assert abs(excess - spun) <= 0.5 * spun + 3 * noise, (excess, spun, noise)
     # It is the layer that changed most among any flagged.
     changed = frame[frame["flagged"] & (frame["kind"] == "layer")]
     top = changed.loc[changed["excess_rel"].abs().idxmax()]
