@@ -155,6 +155,45 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
     assert op_times(graph, machine, ComputeOptions(overhead=False))["overhead_s"].sum() == 0
 
 
+def test_each_phase_pays_its_own_call_cost_and_the_update_a_share_of_its_bytes() -> None:
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward", "backward", "update", "update"],
+            "module": ["m", "m", "", ""],
+            "op": ["aten.add", "aten.add", "aten.add_", "aten.view"],
+            "family": ["elementwise", "elementwise", "elementwise", "free"],
+            "dtype": ["float32"] * 4,
+            "flops": [0.0] * 4,
+            "bytes": [1e8, 1e8, 1e8, 0.0],
+            "calls": [3.0, 5.0, 7.0, 2.0],
+        }
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = _machine(phase_call_s={"forward": 4e-6, "update": 2e-6}, update_byte_share=0.5)
+    times = op_times(graph, machine)
+    # 1e8 bytes at 1e11 bytes/s: 1 ms, the update's at half its bytes; each call its phase's cost,
+    # backward the machine's dispatch_s (it has none of its own); a view no call cost at all.
+    assert times["compute_s"].tolist() == pytest.approx([1e-3, 1e-3, 0.5e-3, 0.0])
+    assert times["overhead_s"].tolist() == pytest.approx([3 * 4e-6, 5 * 1e-6, 7 * 2e-6, 0.0])
+    # Either off: the one dispatch cost, the bytes as counted.
+    plain = op_times(graph, machine, ComputeOptions(phase_calls=False, update_share=False))
+    assert plain["compute_s"].tolist() == pytest.approx([1e-3, 1e-3, 1e-3, 0.0])
+    assert plain["overhead_s"].tolist() == pytest.approx([3e-6, 5e-6, 7e-6, 0.0])
+
+
+def test_update_cost_fit_recovers_a_call_cost_and_a_share() -> None:
+    from dnnperf.perfmodel.calibrate import update_cost_fit
+
+    calls = [3000.0, 1500.0, 400.0, 60.0]
+    roofline = [1e-4, 1e-3, 1e-2, 5e-2]
+    # 3 us a call and two thirds of the roofline.
+    measured = [3e-6 * c + 2 / 3 * r for c, r in zip(calls, roofline, strict=True)]
+    assert update_cost_fit(calls, roofline, measured) == pytest.approx((3e-6, 2 / 3))
+    # A step slower than either term can give (calls or bytes): the fit never goes negative.
+    fitted = update_cost_fit(calls, roofline, [1e-3 / c for c in calls])
+    assert min(fitted) >= 0
+
+
 def _queue_by_call(
     rows: list[tuple[float, float, int]], issued: float = 0.0, free: float = 0.0
 ) -> list[float]:
@@ -329,6 +368,9 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"zero_operand_s": {"aten.sqrt": float("inf")}}, r"zero_operand_s\['aten.sqrt'\] must be zero or"),
         ({"asynchronous": "yes"}, "asynchronous must be true or false"),
         ({"kernel_s": -1e-6}, "kernel_s must be zero or a positive number"),
+        ({"phase_call_s": {"forward": -1e-6}}, r"phase_call_s\['forward'\] must be zero or"),
+        ({"phase_call_s": [1]}, "phase_call_s must be an object"),
+        ({"update_byte_share": 0.0}, "update_byte_share must be a positive number"),
         # Mistyped fields of a JSON description: named, never a crash further on.
         ({"efficiency": 5}, "efficiency must be an object, got 5"),
         ({"call_s": [1]}, r"call_s must be an object, got \[1\]"),

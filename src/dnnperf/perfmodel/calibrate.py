@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import mmap
 import platform
 import statistics
@@ -63,28 +64,34 @@ from dnnperf.perfmodel.compute import (
     few_rows_class,
     op_times,
 )
-from dnnperf.perfmodel.graph import StepGraph
+from dnnperf.perfmodel.graph import StepGraph, operator_row
+from dnnperf.perfmodel.issue import issue_seconds
 from dnnperf.perfmodel.kernels import device_lead
 from dnnperf.perfmodel.machine import Curve, Machine, dedupe
 from dnnperf.perfmodel.zeros import CANDIDATES
 from dnnperf.probes.opcount import NO_MODULE, OpCounter
+from dnnperf.workloads.base import Stages, no_stages
 
 BLOCKS = 32
+PHASES = ("forward", "backward", "update")
 #: Zoo operators shorter than this per call are left out of the efficiencies.
 MIN_CALL_S = 20e-6
 
 
-def _tiny_step(device: torch.device | str = "cpu") -> tuple[nn.Module, object]:
+def tiny_step(device: torch.device | str = "cpu") -> tuple[nn.Module, object]:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(BLOCKS)]).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     x = torch.randn(2, 4, device=device)
 
-    def step(stages: object = None) -> None:
-        loss = model(x).sum()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def step(stages: Stages = no_stages) -> None:
+        with stages("forward"):
+            loss = model(x).sum()
+        with stages("backward"):
+            loss.backward()
+        with stages("update"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return model, step
 
@@ -92,7 +99,7 @@ def _tiny_step(device: torch.device | str = "cpu") -> tuple[nn.Module, object]:
 def step_calls(device: torch.device | str = "cpu") -> tuple[int, int]:
     """(kernel calls, calls that launch none: views and metadata) of one step of the tiny network on
     ``device``."""
-    model, step = _tiny_step(device)
+    model, step = tiny_step(device)
     step()  # the optimizer's first step creates its state: count a later one
     counter = OpCounter(model, count=False)
     with counter:
@@ -127,7 +134,7 @@ def measure_op_overhead(repeats: int = 30, device: torch.device | str = "cpu") -
     device = torch.device(device)
     with current(device):
         calls = kernel_calls(device)
-        _, step = _tiny_step(device)
+        _, step = tiny_step(device)
         for _ in range(5):
             step()
         samples = []
@@ -138,6 +145,126 @@ def measure_op_overhead(repeats: int = 30, device: torch.device | str = "cpu") -
             synchronize(device)
             samples.append(time.perf_counter() - started)
     return statistics.median(samples) / calls
+
+
+def measure_phase_call_cost(
+    repeats: int = 30, passes: int = 3, device: torch.device | str = "cpu"
+) -> dict[str, float]:
+    """Host seconds per kernel call in each phase of the tiny network's step ("forward", "backward",
+    "update"): each phase's median seconds (``issue.PhaseClock``) over ``repeats`` steps, the least
+    of ``passes`` passes (a shared host's slow spell of a few seconds falls in one), over the phase's
+    kernel calls. A forward call carries its module's Python, a backward call the autograd engine's
+    walk."""
+    device = torch.device(device)
+    with current(device):
+        model, step = tiny_step(device)
+        step()  # the optimizer's first step creates its state: count a later one
+        counter = OpCounter(model, count=False)
+        with counter:
+            step(counter)
+        calls: dict[str, int] = {}
+        for r in counter.table():
+            if r.family not in NO_KERNEL:
+                calls[r.phase] = calls.get(r.phase, 0) + r.calls
+        found = [issue_seconds(step, device, warm=5, counted=repeats) for _ in range(passes)]
+    seconds = {phase: min(f.get(phase, math.inf) for f in found) for phase in PHASES}
+    return {
+        phase: seconds[phase] / calls[phase]
+        for phase in PHASES
+        if calls.get(phase) and seconds[phase] < math.inf
+    }
+
+
+def phase_call_cost(refresh: bool = False) -> dict[str, float]:
+    """:func:`measure_phase_call_cost` of this host's CPU at the current thread count, measured once and
+    cached."""
+    key = f"phase_call/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        measure_phase_call_cost,
+        lambda cached: isinstance(cached, dict) and set(cached) == set(PHASES),
+        refresh,
+    )
+    return {str(k): float(v) for k, v in found.items()}
+
+
+#: Parameter sets the update's calibration steps an optimizer over: (tensors, elements each), from
+#: many tensors of a few elements (the per-call cost) to a few of millions (the bytes). Generic shapes:
+#: no network's.
+UPDATE_SETS = ((512, 64), (256, 1024), (64, 32768), (12, 1 << 20))
+
+
+def _optimizers(params: list[nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
+    return {
+        "sgd momentum": torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+        "adam": torch.optim.Adam(params, lr=1e-3),
+        "adamw": torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
+    }
+
+
+def update_rows(optimizer: torch.optim.Optimizer) -> pd.DataFrame:
+    """The operator rows of one ``optimizer.step()`` (phase "update"), as a description counts them."""
+    counter = OpCounter(nn.Module())
+    with counter, counter("update"):
+        optimizer.step()
+    return pd.DataFrame([operator_row(r) for r in counter.table()])
+
+
+def measure_update_cost(machine: Machine, repeats: int = 9, passes: int = 3) -> tuple[float, float]:
+    """(host seconds per update call, share of the update's counted bytes it moves) on this CPU: each
+    of three optimizers (SGD with momentum, Adam, AdamW) stepped over each of ``UPDATE_SETS``, the
+    median of ``repeats`` steps, the fastest of ``passes`` interleaved passes; fitted (non-negative
+    least squares on the relative error) to ``calls * call_s + roofline * share``, the roofline
+    ``machine``'s as the model prices the rows (compute.op_times without overhead or the share)."""
+    torch.manual_seed(0)
+    configs = []
+    for tensors, elements in UPDATE_SETS:
+        params = [nn.Parameter(torch.randn(elements)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        for name, optimizer in _optimizers(params).items():
+            optimizer.step()  # its state created: every later step is alike
+            rows = update_rows(optimizer)
+            graph = StepGraph(name, 1, rows, 0, {}, 0, 0, 0)
+            options = ComputeOptions(overhead=False, update_share=False, replay_kernels=False)
+            roofline = float(op_times(graph, machine, options)["compute_s"].sum())
+            calls = float(rows.loc[~rows["family"].isin(NO_KERNEL), "calls"].sum())
+            configs.append((optimizer, calls, roofline))
+    best = [math.inf] * len(configs)
+    for _ in range(passes):
+        for i, (optimizer, _, _) in enumerate(configs):
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                optimizer.step()
+                samples.append(time.perf_counter() - started)
+            best[i] = min(best[i], statistics.median(samples))
+    return update_cost_fit([c[1] for c in configs], [c[2] for c in configs], best)
+
+
+def update_cost_fit(
+    calls: Sequence[float], roofline: Sequence[float], measured: Sequence[float]
+) -> tuple[float, float]:
+    """(seconds per call, share of the roofline) with ``measured ~ calls * call_s + roofline * share``:
+    non-negative least squares on the relative error (a step of a few tensors counts as much as one
+    of millions of elements)."""
+    y = np.asarray(measured, float)
+    a = np.column_stack([np.asarray(calls, float), np.asarray(roofline, float)]) / y[:, None]
+    (call_s, share), _ = optimize.nnls(a, np.ones(len(y)))
+    return float(call_s), float(share)
+
+
+def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
+    """:func:`measure_update_cost` of this host's CPU at the current thread count, measured once and
+    cached."""
+    key = f"update/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    found = _measured_once(
+        key,
+        functools.partial(measure_update_cost, machine),
+        lambda cached: isinstance(cached, list) and len(cached) == 2 and cached[1] > 0,
+        refresh,
+    )
+    return float(found[0]), float(found[1])
 
 
 def measure_kernel_floor(device: torch.device | str, kernels: int = 400, repeats: int = 7) -> float:
@@ -449,6 +576,36 @@ class _CausalAttention(nn.Module):
         return nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=0.1, is_causal=True)
 
 
+#: The per-element functions the zoo runs, one layer each (their backward's functions come along).
+POINTWISE = (
+    torch.tanh,
+    torch.sigmoid,
+    nn.functional.silu,
+    torch.exp,
+    torch.log,
+    torch.sin,
+    torch.cos,
+    torch.sqrt,
+    torch.rsqrt,
+    torch.erf,
+)
+
+
+class _Pointwise(nn.Module):
+    """One per-element function (compute.PER_ELEMENT_OPS) of positive inputs (a logarithm or a root
+    of the zoo's normal samples would be NaN): the function's own rows are the ones the zoo keeps,
+    forward and backward (a sine's backward is a cosine)."""
+
+    calibrates = tuple(PER_ELEMENT_OPS)
+
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x.abs() + 0.5)
+
+
 class _Pad(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.pad(x, (1, 1, 1, 1))
@@ -535,6 +692,7 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
         (nn.Softmax(dim=-1), (64, 32, 256)),
         (nn.LogSoftmax(dim=-1), (64, 32, 256)),  # cross-entropy's
         (_CausalAttention(), (8, 4, 128, 64)),
+        *[(_Pointwise(f), (64, 32, 256)) for f in POINTWISE],
         (nn.Dropout(0.1), (64, 32, 256)),
         (_Sequence(nn.LSTM(256, 256, batch_first=True)), (8, 24, 256)),
         (_Sequence(nn.GRU(128, 128, batch_first=True, bidirectional=True)), (8, 50, 128)),
@@ -571,23 +729,7 @@ def timed_rows(
             table = counter.take_step()
             if i >= 2:  # the first calls pay for primitive creation and page faults
                 tables.append(table)
-    rows = [
-        {
-            "phase": r.phase,
-            "module": r.module,
-            "op": r.name,
-            "family": r.family,
-            "dtype": r.dtype or "float32",
-            "kind": r.kind,
-            "rows": float(r.rows),
-            "flops": float(r.flops or 0),
-            "bytes": float(r.bytes_read + r.bytes_written),
-            "calls": float(r.calls),
-            "measured": r.seconds,
-        }
-        for table in tables
-        for r in table
-    ]
+    rows = [{**operator_row(r), "measured": r.seconds} for table in tables for r in table]
     frame = pd.DataFrame(rows)
     keys = ["phase", "module", "op", "family", "dtype", "kind"]
     return frame.groupby(keys, as_index=False, sort=False).median()
@@ -893,7 +1035,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-12/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-13/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:

@@ -1,27 +1,28 @@
 """Per-operator time on one device: a roofline with calibrated rates, plus a per-call overhead.
 
 For each (module, phase, operator) row of a :class:`~dnnperf.perfmodel.graph.StepGraph`, per call: ``t =
-combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products,
-convolutions, attention and RNN kernels is the machine's peak, or on a calibrated machine the measured
-curve at the call's FLOPs; every other family computes at the float32 peak (it is memory-bound in
-practice). The bandwidth is the machine's, or the calibrated triad curve at the call's bytes (working
-sets in cache run faster), except for the optimizer's update: it streams every parameter, gradient and
-state tensor once a step, none of them touched since backward, so its rows take the bandwidth at the
-whole update's bytes (from memory, not cache); and except for kernels that compute per element
-(``PER_ELEMENT_OPS``: random numbers, GELU, softmax), whose time grows with their bytes at one rate
-whatever fits in cache: they take the bandwidth from memory, and their own efficiency, calibrated on the
-zoo, is their rate. The roofline time is divided by the machine's efficiency for the operator
-(``"family/phase/op"`` first, then ``"family/phase"``, then ``"family"``; 1.0 when absent). ``combine``
-is ``sum`` (a CPU core overlaps little of its memory traffic with arithmetic: the ablation in
-docs/validation.md#single-process-on-the-cpu-step-time) or ``max`` (the roofline); overhead is the
-machine's dispatch cost per call plus its family's fixed cost per call (``Machine.call_s``: a
-convolution's reorders and set-up), views and metadata operators excluded (they cost no kernel). On a
-machine that is this host's device (``Machine.replay_device``), a row whose every call is a convolution
-the description kept (perfmodel/kernels.py) takes its replayed seconds instead of the roofline and the
-family's fixed cost (the replay includes both); the dispatch cost stays (the eager step's module and
-autograd calls around the kernel). On a host that counts them, each page fault the step takes
-(``StepGraph.page_faults``) costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of
-these choices is in docs/validation.md.
+combine(flops / rate, bytes / bandwidth) + overhead``. The compute rate of matrix products, convolutions,
+attention and RNN kernels is the machine's peak, or on a calibrated machine the measured curve at the
+call's FLOPs; every other family computes at the float32 peak (it is memory-bound in practice). The
+bandwidth is the machine's, or the calibrated triad curve at the call's bytes (working sets in cache run
+faster), except for the optimizer's update: it streams every parameter, gradient and state tensor once a
+step, none of them touched since backward, so its rows take the bandwidth at the whole update's bytes
+(from memory, not cache), and only the calibrated share of its counted bytes
+(``Machine.update_byte_share``: a parameter's kernels run back to back and find its tensors in cache); and
+except for kernels that compute per element (``PER_ELEMENT_OPS``: random numbers, GELU, softmax), whose
+time grows with their bytes at one rate whatever fits in cache: they take the bandwidth from memory, and
+their own efficiency, calibrated on the zoo, is their rate. The roofline time is divided by the machine's
+efficiency for the operator (``"family/phase/op"`` first, then ``"family/phase"``, then ``"family"``; 1.0
+when absent). ``combine`` is ``sum`` (a CPU core overlaps little of its memory traffic with arithmetic:
+the ablation in docs/validation.md#single-process-on-the-cpu-step-time) or ``max`` (the roofline);
+overhead is the machine's dispatch cost per call (its phase's, ``Machine.phase_call_s``, where calibrated)
+plus its family's fixed cost per call (``Machine.call_s``: a convolution's reorders and set-up), views and
+metadata operators excluded (they cost no kernel). On a machine that is this host's device
+(``Machine.replay_device``), a row whose every call is a convolution the description kept
+(perfmodel/kernels.py) takes its replayed seconds instead of the roofline and the family's fixed cost (the
+replay includes both); the dispatch cost stays (the eager step's module and autograd calls around the
+kernel). On a host that counts them, each page fault the step takes (``StepGraph.page_faults``) costs the
+machine's ``page_fault_s`` on top (``faults_s``). The ablation of these choices is in docs/validation.md.
 """
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ PER_ELEMENT_OPS = frozenset(
         "aten._softmax",
         "aten._safe_softmax",
         "aten._log_softmax",
+        # Transcendental functions, each computed per element (a tanh took 2.5 ns an element here,
+        # an add 0.2-0.4): the calibration's zoo runs each (calibrate._Pointwise).
+        "aten.tanh",
+        "aten.tanh_backward",
+        "aten.sigmoid",
+        "aten.sigmoid_backward",
+        "aten.silu",
+        "aten.exp",
+        "aten.log",
+        "aten.sin",
+        "aten.cos",
+        "aten.sqrt",
+        "aten.rsqrt",
+        "aten.erf",
     }
 )
 
@@ -86,6 +101,11 @@ class ComputeOptions:
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
     measured_issue: bool = True
+    #: Each phase's calls at that phase's host cost (Machine.phase_call_s); False: every call at
+    #: ``dispatch_s``.
+    phase_calls: bool = True
+    #: The update's counted bytes scaled by Machine.update_byte_share; False: as counted.
+    update_share: bool = True
     #: A convolution between FEW_ROWS_AT and MANY_ROWS_AT rows a call priced between its few-rows
     #: class and its kind (few_rows_weight); False: the class below FEW_ROWS rows, the kind above.
     few_rows_between: bool = True
@@ -129,6 +149,8 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         bandwidth = np.full(len(ops), machine.memory_bandwidth)
     compute = flops / rate
     memory = nbytes / bandwidth
+    if options.update_share:
+        memory = np.where(phases == "update", memory * machine.update_byte_share, memory)
     roofline = np.maximum(compute, memory) if options.combine == "max" else compute + memory
     if machine.efficiency:
         # Achieved fraction of the roofline per operator, else per convolution kind, else per family
@@ -189,7 +211,10 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         found &= ~(ops["op"].isin(MATRIX_OPS).to_numpy() & (measured < roofline))
         roofline = np.where(found, measured, roofline)
         fixed = np.where(found, 0.0, fixed)
-    overhead = calls * (machine.dispatch_s + fixed) * kernel if options.overhead else np.zeros(len(ops))
+    dispatch = np.full(len(ops), machine.dispatch_s)
+    if options.phase_calls and machine.phase_call_s:
+        dispatch = np.array([machine.phase_call_s.get(p, machine.dispatch_s) for p in phases])
+    overhead = calls * (dispatch + fixed) * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()
     out["replayed"] = found
     out["compute_s"] = roofline

@@ -31,7 +31,7 @@ from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
 from dnnperf.perfmodel.issue import issue_seconds
 from dnnperf.perfmodel.kernels import KernelCalls
 from dnnperf.perfmodel.zeros import ZeroCounts
-from dnnperf.probes.opcount import OpCounter
+from dnnperf.probes.opcount import OpCall, OpCounter
 from dnnperf.probes.saved import observe_saved
 from dnnperf.restore import put_back
 from dnnperf.version import __version__
@@ -480,6 +480,22 @@ class _MemoryWalk:
         return kept
 
 
+def operator_row(r: OpCall) -> dict[str, Any]:
+    """One counted operator as a StepGraph's row."""
+    return {
+        "phase": r.phase,
+        "module": r.module,
+        "op": r.name,
+        "family": r.family,
+        "dtype": r.dtype or "float32",
+        "kind": r.kind,
+        "rows": float(r.rows),
+        "flops": float(r.flops or 0),
+        "bytes": float(r.bytes_read + r.bytes_written),
+        "calls": float(r.calls),
+    }
+
+
 def capture(
     model: nn.Module,
     run_step: Callable[[Callable[[str], Any]], Any],
@@ -555,19 +571,7 @@ def capture(
         for handle in handles:
             handle.remove()
     rows = [
-        {
-            "phase": r.phase,
-            "module": r.module,
-            "op": r.name,
-            "family": r.family,
-            "dtype": r.dtype or "float32",
-            "kind": r.kind,
-            "flops": float(r.flops or 0),
-            "bytes": float(r.bytes_read + r.bytes_written),
-            "calls": float(r.calls),
-            "zeros": float(zeros.zeros.get((r.module, r.phase, r.name), 0)),
-            "rows": float(r.rows),
-        }
+        {**operator_row(r), "zeros": float(zeros.zeros.get((r.module, r.phase, r.name), 0))}
         for r in counter.table()
     ]
     module_params: dict[str, int] = {}

@@ -30,6 +30,7 @@ _POSITIVE = (
     "link_bandwidth",
     "intra_bandwidth",
     "reduce_bandwidth",
+    "update_byte_share",
 )
 _NON_NEGATIVE = (
     "link_latency",
@@ -102,6 +103,15 @@ class Machine:
     #: Fraction of the roofline an operator family ("convolution", or "convolution/backward" for one
     #: phase) achieves; absent: 1.0 (pure roofline). Calibrated: calibrate.family_efficiency.
     efficiency: dict[str, float] = field(default_factory=dict)
+    #: Host seconds per kernel call in each phase ("forward", "backward", "update"), in place of
+    #: ``dispatch_s`` for that phase's calls: a forward call carries its module's Python, a backward
+    #: call the autograd engine's walk, an update call the optimizer's loop, and they differ (6.8, 5.2
+    #: and 2.7 us here). Absent: ``dispatch_s``. Calibrated: calibrate.phase_call_cost (a CPU's).
+    phase_call_s: dict[str, float] = field(default_factory=dict)
+    #: The share of the optimizer update's counted bytes (each kernel's operands, read and written)
+    #: that the update moves at its bandwidth: a parameter's kernels run back to back on the same few
+    #: tensors, so later ones find them in cache. 1.0: as counted. Calibrated: calibrate.update_cost.
+    update_byte_share: float = 1.0
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
     #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
     call_s: dict[str, float] = field(default_factory=dict)
@@ -205,7 +215,15 @@ def validate(machine: Machine) -> None:
     if not isinstance(machine.name, str) or not machine.name.strip():
         raise UsageError(f"a machine's name must be a non-empty string, got {machine.name!r}")
     where = f"machine {machine.name!r}"
-    for name in ("efficiency", "call_s", "zero_operand_s", "host_call_s", "collectives", "sources"):
+    for name in (
+        "efficiency",
+        "call_s",
+        "phase_call_s",
+        "zero_operand_s",
+        "host_call_s",
+        "collectives",
+        "sources",
+    ):
         if not isinstance(getattr(machine, name), dict):
             raise UsageError(f"{where}: {name} must be an object, got {getattr(machine, name)!r}")
     for key, text in machine.sources.items():
@@ -249,6 +267,9 @@ def validate(machine: Machine) -> None:
     for family, value in machine.call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: call_s[{family!r}] must be zero or positive, got {value!r}")
+    for phase, value in machine.phase_call_s.items():
+        if not (_finite_positive(value) or value == 0):
+            raise UsageError(f"{where}: phase_call_s[{phase!r}] must be zero or positive, got {value!r}")
     for family, value in machine.host_call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: host_call_s[{family!r}] must be zero or positive, got {value!r}")
@@ -298,6 +319,8 @@ def from_profile(
     fsdp_s: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
     kernel_s: float = 0.0,
     host_call_s: dict[str, float] | None = None,
+    phase_call_s: dict[str, float] | None = None,
+    update_byte_share: float = 1.0,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -312,7 +335,9 @@ def from_profile(
     sharded group, per parameter tensor and per optimizer call on a shard (calibrate.fsdp_cost);
     default none. ``kernel_s``: a GPU's device seconds per
     kernel beyond its roofline, and ``host_call_s`` its host's seconds per call beyond the overhead, per
-    family and phase (calibrate.zoo_calibration); default 0 and none.
+    family and phase (calibrate.zoo_calibration); default 0 and none. ``phase_call_s``: host seconds
+    per kernel call by phase (calibrate.phase_call_cost) and ``update_byte_share``: the share of the
+    update's counted bytes it moves (calibrate.update_cost); default none and 1.0.
 
     A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
     its pinned host-to-device bandwidth for the batch's copy.
@@ -365,6 +390,8 @@ def from_profile(
         asynchronous=gpu,
         kernel_s=kernel_s,
         host_call_s=dict(host_call_s or {}),
+        phase_call_s=dict(phase_call_s or {}),
+        update_byte_share=update_byte_share,
         host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
         # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
         comm_on_compute_cores=not gpu,

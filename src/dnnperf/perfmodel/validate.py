@@ -27,7 +27,9 @@ from dnnperf.perfmodel.calibrate import (
     measure_ddp_cost,
     measure_op_overhead,
     measure_page_fault_cost,
+    measure_phase_call_cost,
     measure_split_region_cost,
+    measure_update_cost,
     measure_zero_operand_cost,
     zoo_calibration,
 )
@@ -50,6 +52,8 @@ VARIANTS = {
     "no overhead": ComputeOptions("sum", False),
     "no page faults": ComputeOptions(faults=False),
     "update in cache": ComputeOptions(update_from_memory=False),
+    "update as counted": ComputeOptions(update_share=False),
+    "one call cost": ComputeOptions(phase_calls=False),
     "no fixed call cost": ComputeOptions("sum", True),
     "no efficiency": ComputeOptions("sum", True),
     "zoo curves": ComputeOptions("sum", True),
@@ -92,6 +96,17 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     fsdp = NO_FSDP_COST if gpu else measure_fsdp_cost()
     zoo = zoo_calibration(from_profile(profile))
     efficiency, curves, call_s = zoo.efficiency, zoo.curves, zoo.call_s
+    # A CPU's host costs by phase, and the update's per-call cost and share of its counted bytes
+    # (priced on the zoo's efficiencies, as the model prices it); a GPU's host issues asynchronously
+    # and is calibrated by its own zoo (host_call_s).
+    phase_call = {} if gpu else measure_phase_call_cost()
+    update_call, update_share = (
+        (0.0, 1.0)
+        if gpu
+        else measure_update_cost(from_profile(profile, efficiency=efficiency, call_s=call_s))
+    )
+    if not gpu:
+        phase_call["update"] = update_call
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
         v: from_profile(
@@ -107,6 +122,8 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             fsdp_s=fsdp,
             kernel_s=zoo.kernel_s,
             host_call_s=zoo.host_call_s,
+            phase_call_s={} if v == "hw dispatch" else phase_call,
+            update_byte_share=update_share,
         )
         for v in VARIANTS
     }
@@ -127,6 +144,8 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "ddp_param_s": ddp[1],
         **{f"fsdp_{name}": cost for name, cost in fsdp._asdict().items()},
         "kernel_s": zoo.kernel_s,
+        "update_byte_share": update_share,
+        **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
         **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
@@ -689,7 +708,9 @@ def calibrated_machine(device: str) -> Machine:
         fsdp_cost,
         op_overhead,
         page_fault_cost,
+        phase_call_cost,
         split_region_cost,
+        update_cost,
         zero_operand_cost,
     )
 
@@ -715,6 +736,9 @@ def calibrated_machine(device: str) -> Machine:
     from dnnperf.perfmodel.collective_calibration import link_calibration
 
     zoo = calibrated(base)
+    update_call, update_share = update_cost(
+        machines.from_profile(profile, efficiency=zoo.efficiency, call_s=zoo.call_s)
+    )
     return machines.from_profile(
         profile,
         link=link_calibration(),
@@ -722,6 +746,8 @@ def calibrated_machine(device: str) -> Machine:
         efficiency=zoo.efficiency,
         page_fault_s=page_fault_cost(),
         call_s=zoo.call_s,
+        phase_call_s={**phase_call_cost(), "update": update_call},
+        update_byte_share=update_share,
         zero_operand_s=zero_operand_cost(),
         split_region_s=split_region_cost(),
         ddp_s=ddp_cost(),

@@ -1,0 +1,40 @@
+"""The model's host-cost calibrations against an injected known delay."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from dnnperf.perfmodel import calibrate
+
+SPIN_S = 10e-3  # many times the tiny network's whole step (~1-2 ms): the host's noise cannot hide it
+
+
+def test_a_delay_injected_into_one_phase_is_that_phases_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    plain = calibrate.measure_phase_call_cost(repeats=15, passes=2)
+    tiny_step = calibrate.tiny_step
+
+    def slowed(device: torch.device | str = "cpu") -> tuple:
+        model, step = tiny_step(device)
+
+        def spin(*_args: object) -> None:
+            started = time.perf_counter()
+            while time.perf_counter() - started < SPIN_S:
+                pass
+
+        model.register_forward_hook(spin)  # once a step, in the forward phase
+        return model, step
+
+    monkeypatch.setattr(calibrate, "tiny_step", slowed)
+    slow = calibrate.measure_phase_call_cost(repeats=15, passes=2)
+    # The spin, spread over the forward's kernel calls: each block's linear layer and ReLU, and the
+    # loss's sum.
+    forward_calls = 2 * calibrate.BLOCKS + 1
+    assert (slow["forward"] - plain["forward"]) * forward_calls == pytest.approx(SPIN_S, rel=0.15)
+    # The other phases do not take it (their whole step's change, a small share of the spin).
+    calls = {"backward": 4 * calibrate.BLOCKS, "update": 6 * calibrate.BLOCKS}  # per parameter: SGD's 3
+    for phase, count in calls.items():
+        assert (slow[phase] - plain[phase]) * count < 0.1 * SPIN_S
