@@ -1,0 +1,243 @@
+"""The held-out CPU figures of docs/validation-heldout.md and docs/validation-heldout-phases.md, from
+the JSON files of heldout_validation.py's sets.
+
+    python benchmarks/heldout_report.py DIR
+
+reads ``DIR/<set>.json`` for each set of ``SETS`` that is there (``first`` is the run without a set
+flag, the others are named by their flag: ``fresh``, ..., ``shapes-again``) and rewrites the parts of
+the two pages between ``<!-- heldout_report:NAME -->`` and ``<!-- /heldout_report -->``: the run's
+machine and times, the summary table, each set's rows and the phases table. The prose around them is
+the pages' own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dnnperf.jsonio import write_text_atomic
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+#: (file name, heading, what the set is), in the pages' order.
+SETS = (
+    ("first", "first set", "16 models (`MODELS`)."),
+    ("fresh", "second set", "Eight models (`FRESH_MODELS`, `--fresh`)."),
+    ("third", "third set", "Six models (`THIRD_MODELS`, `--third`) with convolutions among attention."),
+    (
+        "fourth",
+        "fourth set",
+        "Eight models (`FOURTH_MODELS`, `--fourth`), fixed before any of them was run by this script "
+        "(to judge the interpolation between few-rows classes and kinds).",
+    ),
+    (
+        "fifth",
+        "fifth set",
+        "Eight models (`FIFTH_MODELS`, `--fifth`), fixed before any of them was run by this script, to "
+        "judge the replays between descriptions.",
+    ),
+    (
+        "sixth",
+        "sixth set",
+        "Eight models (`SIXTH_MODELS`, `--sixth`), fixed before any of them was run by this script, to "
+        "judge the replays of matrix products.",
+    ),
+    (
+        "seventh",
+        "seventh set",
+        "Eight models (`SEVENTH_MODELS`, `--seventh`), fixed (each model's build checked) before any of "
+        "them was predicted: three encoders, three decoders and two encoder-decoders.",
+    ),
+    (
+        "eighth",
+        "eighth set",
+        "Eight models (`EIGHTH_MODELS`, `--eighth`), fixed (each model's build checked) before any of "
+        "them was predicted, to judge the host costs by phase and the update's share of its bytes: "
+        "four decoders, two encoders and two encoder-decoders.",
+    ),
+    (
+        "ninth",
+        "ninth set",
+        "Eight models (`NINTH_MODELS`, `--ninth`), fixed (each model's build checked) before any of "
+        "them was predicted, to judge the per-element pricing of transcendental functions: four "
+        "decoders, two encoders and two encoder-decoders.",
+    ),
+    (
+        "shapes",
+        "shapes set",
+        "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
+    ),
+    ("shapes-again", "shapes set again", "The same 15 models at batches 5 and 10 (`--shapes-again`)."),
+)
+#: The variants the tables show beside the model (heldout_validation.VARIANTS has them all).
+SHOWN = ("no replays", "one call cost", "update as counted", "one call cost, update as counted")
+PHASES = ("forward", "backward", "update")
+#: The issue's targets: median and max of |error|, median signed error, memory error.
+MEDIAN, MAX, BIAS, MEMORY = 0.10, 0.25, 0.05, 0.10
+
+
+def errors(values: list[float]) -> tuple[float, float, float]:
+    """(median |error|, max |error|, median signed error)."""
+    return (
+        statistics.median(abs(v) for v in values),
+        max(abs(v) for v in values),
+        statistics.median(values),
+    )
+
+
+def triple(values: list[float]) -> str:
+    return ", ".join(f"{v:+.1%}" if i == 2 else f"{v:.1%}" for i, v in enumerate(errors(values)))
+
+
+def bold(text: str, met: bool) -> str:
+    return f"**{text}**" if met else text
+
+
+def summary_row(title: str, document: dict[str, Any]) -> str:
+    rows = document["rows"]
+    median, largest, signed = errors([r["step_error"] for r in rows])
+    models = len({r["workload"] for r in rows})
+    memory = [abs(r["memory_error"]) for r in rows if r.get("memory_error") is not None]
+    within = sum(m <= MEMORY for m in memory)
+    cells = [
+        f"{title} ({models} model{'s' if models > 1 else ''})",
+        str(len(rows)),
+        bold(f"{median:.1%}", median <= MEDIAN),
+        bold(f"{largest:.1%}", largest <= MAX),
+        bold(f"{signed:+.1%}", abs(signed) <= BIAS),
+        *[triple([r["variant_errors"][v] for r in rows]) for v in SHOWN],
+        f"{within} of {len(memory)}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def summary(documents: dict[str, dict[str, Any]]) -> str:
+    head = ["set", "rows", "median abs error", "max abs error", "median signed error", *SHOWN]
+    lines = [
+        "| " + " | ".join([*head, "memory within 10%"]) + " |",
+        "|---|---:|---:|---:|---:|" + "---|" * (len(SHOWN) + 1),
+    ]
+    lines += [summary_row(title, documents[key]) for key, title, _ in SETS if key in documents]
+    return "\n".join(lines)
+
+
+def host_speed(document: dict[str, Any]) -> str:
+    speed = document["host_speed"]
+    start, end = speed["start"], speed["end"]
+    return (
+        f"product {start['matmul_flops'] / 1e9:.1f} / {end['matmul_flops'] / 1e9:.1f} GFLOP/s, "
+        f"copy {start['copy_bytes_per_s'] / 1e9:.1f} / {end['copy_bytes_per_s'] / 1e9:.1f} GB/s"
+    )
+
+
+def set_section(title: str, what: str, document: dict[str, Any]) -> str:
+    finished = document["finished"].split(" ")[1]
+    lines = [
+        f"### The {title}",
+        "",
+        f"{what} Finished {finished} UTC; host speed before / after: {host_speed(document)}:",
+        "",
+        "| model | preset | batch | measured ms | predicted ms (spread) | error | "
+        + " | ".join(SHOWN)
+        + " | measured MiB | predicted MiB | memory error |",
+        "|---|---|---:|---:|---:|---:|" + "---:|" * len(SHOWN) + "---:|---:|---:|",
+    ]
+    for r in document["rows"]:
+        variants = " | ".join(f"{r['variant_errors'][v]:+.1%}" for v in SHOWN)
+        memory = r.get("memory_error")
+        lines.append(
+            f"| {r['workload']} | {r['preset']} | {r['batch']} | {r['measured_s'] * 1e3:.1f} | "
+            f"{r['predicted_s'] * 1e3:.1f} ({r['predicted_spread']:.1%}) | {r['step_error']:+.1%} | "
+            f"{variants} | {r['measured_bytes'] / 2**20:.2f} | {r['predicted_bytes'] / 2**20:.2f} | "
+            + (f"{memory:+.1%} |" if memory is not None else "- |")
+        )
+    rows = document["rows"]
+    variants = "; ".join(f'"{v}" {triple([r["variant_errors"][v] for r in rows])}' for v in SHOWN)
+    memory = [abs(r["memory_error"]) for r in rows if r.get("memory_error") is not None]
+    lines += [
+        "",
+        f"Median, max, signed: the model {triple([r['step_error'] for r in rows])}; {variants}. "
+        f"Memory: {sum(m <= MEMORY for m in memory)} of {len(memory)} within 10% (max {max(memory):.1%}).",
+    ]
+    return "\n".join(lines)
+
+
+def phase_cells(rows: list[dict[str, Any]]) -> list[str]:
+    """Per phase and for the products: the median error and, in parentheses, the median miss over the
+    measured step."""
+    parts: list[tuple[Callable[[dict], float], Callable[[dict], float]]] = [
+        (lambda r, p=p: r["measured_phases_s"][p], lambda r, p=p: r["predicted_phases_s"][p]) for p in PHASES
+    ]
+    parts.append((lambda r: r["measured_products_s"], lambda r: r["predicted_products_s"]))
+    cells = []
+    for measured, predicted in parts:
+        error = statistics.median(predicted(r) / measured(r) - 1 for r in rows if measured(r) > 0)
+        miss = statistics.median((predicted(r) - measured(r)) / r["measured_s"] for r in rows)
+        cells.append(f"{error:+.1%} ({miss:+.1%})")
+    return cells
+
+
+def phases(documents: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| set | rows | forward | backward | update | matrix products | products' share of the step "
+        "| product calls as counted |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, title, _ in SETS:
+        if key not in documents:
+            continue
+        rows = documents[key]["rows"]
+        share = statistics.median(r["measured_products_s"] / r["measured_s"] for r in rows)
+        same = sum(r["measured_product_calls"] == r["counted_product_calls"] for r in rows)
+        cells = [title, str(len(rows)), *phase_cells(rows), f"{share:.0%}", f"{same} of {len(rows)}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_line(documents: dict[str, dict[str, Any]]) -> str:
+    first = next(iter(documents.values()))
+    finished = sorted(d["finished"] for d in documents.values())
+    commits = sorted({d["commit"] for d in documents.values()})
+    return (
+        f"{first['machine']}; the sets one after another, finished from {finished[0]} to "
+        f"{finished[-1].split(' ')[1]} UTC; commit {', '.join(f'`{c}`' for c in commits)}."
+    )
+
+
+def replace_between(text: str, name: str, content: str) -> str:
+    """``text`` with what stands between the markers of ``name`` replaced by ``content``."""
+    pattern = re.compile(
+        rf"(<!-- heldout_report:{re.escape(name)} -->\n).*?(\n<!-- /heldout_report -->)", re.DOTALL
+    )
+    if not pattern.search(text):
+        raise SystemExit(f"no <!-- heldout_report:{name} --> ... <!-- /heldout_report --> in the page")
+    return pattern.sub(lambda m: m.group(1) + content + m.group(2), text, count=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path, help="where the sets' JSON files are (<set>.json)")
+    args = parser.parse_args()
+    documents = {
+        key: json.loads((args.directory / f"{key}.json").read_text())
+        for key, _, _ in SETS
+        if (args.directory / f"{key}.json").is_file()
+    }
+    if not documents:
+        parser.error(f"no set's JSON in {args.directory} (first.json, fresh.json, ...)")
+    page = DOCS / "validation-heldout.md"
+    text = replace_between(page.read_text(), "run", run_line(documents))
+    text = replace_between(text, "summary", summary(documents))
+    sections = [set_section(title, what, documents[key]) for key, title, what in SETS if key in documents]
+    text = replace_between(text, "sets", "\n\n".join(sections))
+    write_text_atomic(page, text)
+    page = DOCS / "validation-heldout-phases.md"
+    write_text_atomic(page, replace_between(page.read_text(), "phases", phases(documents)))
+
+
+if __name__ == "__main__":
+    main()

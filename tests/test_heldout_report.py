@@ -1,0 +1,83 @@
+"""The held-out pages' generated tables against hand-computed figures of known rows."""
+
+from __future__ import annotations
+
+import benchmarks.heldout_report as report
+import pytest
+
+pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
+
+
+def row(name: str, error: float, memory: float, phases: tuple[float, float, float]) -> dict:
+    measured = {"forward": 0.010, "backward": 0.020, "update": 0.005}
+    predicted = dict(zip(report.PHASES, phases, strict=True))
+    return {
+        "workload": name,
+        "preset": "small",
+        "batch": 2,
+        "measured_s": 0.040,
+        "predicted_s": 0.040 * (1 + error),
+        "predicted_spread": 0.01,
+        "step_error": error,
+        "variant_errors": {v: error / 2 for v in report.SHOWN},
+        "measured_bytes": 2**20,
+        "predicted_bytes": 2**20 * (1 + memory),
+        "memory_error": memory,
+        "measured_phases_s": measured,
+        "predicted_phases_s": predicted,
+        "measured_products_s": 0.020,
+        "predicted_products_s": 0.022,
+        "measured_product_calls": 10.0,
+        "counted_product_calls": 10.0 if name != "c" else 9.0,
+    }
+
+
+DOCUMENT = {
+    "rows": [
+        row("a", -0.10, 0.01, (0.008, 0.020, 0.010)),
+        row("b", 0.02, 0.20, (0.010, 0.022, 0.010)),
+        row("c", 0.30, 0.00, (0.012, 0.018, 0.010)),
+    ],
+    "finished": "2026-11-28 09:30 UTC",
+    "host_speed": {
+        "start": {"matmul_flops": 1e11, "copy_bytes_per_s": 2.5e10},
+        "end": {"matmul_flops": 0.9e11, "copy_bytes_per_s": 2.0e10},
+    },
+}
+
+
+def test_the_summary_row_bolds_the_targets_met() -> None:
+    line = report.summary_row("first set", DOCUMENT)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # |errors| 10%, 2%, 30%: median 10% (met), max 30% (not), signed median +2% (met); the variants
+    # half of each; memory 1%, 20%, 0%: two of three within 10%.
+    assert cells[:5] == ["first set (3 models)", "3", "**10.0%**", "30.0%", "**+2.0%**"]
+    assert cells[5] == "5.0%, 15.0%, +1.0%"
+    assert cells[-1] == "2 of 3"
+
+
+def test_the_phases_row_gives_each_phases_median_error_and_miss_over_the_step() -> None:
+    table = report.phases({"first": DOCUMENT})
+    cells = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    # forward: predicted 8, 10, 12 ms of 10: errors -20%, 0, +20% (median 0), misses over the 40 ms
+    # step -5%, 0, +5%; backward 20, 22, 18 of 20: 0, +10%, -10%; update 10 of 5: +100%, misses
+    # +12.5%; products 22 of 20 ms: +10%, +5% of the step, half of it; calls as counted in a, b.
+    assert cells == [
+        "first set",
+        "3",
+        "+0.0% (+0.0%)",
+        "+0.0% (+0.0%)",
+        "+100.0% (+12.5%)",
+        "+10.0% (+5.0%)",
+        "50%",
+        "2 of 3",
+    ]
+
+
+def test_a_page_without_the_markers_is_refused() -> None:
+    with pytest.raises(SystemExit, match="heldout_report:summary"):
+        report.replace_between("no markers here", "summary", "x")
+    page = "a\n<!-- heldout_report:summary -->\nold\n<!-- /heldout_report -->\nb"
+    assert report.replace_between(page, "summary", "new") == (
+        "a\n<!-- heldout_report:summary -->\nnew\n<!-- /heldout_report -->\nb"
+    )
