@@ -104,6 +104,8 @@ HF_IMAGE_MODELS = [
     ("deit", "DeiTForImageClassification"),
     ("swin", "SwinForImageClassification"),
     ("hiera", "HieraForImageClassification"),  # its input size a (height, width) pair
+    ("clip", "CLIPForImageClassification"),  # its image tower a configuration of its own
+    ("siglip", "SiglipForImageClassification"),
 ]
 
 

@@ -312,6 +312,18 @@ def _hf_presets(transformers: Any, model_type: str) -> dict[str, HFConfig | HFIm
 
 def _image_preset(default: Any, model_type: str, preset: str) -> HFImageConfig:
     """An image classifier's configuration at ``preset`` (the module docstring says how each shrinks)."""
+    tower = getattr(default, "vision_config", None)
+    if getattr(default, "image_size", None) is None and isinstance(getattr(tower, "image_size", None), int):
+        # A classifier on an image tower configured apart (CLIP's, SigLIP's): the tower shrinks as a
+        # plain model does and is handed back whole.
+        inner = _image_preset(tower, model_type, preset)
+        settings = {k: v for k, v in inner.settings.items() if k != "num_labels"}
+        return HFImageConfig(
+            model_type,
+            inner.image_size,
+            CLASSES[preset],
+            {"num_labels": CLASSES[preset], "vision_config": {**tower.to_dict(), **settings}},
+        )
     settings: dict[str, Any] = {"num_labels": CLASSES[preset]}
     own_size = getattr(default, "image_size", None)
     pair = isinstance(own_size, (list, tuple)) and len(own_size) == 2  # (height, width): Hiera's
