@@ -211,11 +211,11 @@ def run_line(documents: dict[str, dict[str, Any]]) -> str:
 def replace_between(text: str, name: str, content: str) -> str:
     """``text`` with what stands between the markers of ``name`` replaced by ``content``."""
     pattern = re.compile(
-        rf"(<!-- heldout_report:{re.escape(name)} -->\n).*?(\n<!-- /heldout_report -->)", re.DOTALL
+        rf"(<!-- heldout_report:{re.escape(name)} -->\n).*?(<!-- /heldout_report -->)", re.DOTALL
     )
     if not pattern.search(text):
         raise SystemExit(f"no <!-- heldout_report:{name} --> ... <!-- /heldout_report --> in the page")
-    return pattern.sub(lambda m: m.group(1) + content + m.group(2), text, count=1)
+    return pattern.sub(lambda m: m.group(1) + content + "\n" + m.group(2), text, count=1)
 
 
 def main() -> None:

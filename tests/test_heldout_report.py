@@ -78,6 +78,14 @@ def test_a_page_without_the_markers_is_refused() -> None:
     with pytest.raises(SystemExit, match="heldout_report:summary"):
         report.replace_between("no markers here", "summary", "x")
     page = "a\n<!-- heldout_report:summary -->\nold\n<!-- /heldout_report -->\nb"
-    assert report.replace_between(page, "summary", "new") == (
-        "a\n<!-- heldout_report:summary -->\nnew\n<!-- /heldout_report -->\nb"
+    new = "a\n<!-- heldout_report:summary -->\nnew\n<!-- /heldout_report -->\nb"
+    assert report.replace_between(page, "summary", "new") == new
+    # An empty part is filled too, and the next run replaces what the last one wrote.
+    empty = "a\n<!-- heldout_report:summary -->\n<!-- /heldout_report -->\nb"
+    assert report.replace_between(empty, "summary", "new") == new
+    assert report.replace_between(new, "summary", "new") == new
+    # Each part up to its own end marker, the next part left alone.
+    two = empty + "\n<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n"
+    assert report.replace_between(two, "summary", "new") == (
+        new + "\n<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n"
     )
