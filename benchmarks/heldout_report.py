@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dnnperf.jsonio import write_text_atomic
+from dnnperf.probes.opcount import PHASES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 #: (file name, heading, what the set is), in the pages' order.
@@ -75,7 +76,6 @@ SETS = (
 )
 #: The variants the tables show beside the model (heldout_validation.VARIANTS has them all).
 SHOWN = ("no replays", "one call cost", "update as counted", "one call cost, update as counted")
-PHASES = ("forward", "backward", "update")
 #: The issue's targets: median and max of |error|, median signed error, memory error.
 MEDIAN, MAX, BIAS, MEMORY = 0.10, 0.25, 0.05, 0.10
 

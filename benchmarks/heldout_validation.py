@@ -57,7 +57,7 @@ from dnnperf.perfmodel.predict import Prediction
 from dnnperf.perfmodel.predict import predict as predict_graph
 from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import calibrated_machines
-from dnnperf.probes.opcount import CONVOLUTION_KINDS
+from dnnperf.probes.opcount import CONVOLUTION_KINDS, PHASES
 from dnnperf.runner import BenchSettings, bench
 from dnnperf.workloads import get_workload
 
@@ -228,8 +228,6 @@ TIMM_MODELS = (
 #: ("one call cost"), the update's counted bytes as counted rather than at their calibrated share
 #: ("update as counted"), and both of the last two (the model before either).
 MODEL = "model"
-#: The phases of a step the rows are measured and predicted by.
-PHASES = ("forward", "backward", "update")
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
 PER_CALL_HOST = "per-call host costs"

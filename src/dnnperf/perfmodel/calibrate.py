@@ -69,11 +69,10 @@ from dnnperf.perfmodel.issue import issue_seconds
 from dnnperf.perfmodel.kernels import device_lead
 from dnnperf.perfmodel.machine import Curve, Machine, dedupe
 from dnnperf.perfmodel.zeros import CANDIDATES
-from dnnperf.probes.opcount import NO_MODULE, OpCounter
+from dnnperf.probes.opcount import NO_MODULE, PHASES, OpCall, OpCounter
 from dnnperf.workloads.base import Stages, no_stages
 
 BLOCKS = 32
-PHASES = ("forward", "backward", "update")
 #: Zoo operators shorter than this per call are left out of the efficiencies.
 MIN_CALL_S = 20e-6
 
@@ -96,15 +95,20 @@ def tiny_step(device: torch.device | str = "cpu") -> tuple[nn.Module, object]:
     return model, step
 
 
-def step_calls(device: torch.device | str = "cpu") -> tuple[int, int]:
-    """(kernel calls, calls that launch none: views and metadata) of one step of the tiny network on
-    ``device``."""
+def tiny_step_calls(device: torch.device | str = "cpu") -> list[OpCall]:
+    """The operator calls of one steady step of the tiny network on ``device``, by phase."""
     model, step = tiny_step(device)
     step()  # the optimizer's first step creates its state: count a later one
     counter = OpCounter(model, count=False)
     with counter:
-        step()
-    table = counter.table()
+        step(counter)
+    return counter.table()
+
+
+def step_calls(device: torch.device | str = "cpu") -> tuple[int, int]:
+    """(kernel calls, calls that launch none: views and metadata) of one step of the tiny network on
+    ``device``."""
+    table = tiny_step_calls(device)
     views = sum(r.calls for r in table if r.family in NO_KERNEL)
     return sum(r.calls for r in table) - views, views
 
@@ -157,15 +161,11 @@ def measure_phase_call_cost(
     walk."""
     device = torch.device(device)
     with current(device):
-        model, step = tiny_step(device)
-        step()  # the optimizer's first step creates its state: count a later one
-        counter = OpCounter(model, count=False)
-        with counter:
-            step(counter)
         calls: dict[str, int] = {}
-        for r in counter.table():
+        for r in tiny_step_calls(device):
             if r.family not in NO_KERNEL:
                 calls[r.phase] = calls.get(r.phase, 0) + r.calls
+        _, step = tiny_step(device)
         found = [issue_seconds(step, device, warm=5, counted=repeats) for _ in range(passes)]
     seconds = {phase: min(f.get(phase, math.inf) for f in found) for phase in PHASES}
     return {

@@ -9,7 +9,8 @@ faster), except for the optimizer's update: it streams every parameter, gradient
 step, none of them touched since backward, so its rows take the bandwidth at the whole update's bytes
 (from memory, not cache), and only the calibrated share of its counted bytes
 (``Machine.update_byte_share``: a parameter's kernels run back to back and find its tensors in cache); and
-except for kernels that compute per element (``PER_ELEMENT_OPS``: random numbers, GELU, softmax), whose
+except for kernels that compute per element (``PER_ELEMENT_OPS``: random numbers, GELU, softmax,
+transcendental functions), whose
 time grows with their bytes at one rate whatever fits in cache: they take the bandwidth from memory, and
 their own efficiency, calibrated on the zoo, is their rate. The roofline time is divided by the machine's
 efficiency for the operator (``"family/phase/op"`` first, then ``"family/phase"``, then ``"family"``; 1.0

@@ -105,8 +105,8 @@ class Machine:
     efficiency: dict[str, float] = field(default_factory=dict)
     #: Host seconds per kernel call in each phase ("forward", "backward", "update"), in place of
     #: ``dispatch_s`` for that phase's calls: a forward call carries its module's Python, a backward
-    #: call the autograd engine's walk, an update call the optimizer's loop, and they differ (6.8, 5.2
-    #: and 2.7 us here). Absent: ``dispatch_s``. Calibrated: calibrate.phase_call_cost (a CPU's).
+    #: call the autograd engine's walk, an update call the optimizer's loop, and they differ (6.2-8.2,
+    #: 4.9-5.8 and 2.2-2.6 us here). Absent: ``dispatch_s``. Calibrated: calibrate.phase_call_cost (a CPU's).
     phase_call_s: dict[str, float] = field(default_factory=dict)
     #: The share of the optimizer update's counted bytes (each kernel's operands, read and written)
     #: that the update moves at its bandwidth: a parameter's kernels run back to back on the same few
