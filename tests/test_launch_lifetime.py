@@ -252,7 +252,10 @@ def test_sigkill_of_dnnperf_leaves_no_process_directory_or_empty_log(tmp_path, m
                 try:
                     run_id = child.environ().get("DNNPERF_RUN_ID") or run_id
                     rank_dir = child.environ().get("DNNPERF_RANK_DIR") or rank_dir
-                    if mode == "netns" and child.environ().get("RANK") is not None:
+                    # A rank's `ip netns exec` carries RANK before it enters the namespace: only
+                    # the rank itself, once exec'd, must be inside one.
+                    is_rank = child.cmdline()[:1] != ["ip"]
+                    if mode == "netns" and child.environ().get("RANK") is not None and is_rank:
                         namespaces.add(_namespace_of(child.pid))
                 except psutil.Error:
                     continue
