@@ -39,3 +39,20 @@ def test_a_delay_injected_into_one_phase_is_that_phases_cost(monkeypatch: pytest
     calls = {"backward": 4 * calibrate.BLOCKS, "update": 6 * calibrate.BLOCKS}  # per parameter: SGD's 3
     for phase, count in calls.items():
         assert (slow[phase] - plain[phase]) * count < 0.1 * SPIN_S
+
+
+def test_a_delay_injected_into_each_cold_product_is_its_call_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    plain = calibrate.measure_cold_product_cost(repeats=5, passes=1)
+    timed = calibrate._timed_product
+    delay_s = 2e-3  # many times any generic product's own cold excess (tens of microseconds)
+
+    def slowed(a: torch.Tensor, b: torch.Tensor) -> float:
+        return timed(a, b) + delay_s  # as if every cold call took 2 ms longer
+
+    monkeypatch.setattr(calibrate, "_timed_product", slowed)
+    slow = calibrate.measure_cold_product_cost(repeats=5, passes=1)
+    # The delay is the same whatever the product's bytes: the call cost takes it, the byte cost not.
+    assert slow[0] - plain[0] == pytest.approx(delay_s, rel=0.1)
+    largest = 4.0 * (256 * 1024 + 1024 * 1024 + 256 * 1024)
+    assert abs(slow[1] - plain[1]) * largest < 0.1 * delay_s

@@ -181,6 +181,39 @@ def test_each_phase_pays_its_own_call_cost_and_the_update_a_share_of_its_bytes()
     assert plain["overhead_s"].tolist() == pytest.approx([3e-6, 5e-6, 7e-6, 0.0])
 
 
+def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> None:
+    rows = [  # phase, op, family, bytes, calls
+        ("forward", "aten.mm", "matmul", 1e8, 3.0),
+        ("backward", "aten.bmm", "matmul", 2e8, 5.0),
+        ("update", "aten.mm", "matmul", 1e8, 7.0),
+        ("forward", "aten.add", "elementwise", 1e8, 2.0),
+    ]
+    columns = ["phase", "op", "family", "bytes", "calls"]
+    ops = pd.DataFrame(rows, columns=columns).assign(module="m", dtype="float32", flops=0.0)
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = _machine(cold_product_call_s=10e-6, cold_product_byte_s=1e-11)
+    times = op_times(graph, machine, ComputeOptions(overhead=False))
+    # 1e8 bytes at 1e11 bytes/s: 1 ms; the products of forward and backward 10 us a call and
+    # 0.01 ns a byte on top (3 x 10 us + 1 ms; 5 x 10 us + 2 ms); the update's product and the add none.
+    assert times["compute_s"].tolist() == pytest.approx(
+        [1e-3 + 30e-6 + 1e-3, 2e-3 + 50e-6 + 2e-3, 1e-3, 1e-3]
+    )
+    hot = op_times(graph, machine, ComputeOptions(overhead=False, cold_products=False))
+    assert hot["compute_s"].tolist() == pytest.approx([1e-3, 2e-3, 1e-3, 1e-3])
+
+
+def test_cold_product_fit_recovers_a_call_cost_and_a_cost_per_byte() -> None:
+    from dnnperf.perfmodel.calibrate import cold_product_fit
+
+    counted = [2e4, 3e5, 1e6, 5e6]
+    hot = [5e-6, 30e-6, 120e-6, 1.5e-3]
+    # 20 us a call and 0.05 ns a byte (20 GB/s) beyond the time in cache.
+    cold = [h + 20e-6 + 5e-11 * b for h, b in zip(hot, counted, strict=True)]
+    assert cold_product_fit(counted, hot, cold) == pytest.approx((20e-6, 5e-11))
+    # Cold no slower than hot (all in cache): nothing, never a negative cost.
+    assert cold_product_fit(counted, hot, hot) == pytest.approx((0.0, 0.0), abs=1e-15)
+
+
 def test_update_cost_fit_recovers_a_call_cost_and_a_share() -> None:
     from dnnperf.perfmodel.calibrate import update_cost_fit
 
@@ -386,6 +419,7 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"sources": {"peak": 1}}, r"sources\['peak'\] must be a string"),
         ({"name": 5}, "name must be a non-empty string, got 5"),
         ({"name": " "}, "name must be a non-empty string"),
+        ({"cold_product_byte_s": -1e-11}, "cold_product_byte_s must be zero or a positive number"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

@@ -267,6 +267,81 @@ def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
     return float(found[0]), float(found[1])
 
 
+#: Generic matrix products (rows, inner, columns) for the cold-operand calibration: few to many rows,
+#: narrow to wide layers; none taken from a validated network.
+PRODUCT_SHAPES = tuple((m, k, n) for m in (16, 64, 256) for k in (64, 256, 1024) for n in (64, 256, 1024))
+#: Bytes written between cold calls at least: past the last-level cache of most hosts.
+COLD_FLUSH_BYTES = 64 * 2**20
+
+
+def _cold_flush_bytes() -> int:
+    """Twice this CPU's last-level cache, at least COLD_FLUSH_BYTES."""
+    from dnnperf.hardware import cpu_caches
+
+    sizes = [c.size_bytes for c in cpu_caches(1)]
+    return max(COLD_FLUSH_BYTES, 2 * max(sizes, default=0))
+
+
+def measure_cold_product_cost(repeats: int = 9, passes: int = 2) -> tuple[float, float]:
+    """(seconds per call, seconds per counted byte) that a matrix product takes on this CPU with its
+    operands out of cache beyond its time in cache: each of ``PRODUCT_SHAPES`` timed ``repeats``
+    times back to back (hot) and ``repeats`` times each after writing past the last-level cache
+    (cold), medians, the least excess of ``passes`` passes; fitted by :func:`cold_product_fit`."""
+    torch.manual_seed(0)
+    flush = torch.empty(_cold_flush_bytes() // 4)
+    products = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in PRODUCT_SHAPES]
+    counted = [4.0 * (a.numel() + b.numel() + a.shape[0] * b.shape[1]) for a, b in products]
+    best_hot = [math.inf] * len(products)
+    best_excess = [math.inf] * len(products)
+    for _ in range(passes):
+        for i, (a, b) in enumerate(products):
+            torch.mm(a, b)
+            hot, cold = [], []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                torch.mm(a, b)
+                hot.append(time.perf_counter() - started)
+            for _ in range(repeats):
+                flush.add_(1.0)
+                cold.append(_timed_product(a, b))
+            best_hot[i] = min(best_hot[i], statistics.median(hot))
+            best_excess[i] = min(best_excess[i], statistics.median(cold) - statistics.median(hot))
+    return cold_product_fit(counted, best_hot, [h + e for h, e in zip(best_hot, best_excess, strict=True)])
+
+
+def _timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Seconds of one product (a function of its own so that a test can inject a known delay)."""
+    started = time.perf_counter()
+    torch.mm(a, b)
+    return time.perf_counter() - started
+
+
+def cold_product_fit(
+    counted_bytes: Sequence[float], hot: Sequence[float], cold: Sequence[float]
+) -> tuple[float, float]:
+    """(seconds per call, seconds per byte) with ``cold ~ hot + call_s + bytes * byte_s``:
+    non-negative least squares on the relative error of the cold time (a small product counts as much
+    as a large one)."""
+    y = np.asarray(cold, float)
+    excess = y - np.asarray(hot, float)
+    a = np.column_stack([np.ones(len(y)), np.asarray(counted_bytes, float)]) / y[:, None]
+    (call_s, byte_s), _ = optimize.nnls(a, excess / y)
+    return float(call_s), float(byte_s)
+
+
+def cold_product_cost(refresh: bool = False) -> tuple[float, float]:
+    """:func:`measure_cold_product_cost` of this host's CPU at the current thread count, measured once
+    and cached."""
+    key = f"cold-products/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        measure_cold_product_cost,
+        lambda cached: isinstance(cached, list) and len(cached) == 2 and min(cached) >= 0,
+        refresh,
+    )
+    return float(found[0]), float(found[1])
+
+
 def measure_kernel_floor(device: torch.device | str, kernels: int = 400, repeats: int = 7) -> float:
     """Device seconds per kernel of a stream of kernels that move next to nothing (a one-element add),
     issued while the device is busy with a long matrix product so that they run back to back: what a

@@ -22,8 +22,11 @@ metadata operators excluded (they cost no kernel). On a machine that is this hos
 (``Machine.replay_device``), a row whose every call is a convolution the description kept
 (perfmodel/kernels.py) takes its replayed seconds instead of the roofline and the family's fixed cost (the
 replay includes both); the dispatch cost stays (the eager step's module and autograd calls around the
-kernel). On a host that counts them, each page fault the step takes (``StepGraph.page_faults``) costs the
-machine's ``page_fault_s`` on top (``faults_s``). The ablation of these choices is in docs/validation.md.
+kernel). A matrix product of the forward or backward costs, on top, its operands' trip from memory
+(``Machine.cold_product_call_s`` a call, ``cold_product_byte_s`` a counted byte): the curves time
+products in cache, a step finds a layer's weights as the last step left them. On a host that counts
+them, each page fault the step takes (``StepGraph.page_faults``) costs the machine's ``page_fault_s``
+on top (``faults_s``). The ablation of these choices is in docs/validation.md.
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ class ComputeOptions:
     #: A convolution between FEW_ROWS_AT and MANY_ROWS_AT rows a call priced between its few-rows
     #: class and its kind (few_rows_weight); False: the class below FEW_ROWS rows, the kind above.
     few_rows_between: bool = True
+    #: A matrix product of the forward or backward with its operands out of cache: the machine's
+    #: cold_product_call_s a call and cold_product_byte_s a counted byte on top of its price.
+    cold_products: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -212,6 +218,11 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         found &= ~(ops["op"].isin(MATRIX_OPS).to_numpy() & (measured < roofline))
         roofline = np.where(found, measured, roofline)
         fixed = np.where(found, 0.0, fixed)
+    if options.cold_products and (machine.cold_product_call_s or machine.cold_product_byte_s):
+        # Timed in cache, a product's price misses its operands' trip from memory (Machine's doc).
+        product = ops["op"].isin(MATRIX_OPS).to_numpy() & np.isin(phases, ("forward", "backward")) & ~found
+        cold = calls * machine.cold_product_call_s + nbytes * machine.cold_product_byte_s
+        roofline = roofline + np.where(product, cold, 0.0)
     dispatch = np.full(len(ops), machine.dispatch_s)
     if options.phase_calls and machine.phase_call_s:
         dispatch = np.array([machine.phase_call_s.get(p, machine.dispatch_s) for p in phases])

@@ -33,6 +33,8 @@ _POSITIVE = (
     "update_byte_share",
 )
 _NON_NEGATIVE = (
+    "cold_product_call_s",
+    "cold_product_byte_s",
     "link_latency",
     "intra_latency",
     "dispatch_s",
@@ -112,6 +114,13 @@ class Machine:
     #: that the update moves at its bandwidth: a parameter's kernels run back to back on the same few
     #: tensors, so later ones find them in cache. 1.0: as counted. Calibrated: calibrate.update_cost.
     update_byte_share: float = 1.0
+    #: What a matrix product in a training step costs beyond its price from the calibrated curves,
+    #: which are timed with the operands in cache: in a step each layer's weights were last touched a
+    #: whole step before, and its inputs a layer or more before, so they come from memory. Seconds per
+    #: call and per counted byte (calibrate.cold_product_cost: generic products timed after the
+    #: caches were flushed, less the same products timed hot). 0: not modelled.
+    cold_product_call_s: float = 0.0
+    cold_product_byte_s: float = 0.0
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
     #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
     call_s: dict[str, float] = field(default_factory=dict)
@@ -321,6 +330,7 @@ def from_profile(
     host_call_s: dict[str, float] | None = None,
     phase_call_s: dict[str, float] | None = None,
     update_byte_share: float = 1.0,
+    cold_product_s: tuple[float, float] = (0.0, 0.0),
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -338,6 +348,8 @@ def from_profile(
     family and phase (calibrate.zoo_calibration); default 0 and none. ``phase_call_s``: host seconds
     per kernel call by phase (calibrate.phase_call_cost) and ``update_byte_share``: the share of the
     update's counted bytes it moves (calibrate.update_cost); default none and 1.0.
+    ``cold_product_s``: a matrix product's cost with its operands out of cache beyond its price, per
+    call and per counted byte (calibrate.cold_product_cost); default none.
 
     A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
     its pinned host-to-device bandwidth for the batch's copy.
@@ -392,6 +404,8 @@ def from_profile(
         host_call_s=dict(host_call_s or {}),
         phase_call_s=dict(phase_call_s or {}),
         update_byte_share=update_byte_share,
+        cold_product_call_s=cold_product_s[0],
+        cold_product_byte_s=cold_product_s[1],
         host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
         # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
         comm_on_compute_cores=not gpu,

@@ -24,6 +24,7 @@ from dnnperf.hardware import HardwareProfile
 from dnnperf.interrupts import run_child
 from dnnperf.perfmodel.calibrate import (
     dispatch_net_of_views,
+    measure_cold_product_cost,
     measure_ddp_cost,
     measure_op_overhead,
     measure_page_fault_cost,
@@ -54,6 +55,7 @@ VARIANTS = {
     "update in cache": ComputeOptions(update_from_memory=False),
     "update as counted": ComputeOptions(update_share=False),
     "one call cost": ComputeOptions(phase_calls=False),
+    "products hot": ComputeOptions(cold_products=False),
     "no fixed call cost": ComputeOptions("sum", True),
     "no efficiency": ComputeOptions("sum", True),
     "zoo curves": ComputeOptions("sum", True),
@@ -107,6 +109,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     )
     if not gpu:
         phase_call["update"] = update_call
+    cold_product = (0.0, 0.0) if gpu else measure_cold_product_cost()
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
         v: from_profile(
@@ -124,6 +127,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             host_call_s=zoo.host_call_s,
             phase_call_s={} if v == "hw dispatch" else phase_call,
             update_byte_share=update_share,
+            cold_product_s=cold_product,
         )
         for v in VARIANTS
     }
@@ -145,6 +149,8 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         **{f"fsdp_{name}": cost for name, cost in fsdp._asdict().items()},
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
+        "cold_product_call_s": cold_product[0],
+        "cold_product_byte_s": cold_product[1],
         **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
         **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
@@ -703,6 +709,7 @@ def calibrated_machine(device: str) -> Machine:
     from dnnperf.perfmodel import machine as machines
     from dnnperf.perfmodel.calibrate import (
         calibrated,
+        cold_product_cost,
         ddp_cost,
         dispatch_net_of_views,
         fsdp_cost,
@@ -748,6 +755,7 @@ def calibrated_machine(device: str) -> Machine:
         call_s=zoo.call_s,
         phase_call_s={**phase_call_cost(), "update": update_call},
         update_byte_share=update_share,
+        cold_product_s=cold_product_cost(),
         zero_operand_s=zero_operand_cost(),
         split_region_s=split_region_cost(),
         ddp_s=ddp_cost(),
