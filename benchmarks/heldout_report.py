@@ -1,11 +1,11 @@
-"""The held-out CPU figures of docs/validation-heldout.md and docs/validation-heldout-phases.md, from
-the JSON files of heldout_validation.py's sets.
+"""The held-out CPU figures of docs/validation-heldout.md, validation-heldout-sets.md and
+validation-heldout-phases.md, from the JSON files of heldout_validation.py's sets.
 
     python benchmarks/heldout_report.py DIR
 
 reads ``DIR/<set>.json`` for each set of ``SETS`` that is there (``first`` is the run without a set
 flag, the others are named by their flag: ``fresh``, ..., ``shapes-again``) and rewrites the parts of
-the two pages between ``<!-- heldout_report:NAME -->`` and ``<!-- /heldout_report -->``: the run's
+the three pages between ``<!-- heldout_report:NAME -->`` and ``<!-- /heldout_report -->``: the run's
 machine and times, the summary table, each set's rows and the phases table. The prose around them is
 the pages' own.
 """
@@ -82,7 +82,7 @@ SETS = (
     ("shapes-again", "shapes set again", "The same 15 models at batches 5 and 10 (`--shapes-again`)."),
 )
 #: The variants the tables show beside the model (heldout_validation.VARIANTS has them all).
-SHOWN = ("no replays", "products hot", "one call cost, update as counted")
+SHOWN = ("no replays", "cold products", "one call cost, update as counted")
 #: The issue's targets: median and max of |error|, median signed error, memory error.
 MEDIAN, MAX, BIAS, MEMORY = 0.10, 0.25, 0.05, 0.10
 
@@ -239,9 +239,10 @@ def main() -> None:
     page = DOCS / "validation-heldout.md"
     text = replace_between(page.read_text(), "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
-    sections = [set_section(title, what, documents[key]) for key, title, what in SETS if key in documents]
-    text = replace_between(text, "sets", "\n\n".join(sections))
     write_text_atomic(page, text)
+    sections = [set_section(title, what, documents[key]) for key, title, what in SETS if key in documents]
+    page = DOCS / "validation-heldout-sets.md"
+    write_text_atomic(page, replace_between(page.read_text(), "sets", "\n\n".join(sections)))
     page = DOCS / "validation-heldout-phases.md"
     write_text_atomic(page, replace_between(page.read_text(), "phases", phases(documents)))
 

@@ -184,8 +184,8 @@ NINTH_MODELS = (
     ("hf:blenderbot-small", "small", (2, 3), "encoder-decoder, post-norm (dialogue)"),
 )
 #: A tenth set, fixed (and each model's build checked) before any of it was predicted: held out from
-#: the cost of matrix products' operands out of cache (``Machine.cold_product_call_s``,
-#: ``cold_product_byte_s``), which was added after the first nine sets' errors by phase.
+#: the cost of matrix products' operands out of cache (``ComputeOptions.cold_products``,
+#: ``Machine.cold_product_call_s``), proposed after the first nine sets' errors by phase.
 TENTH_MODELS = (
     ("hf:clip", "small", (4, 8), "vision transformer, CLIP image tower (quick GELU)"),
     ("hf:siglip", "small", (4, 8), "vision transformer, SigLIP image tower (attention pooling head)"),
@@ -240,7 +240,7 @@ TIMM_MODELS = (
 #: kernel call at the one per-call cost of the tiny network's whole step rather than its phase's
 #: ("one call cost"), the update's counted bytes as counted rather than at their calibrated share
 #: ("update as counted"), both of the last two (the model before either), and the matrix products
-#: at their price in cache ("products hot").
+#: of forward and backward charged their operands' trip from memory ("cold products").
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -251,7 +251,7 @@ PRODUCTS_REPLAYED = "products replayed"
 ONE_CALL_COST = "one call cost"
 UPDATE_AS_COUNTED = "update as counted"
 PREVIOUS = "one call cost, update as counted"
-PRODUCTS_HOT = "products hot"
+COLD_PRODUCTS = "cold products"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -264,7 +264,7 @@ VARIANTS = (
     ONE_CALL_COST,
     UPDATE_AS_COUNTED,
     PREVIOUS,
-    PRODUCTS_HOT,
+    COLD_PRODUCTS,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -277,7 +277,7 @@ OPTIONS = {
     ONE_CALL_COST: ComputeOptions(phase_calls=False),
     UPDATE_AS_COUNTED: ComputeOptions(update_share=False),
     PREVIOUS: ComputeOptions(phase_calls=False, update_share=False),
-    PRODUCTS_HOT: ComputeOptions(cold_products=False),
+    COLD_PRODUCTS: ComputeOptions(cold_products=True),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -485,7 +485,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[ONE_CALL_COST] = model
         every[UPDATE_AS_COUNTED] = model
         every[PREVIOUS] = model
-        every[PRODUCTS_HOT] = model
+        every[COLD_PRODUCTS] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

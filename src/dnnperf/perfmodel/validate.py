@@ -55,7 +55,7 @@ VARIANTS = {
     "update in cache": ComputeOptions(update_from_memory=False),
     "update as counted": ComputeOptions(update_share=False),
     "one call cost": ComputeOptions(phase_calls=False),
-    "products hot": ComputeOptions(cold_products=False),
+    "cold products": ComputeOptions(cold_products=True),
     "no fixed call cost": ComputeOptions("sum", True),
     "no efficiency": ComputeOptions("sum", True),
     "zoo curves": ComputeOptions("sum", True),
