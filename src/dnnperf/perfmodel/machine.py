@@ -118,7 +118,8 @@ class Machine:
     #: which are timed with the operands in cache: in a step each layer's weights were last touched a
     #: whole step before, and its inputs a layer or more before, so they come from memory. Seconds per
     #: call and per counted byte (calibrate.cold_product_cost: generic products timed after the
-    #: caches were flushed, less the same products timed hot). 0: not modelled.
+    #: caches were flushed, less the same products timed hot). Charged only with
+    #: ComputeOptions.cold_products (off by default); 0: not modelled.
     cold_product_call_s: float = 0.0
     cold_product_byte_s: float = 0.0
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
