@@ -44,15 +44,16 @@ def test_a_delay_injected_into_one_phase_is_that_phases_cost(monkeypatch: pytest
 def test_a_delay_injected_into_each_cold_product_is_its_call_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.set_num_threads(1)
     plain = calibrate.measure_cold_product_cost(repeats=5, passes=1)
-    timed = calibrate._timed_product
-    delay_s = 2e-3  # many times any generic product's own cold excess (tens of microseconds)
+    timed = calibrate.timed_product
+    delay_s = 5e-3  # a hundred times a generic product's own cold excess (20-80 microseconds)
 
     def slowed(a: torch.Tensor, b: torch.Tensor) -> float:
-        return timed(a, b) + delay_s  # as if every cold call took 2 ms longer
+        return timed(a, b) + delay_s  # as if every cold call took 5 ms longer
 
-    monkeypatch.setattr(calibrate, "_timed_product", slowed)
+    monkeypatch.setattr(calibrate, "timed_product", slowed)
     slow = calibrate.measure_cold_product_cost(repeats=5, passes=1)
-    # The delay is the same whatever the product's bytes: the call cost takes it, the byte cost not.
+    # The delay is the same whatever the product's bytes: the call cost takes it, the byte cost not
+    # (at most a fifth of it on the largest product: the host's own per-byte excess is 0.02-0.08 ns).
     assert slow[0] - plain[0] == pytest.approx(delay_s, rel=0.1)
     largest = 4.0 * (256 * 1024 + 1024 * 1024 + 256 * 1024)
-    assert abs(slow[1] - plain[1]) * largest < 0.1 * delay_s
+    assert abs(slow[1] - plain[1]) * largest < 0.2 * delay_s

@@ -303,13 +303,13 @@ def measure_cold_product_cost(repeats: int = 9, passes: int = 2) -> tuple[float,
                 hot.append(time.perf_counter() - started)
             for _ in range(repeats):
                 flush.add_(1.0)
-                cold.append(_timed_product(a, b))
+                cold.append(timed_product(a, b))
             best_hot[i] = min(best_hot[i], statistics.median(hot))
             best_excess[i] = min(best_excess[i], statistics.median(cold) - statistics.median(hot))
     return cold_product_fit(counted, best_hot, [h + e for h, e in zip(best_hot, best_excess, strict=True)])
 
 
-def _timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
+def timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
     """Seconds of one product (a function of its own so that a test can inject a known delay)."""
     started = time.perf_counter()
     torch.mm(a, b)
