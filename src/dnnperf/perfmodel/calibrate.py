@@ -310,7 +310,8 @@ def measure_cold_product_cost(repeats: int = 9, passes: int = 2) -> tuple[float,
 
 
 def timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Seconds of one product (a function of its own so that a test can inject a known delay)."""
+    """Seconds of one cold call of a product (a function of its own so that a test can inject a known
+    delay into the cold calls alone)."""
     started = time.perf_counter()
     torch.mm(a, b)
     return time.perf_counter() - started
@@ -327,19 +328,6 @@ def cold_product_fit(
     a = np.column_stack([np.ones(len(y)), np.asarray(counted_bytes, float)]) / y[:, None]
     (call_s, byte_s), _ = optimize.nnls(a, excess / y)
     return float(call_s), float(byte_s)
-
-
-def cold_product_cost(refresh: bool = False) -> tuple[float, float]:
-    """:func:`measure_cold_product_cost` of this host's CPU at the current thread count, measured once
-    and cached."""
-    key = f"cold-products/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
-    found = _measured_once(
-        key,
-        measure_cold_product_cost,
-        lambda cached: isinstance(cached, list) and len(cached) == 2 and min(cached) >= 0,
-        refresh,
-    )
-    return float(found[0]), float(found[1])
 
 
 def measure_kernel_floor(device: torch.device | str, kernels: int = 400, repeats: int = 7) -> float:

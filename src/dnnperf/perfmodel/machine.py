@@ -117,9 +117,10 @@ class Machine:
     #: What a matrix product in a training step costs beyond its price from the calibrated curves,
     #: which are timed with the operands in cache: in a step each layer's weights were last touched a
     #: whole step before, and its inputs a layer or more before, so they come from memory. Seconds per
-    #: call and per counted byte (calibrate.cold_product_cost: generic products timed after the
-    #: caches were flushed, less the same products timed hot). Charged only with
-    #: ComputeOptions.cold_products (off by default); 0: not modelled.
+    #: call and per counted byte (calibrate.measure_cold_product_cost: generic products timed after the
+    #: caches were flushed, less the same products timed hot; `dnnperf validate` and the held-out
+    #: validation measure it for their variant). Charged only with ComputeOptions.cold_products (off by
+    #: default); 0: not modelled.
     cold_product_call_s: float = 0.0
     cold_product_byte_s: float = 0.0
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
@@ -350,7 +351,7 @@ def from_profile(
     per kernel call by phase (calibrate.phase_call_cost) and ``update_byte_share``: the share of the
     update's counted bytes it moves (calibrate.update_cost); default none and 1.0.
     ``cold_product_s``: a matrix product's cost with its operands out of cache beyond its price, per
-    call and per counted byte (calibrate.cold_product_cost); default none.
+    call and per counted byte (calibrate.measure_cold_product_cost); default none.
 
     A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
     its pinned host-to-device bandwidth for the batch's copy.

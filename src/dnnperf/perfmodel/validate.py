@@ -709,7 +709,6 @@ def calibrated_machine(device: str) -> Machine:
     from dnnperf.perfmodel import machine as machines
     from dnnperf.perfmodel.calibrate import (
         calibrated,
-        cold_product_cost,
         ddp_cost,
         dispatch_net_of_views,
         fsdp_cost,
@@ -755,7 +754,6 @@ def calibrated_machine(device: str) -> Machine:
         call_s=zoo.call_s,
         phase_call_s={**phase_call_cost(), "update": update_call},
         update_byte_share=update_share,
-        cold_product_s=cold_product_cost(),
         zero_operand_s=zero_operand_cost(),
         split_region_s=split_region_cost(),
         ddp_s=ddp_cost(),
