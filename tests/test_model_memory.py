@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from tests.conftest import DEVICES
@@ -154,6 +155,38 @@ def test_an_interpolated_description_predicts_the_counted_peak() -> None:
 
     two, four, eight = graph(2), graph(4), graph(8)
     assert memory_estimate(two.at_batch(four, 8)) == memory_estimate(eight)
+
+
+def test_walks_that_name_a_segment_differently_still_interpolate() -> None:
+    from dnnperf.perfmodel.graph import Segment, StepGraph
+
+    def graph(batch: int, walk: list[Segment]) -> StepGraph:
+        saved = sum(s.saved for s in walk)
+        ops = pd.DataFrame(columns=["phase", "module", "op", "flops", "bytes", "calls", "zeros", "rows"])
+        return StepGraph("toy", batch, ops, 0, {}, 0, saved_bytes=saved, batch_bytes=0, memory_walk=walk)
+
+    # At 2 the attention's dropout saved last, at 4 the attention (same place); at 4 a layer ran that
+    # the step at 2 skipped (LayerDrop): it is kept, scaled by the ratio of the walks' saved bytes.
+    two = graph(
+        2, [Segment(0, "embed", 10, 4, 1), Segment(0, "attn.dropout", 30, 6, 2), Segment(0, "head", 20, 2, 3)]
+    )
+    four = graph(
+        4,
+        [
+            Segment(0, "embed", 20, 8, 1),
+            Segment(0, "attn", 60, 12, 2),
+            Segment(0, "layer3", 40, 8, 5),
+            Segment(0, "head", 40, 4, 3),
+        ],
+    )
+    three = four.at_batch(two, 3)  # halfway
+    ratio = 60 / 160  # the walk at 2 saved 60 bytes, the one at 4 160
+    assert [(s.module, s.saved, s.flow, s.grads) for s in three.memory_walk] == [
+        ("embed", 15, 6, 1),
+        ("attn", 45, 9, 2),
+        ("layer3", round((40 + 40 * ratio) / 2), round((8 + 8 * ratio) / 2), 5),
+        ("head", 30, 3, 3),
+    ]
 
 
 def test_validate_memory_measures_what_the_profiler_measures() -> None:
@@ -311,8 +344,6 @@ def test_a_tensor_parallel_rank_holds_its_share_of_a_split_blocks_activations() 
     """Hand-made walk: inside a split attention block, the first saving layer (its input, whole on
     every rank) then the heads' share; a layer split by output channel keeps all (its output is
     gathered); the peak's activations follow."""
-    import pandas as pd
-
     from dnnperf.perfmodel.graph import Segment, StepGraph
     from dnnperf.perfmodel.predict import memory_estimate, tp_activation_shares
 

@@ -12,6 +12,7 @@ Descriptions are cached on disk like ``analysis/flops.py`` caches FLOPs.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -186,19 +187,19 @@ class StepGraph:
             k: [lerp(v[0], other.module_io.get(k, v)[0]), lerp(v[1], other.module_io.get(k, v)[1])]
             for k, v in self.module_io.items()
         }
-        walk = self.memory_walk
-        if [(s.cycle, s.module) for s in walk] == [(s.cycle, s.module) for s in other.memory_walk]:
-            walk = [
-                Segment(
-                    x.cycle,
-                    x.module,
-                    lerp(x.saved, y.saved),
-                    lerp(x.flow, y.flow),
-                    x.grads,
-                    lerp(x.workspace, y.workspace),
-                )
-                for x, y in zip(walk, other.memory_walk, strict=True)
-            ]
+        walk = [
+            Segment(
+                x.cycle,
+                x.module,
+                lerp(x.saved, y.saved),
+                lerp(x.flow, y.flow),
+                x.grads,
+                lerp(x.workspace, y.workspace),
+            )
+            for x, y in matched_segments(
+                self.memory_walk, other.memory_walk, self.saved_bytes, other.saved_bytes
+            )
+        ]
         others = {r["module"]: r for r in other.tp_regions}
         regions = [
             {
@@ -240,6 +241,62 @@ class StepGraph:
                 if phase in other.issue_s
             },
         )
+
+
+def matched_segments(
+    walk: list[Segment], other: list[Segment], saved: int, other_saved: int
+) -> list[tuple[Segment, Segment]]:
+    """Each segment of ``walk`` beside its counterpart in ``other`` (the same model's walk at another
+    batch), to interpolate between: the same module in the same cycle, or a module and one inside it
+    (at one batch a dropout inside an attention saved last, at another the attention); where one walk
+    has segments the other lacks (a layer LayerDrop skipped in one step), its own segment beside
+    itself scaled by the two walks' ratio of saved bytes."""
+    ratio = other_saved / saved if saved > 0 else 1.0
+    pairs: list[tuple[Segment, Segment]] = []
+    keys = [(s.cycle, s.module) for s in walk]
+    others = [(s.cycle, s.module) for s in other]
+    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=keys, b=others, autojunk=False).get_opcodes():
+        if tag == "equal":
+            pairs.extend(zip(walk[i0:i1], other[j0:j1], strict=True))
+            continue
+        for x, y in _aligned(walk[i0:i1], other[j0:j1]):
+            if y is None:
+                y = dataclasses.replace(
+                    x,
+                    saved=round(x.saved * ratio),
+                    flow=round(x.flow * ratio),
+                    workspace=round(x.workspace * ratio),
+                )
+            pairs.append((x, y))
+    return pairs
+
+
+def _related(x: Segment, y: Segment) -> bool:
+    """Same cycle, and the same module or one inside the other."""
+    a, b = x.module, y.module
+    return x.cycle == y.cycle and (a == b or a.startswith(b + ".") or b.startswith(a + "."))
+
+
+def _aligned(walk: list[Segment], other: list[Segment]) -> list[tuple[Segment, Segment | None]]:
+    """The longest in-order pairing of related segments (_related) of two stretches of walk; each of
+    ``walk``'s segments with its partner, or None."""
+    n, m = len(walk), len(other)
+    best = np.zeros((n + 1, m + 1), dtype=int)
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i, j] = max(best[i + 1, j], best[i, j + 1], best[i + 1, j + 1] + _related(walk[i], other[j]))
+    out: list[tuple[Segment, Segment | None]] = []
+    i = j = 0
+    while i < n:
+        if j < m and _related(walk[i], other[j]) and best[i, j] == best[i + 1, j + 1] + 1:
+            out.append((walk[i], other[j]))
+            i, j = i + 1, j + 1
+        elif j < m and best[i, j] == best[i, j + 1]:
+            j += 1
+        else:
+            out.append((walk[i], None))
+            i += 1
+    return out
 
 
 def _nbytes(value: Any) -> int:
