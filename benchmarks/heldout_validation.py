@@ -53,7 +53,7 @@ from dnnperf.perfmodel.graph import describe_model
 from dnnperf.perfmodel.issue import PhaseClock
 from dnnperf.perfmodel.kernels import MATRIX_OPS
 from dnnperf.perfmodel.machine import Machine
-from dnnperf.perfmodel.predict import Prediction
+from dnnperf.perfmodel.predict import Prediction, memory_estimate
 from dnnperf.perfmodel.predict import predict as predict_graph
 from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import calibrated_machines
@@ -573,6 +573,50 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     }
 
 
+def memory_run(
+    models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Peak memory alone, for every row as :func:`run` makes it (the model described at E = 3B/2 and
+    E/2, interpolated to B, against the memory profiler's peak of one tracked step at B): the
+    prediction needs no calibration and nothing here is timed, so it runs on a busy host."""
+    rows = []
+    for name, preset, batches, family in models:
+        preset = args.preset or preset
+        workload = get_workload(name)
+        for size in (b * args.batch_scale for b in batches):
+            torch.manual_seed(0)
+            task = workload.build(preset, args.device)
+            example = to_device(
+                workload.data(preset).synthesize(size * 3 // 2, seed=1), torch.device(args.device)
+            )
+            arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
+            graph = scalable(
+                describe_model(task.model, example, **arguments), task.model, example, **arguments
+            )
+            predicted = float(memory_estimate(graph.at(size)).peak)
+            measured = measured_peak(name, preset, size, args.device)
+            rows.append(
+                {
+                    "workload": name,
+                    "family": family,
+                    "preset": preset,
+                    "batch": size,
+                    "example_batch": size * 3 // 2,
+                    "predicted_bytes": predicted,
+                    "measured_bytes": measured,
+                    "memory_error": predicted / measured - 1,
+                }
+            )
+            print(f"{name} b{size}: memory {rows[-1]['memory_error']:+.1%}", file=sys.stderr)
+    return {
+        "machine": f"{device_name(args.device)}, torch {torch.__version__}",
+        "commit": environment.source_commit(),
+        "finished": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "memory_only": True,
+        "rows": rows,
+    }
+
+
 def phase_error(row: dict[str, Any], phase: str) -> float:
     """A row's predicted over measured seconds of one phase, less one (NaN where not measured)."""
     measured = row["measured_phases_s"].get(phase, math.nan)
@@ -682,7 +726,9 @@ def timm_available() -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", required=True, help="hardware profile JSON (dnnperf hw --output)")
+    parser.add_argument(
+        "--profile", help="hardware profile JSON (dnnperf hw --output); not for --memory-only"
+    )
     parser.add_argument("--models", help="comma-separated workloads of MODELS (default: all)")
     parser.add_argument("--fresh", action="store_true", help="the second held-out set (FRESH_MODELS)")
     parser.add_argument("--third", action="store_true", help="the third held-out set (THIRD_MODELS)")
@@ -706,6 +752,9 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--preset", help="one preset for every model (default: each model's own)")
     parser.add_argument("--batch-scale", type=int, default=1, help="multiply every batch size (a GPU's)")
+    parser.add_argument(
+        "--memory-only", action="store_true", help="peak memory alone, predicted and measured (nothing timed)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -752,8 +801,15 @@ def main() -> None:
         if unknown:
             parser.error(f"not among the held-out models: {', '.join(unknown)}")
         models = tuple(m for m in models if m[0] in wanted)
-    if not Path(args.profile).is_file():
+    if not args.memory_only and args.profile is None:
+        parser.error("--profile is required (a hardware profile: dnnperf hw -q --output hw1.json)")
+    if not args.memory_only and not Path(args.profile).is_file():
         parser.error(f"no hardware profile at {args.profile}: run `dnnperf hw -q --output {args.profile}`")
+    if args.memory_only:
+        document = memory_run(models, args)
+        if args.json:
+            write_json_atomic(args.json, document)
+        return
     document = run(models, args)
     table = markdown(document)
     if args.json:
