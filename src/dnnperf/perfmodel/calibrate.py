@@ -270,7 +270,7 @@ def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
 #: Generic matrix products (rows, inner, columns) for the cold-operand calibration: few to many rows,
 #: narrow to wide layers; none taken from a validated network.
 PRODUCT_SHAPES = tuple((m, k, n) for m in (16, 64, 256) for k in (64, 256, 1024) for n in (64, 256, 1024))
-#: Bytes written between cold calls at least: past the last-level cache of most hosts.
+#: Bytes read to push operands out of cache at least: past the last-level cache of most hosts.
 COLD_FLUSH_BYTES = 64 * 2**20
 
 
@@ -282,36 +282,39 @@ def _cold_flush_bytes() -> int:
     return max(COLD_FLUSH_BYTES, 2 * max(sizes, default=0))
 
 
-def measure_cold_product_cost(repeats: int = 9, passes: int = 2) -> tuple[float, float]:
+def measure_cold_product_cost(repeats: int = 15, passes: int = 2) -> tuple[float, float]:
     """(seconds per call, seconds per counted byte) that a matrix product takes on this CPU with its
-    operands out of cache beyond its time in cache: each of ``PRODUCT_SHAPES`` timed ``repeats``
-    times back to back (hot) and ``repeats`` times each after writing past the last-level cache
-    (cold), medians, the least excess of ``passes`` passes; fitted by :func:`cold_product_fit`."""
+    operands out of cache beyond its time in cache: each of ``PRODUCT_SHAPES`` timed in ``repeats``
+    pairs, a call on the operands the call before used (hot) then a call on operands not read since a
+    read of twice the last-level cache pushed them out (cold, as a step finds a layer's weights a step
+    after their update). The read leaves clean lines: a flush by writing would leave dirty ones, whose
+    write-back the cold calls would pay. The pairs put a slow spell of the shared host into both calls
+    of a pair; per shape the median of the pairs' differences, the least of ``passes`` passes. Fitted
+    by :func:`cold_product_fit`."""
     torch.manual_seed(0)
-    flush = torch.empty(_cold_flush_bytes() // 4)
-    products = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in PRODUCT_SHAPES]
-    counted = [4.0 * (a.numel() + b.numel() + a.shape[0] * b.shape[1]) for a, b in products]
-    best_hot = [math.inf] * len(products)
-    best_excess = [math.inf] * len(products)
+    flush = torch.ones(_cold_flush_bytes() // 4)
+    counted = [4.0 * (m * k + k * n + m * n) for m, k, n in PRODUCT_SHAPES]
+    best_hot = [math.inf] * len(PRODUCT_SHAPES)
+    best_excess = [math.inf] * len(PRODUCT_SHAPES)
     for _ in range(passes):
-        for i, (a, b) in enumerate(products):
-            torch.mm(a, b)
-            hot, cold = [], []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                torch.mm(a, b)
-                hot.append(time.perf_counter() - started)
-            for _ in range(repeats):
-                flush.add_(1.0)
-                cold.append(timed_product(a, b))
+        for i, (m, k, n) in enumerate(PRODUCT_SHAPES):
+            a, b = torch.randn(repeats + 1, m, k), torch.randn(repeats + 1, k, n)
+            flush.sum()
+            timed_product(a[0], b[0])
+            hot, excess = [], []
+            for j in range(1, repeats + 1):
+                warm = timed_product(a[j - 1], b[j - 1])  # the operands of the call before: in cache
+                cold = timed_product(a[j], b[j])  # not read since the flush
+                hot.append(warm)
+                excess.append(cold - warm)
             best_hot[i] = min(best_hot[i], statistics.median(hot))
-            best_excess[i] = min(best_excess[i], statistics.median(cold) - statistics.median(hot))
+            best_excess[i] = min(best_excess[i], statistics.median(excess))
     return cold_product_fit(counted, best_hot, [h + e for h, e in zip(best_hot, best_excess, strict=True)])
 
 
 def timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Seconds of one cold call of a product (a function of its own so that a test can inject a known
-    delay into the cold calls alone)."""
+    """Seconds of one call of a product (a function of its own so that a test can put known costs in
+    its place)."""
     started = time.perf_counter()
     torch.mm(a, b)
     return time.perf_counter() - started
