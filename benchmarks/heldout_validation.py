@@ -253,7 +253,8 @@ TIMM_MODELS = (
 #: kernel call at the one per-call cost of the tiny network's whole step rather than its phase's
 #: ("one call cost"), the update's counted bytes as counted rather than at their calibrated share
 #: ("update as counted"), both of the last two (the model before either), and the matrix products
-#: of forward and backward charged their operands' trip from memory ("cold products").
+#: of forward and backward at their price in cache, without their operands' trip from memory
+#: ("products in cache").
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -264,7 +265,7 @@ PRODUCTS_REPLAYED = "products replayed"
 ONE_CALL_COST = "one call cost"
 UPDATE_AS_COUNTED = "update as counted"
 PREVIOUS = "one call cost, update as counted"
-COLD_PRODUCTS = "cold products"
+PRODUCTS_IN_CACHE = "products in cache"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -277,7 +278,7 @@ VARIANTS = (
     ONE_CALL_COST,
     UPDATE_AS_COUNTED,
     PREVIOUS,
-    COLD_PRODUCTS,
+    PRODUCTS_IN_CACHE,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -290,7 +291,7 @@ OPTIONS = {
     ONE_CALL_COST: ComputeOptions(phase_calls=False),
     UPDATE_AS_COUNTED: ComputeOptions(update_share=False),
     PREVIOUS: ComputeOptions(phase_calls=False, update_share=False),
-    COLD_PRODUCTS: ComputeOptions(cold_products=True),
+    PRODUCTS_IN_CACHE: ComputeOptions(cold_products=False),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -498,7 +499,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[ONE_CALL_COST] = model
         every[UPDATE_AS_COUNTED] = model
         every[PREVIOUS] = model
-        every[COLD_PRODUCTS] = model
+        every[PRODUCTS_IN_CACHE] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

@@ -192,13 +192,13 @@ def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> N
     ops = pd.DataFrame(rows, columns=columns).assign(module="m", dtype="float32", flops=0.0)
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
     machine = _machine(cold_product_call_s=10e-6, cold_product_byte_s=1e-11)
-    times = op_times(graph, machine, ComputeOptions(overhead=False, cold_products=True))
+    times = op_times(graph, machine, ComputeOptions(overhead=False))  # the default: on
     # 1e8 bytes at 1e11 bytes/s: 1 ms; the products of forward and backward 10 us a call and
     # 0.01 ns a byte on top (3 x 10 us + 1 ms; 5 x 10 us + 2 ms); the update's product and the add none.
     assert times["compute_s"].tolist() == pytest.approx(
         [1e-3 + 30e-6 + 1e-3, 2e-3 + 50e-6 + 2e-3, 1e-3, 1e-3]
     )
-    hot = op_times(graph, machine, ComputeOptions(overhead=False))  # the default: off
+    hot = op_times(graph, machine, ComputeOptions(overhead=False, cold_products=False))
     assert hot["compute_s"].tolist() == pytest.approx([1e-3, 2e-3, 1e-3, 1e-3])
 
 

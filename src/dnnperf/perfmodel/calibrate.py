@@ -312,6 +312,19 @@ def measure_cold_product_cost(repeats: int = 15, passes: int = 2) -> tuple[float
     return cold_product_fit(counted, best_hot, [h + e for h, e in zip(best_hot, best_excess, strict=True)])
 
 
+def cold_product_cost(refresh: bool = False) -> tuple[float, float]:
+    """:func:`measure_cold_product_cost` of this host's CPU at the current thread count, measured once
+    and cached."""
+    key = f"cold_product/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        measure_cold_product_cost,
+        lambda cached: isinstance(cached, list) and len(cached) == 2 and min(cached) >= 0,
+        refresh,
+    )
+    return float(found[0]), float(found[1])
+
+
 def timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
     """Seconds of one call of a product (a function of its own so that a test can put known costs in
     its place)."""

@@ -22,9 +22,9 @@ metadata operators excluded (they cost no kernel). On a machine that is this hos
 (``Machine.replay_device``), a row whose every call is a convolution the description kept
 (perfmodel/kernels.py) takes its replayed seconds instead of the roofline and the family's fixed cost (the
 replay includes both); the dispatch cost stays (the eager step's module and autograd calls around the
-kernel). With ``ComputeOptions.cold_products`` (off by default) a matrix product of the forward or
-backward costs, on top, its operands' trip from memory (``Machine.cold_product_call_s`` a call,
-``cold_product_byte_s`` a counted byte). On a host that counts them, each page fault the step takes
+kernel). A matrix product of the forward or backward costs, on top, its operands' trip from memory
+(``Machine.cold_product_call_s`` a call, ``cold_product_byte_s`` a counted byte: the curves time
+products in cache). On a host that counts them, each page fault the step takes
 (``StepGraph.page_faults``) costs the machine's ``page_fault_s`` on top (``faults_s``). The ablation of
 these choices is in docs/validation.md.
 """
@@ -114,10 +114,9 @@ class ComputeOptions:
     #: class and its kind (few_rows_weight); False: the class below FEW_ROWS rows, the kind above.
     few_rows_between: bool = True
     #: A matrix product of the forward or backward with its operands out of cache: the machine's
-    #: cold_product_call_s a call and cold_product_byte_s a counted byte on top of its price. Off: on
-    #: the tenth held-out set, fixed before it was predicted, it priced every row over its measured
-    #: step (validation-heldout.md, variant "cold products").
-    cold_products: bool = False
+    #: cold_product_call_s a call and cold_product_byte_s a counted byte on top of its price. False:
+    #: every product at its price in cache (validation-heldout.md, variant "products in cache").
+    cold_products: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):

@@ -117,10 +117,9 @@ class Machine:
     #: What a matrix product in a training step costs beyond its price from the calibrated curves,
     #: which are timed with the operands in cache: in a step each layer's weights were last touched a
     #: whole step before, and its inputs a layer or more before, so they come from memory. Seconds per
-    #: call and per counted byte (calibrate.measure_cold_product_cost: generic products timed after the
-    #: caches were flushed, less the same products timed hot; `dnnperf validate` and the held-out
-    #: validation measure it for their variant). Charged only with ComputeOptions.cold_products (off by
-    #: default); 0: not modelled.
+    #: call and per counted byte (calibrate.measure_cold_product_cost: generic products timed with their
+    #: operands pushed out of cache, less the same products timed hot, in pairs). Charged with
+    #: ComputeOptions.cold_products (on by default); 0: not modelled (presets).
     cold_product_call_s: float = 0.0
     cold_product_byte_s: float = 0.0
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders

@@ -55,7 +55,7 @@ VARIANTS = {
     "update in cache": ComputeOptions(update_from_memory=False),
     "update as counted": ComputeOptions(update_share=False),
     "one call cost": ComputeOptions(phase_calls=False),
-    "cold products": ComputeOptions(cold_products=True),
+    "products in cache": ComputeOptions(cold_products=False),
     "no fixed call cost": ComputeOptions("sum", True),
     "no efficiency": ComputeOptions("sum", True),
     "zoo curves": ComputeOptions("sum", True),
@@ -709,6 +709,7 @@ def calibrated_machine(device: str) -> Machine:
     from dnnperf.perfmodel import machine as machines
     from dnnperf.perfmodel.calibrate import (
         calibrated,
+        cold_product_cost,
         ddp_cost,
         dispatch_net_of_views,
         fsdp_cost,
@@ -758,4 +759,5 @@ def calibrated_machine(device: str) -> Machine:
         split_region_s=split_region_cost(),
         ddp_s=ddp_cost(),
         fsdp_s=fsdp_cost(),
+        cold_product_s=cold_product_cost(),
     )
