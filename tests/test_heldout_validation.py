@@ -203,3 +203,19 @@ def test_a_row_takes_its_fastest_rounds_step_and_phases_and_the_errors_against_i
     assert row["measured_phases_s"] == {"forward": 0.04}
     assert row["step_error"] == pytest.approx(-0.1)
     assert row["variant_errors"] == {"model": pytest.approx(-0.1), "other": pytest.approx(0.2)}
+
+
+def test_memory_only_predicts_each_row_from_other_batches_against_the_profilers_peak():
+    """``--memory-only`` on a suite CNN: each row described at 3B/2 and 3B/4 and interpolated to B, beside
+    the memory profiler's peak of a step at B (an independent count, made by the allocator's hooks):
+    the two agree within the held-out target, and the batches described are not the one predicted."""
+    import argparse
+
+    args = argparse.Namespace(preset=None, batch_scale=1, device="cpu")
+    document = heldout.memory_run((("basic_cnn", "tiny", (4, 8), "CNN"),), args)
+    assert document["memory_only"] and len(document["rows"]) == 2
+    for row in document["rows"]:
+        assert row["example_batch"] == row["batch"] * 3 // 2 != row["batch"]
+        assert row["measured_bytes"] > 0
+        assert abs(row["predicted_bytes"] / row["measured_bytes"] - 1) <= 0.10
+        assert row["memory_error"] == pytest.approx(row["predicted_bytes"] / row["measured_bytes"] - 1)
