@@ -252,7 +252,7 @@ TIMM_MODELS = (
 #: the small matrix products at the slower of their replay and roofline ("products replayed"), every
 #: kernel call at the one per-call cost of the tiny network's whole step rather than its phase's
 #: ("one call cost"), the update's counted bytes as counted rather than at their calibrated share
-#: ("update as counted"), both of the last two (the model before either), and the matrix products
+#: ("update as counted"), both of the last two, and the matrix products
 #: of forward and backward at their price in cache, without their operands' trip from memory
 #: ("products in cache").
 MODEL = "model"

@@ -226,7 +226,9 @@ def measure_update_cost(machine: Machine, repeats: int = 9, passes: int = 3) -> 
             optimizer.step()  # its state created: every later step is alike
             rows = update_rows(optimizer)
             graph = StepGraph(name, 1, rows, 0, {}, 0, 0, 0)
-            options = ComputeOptions(overhead=False, update_share=False, replay_kernels=False)
+            options = ComputeOptions(
+                overhead=False, update_share=False, replay_kernels=False, cold_products=False
+            )
             roofline = float(op_times(graph, machine, options)["compute_s"].sum())
             calls = float(rows.loc[~rows["family"].isin(NO_KERNEL), "calls"].sum())
             configs.append((optimizer, calls, roofline))
@@ -924,7 +926,10 @@ def _zoo_rows(
     keep = ~rows["family"].isin(NO_KERNEL) & (rows["module"] != NO_MODULE) & long_enough
     rows = rows[keep]
     graph = StepGraph("zoo", 1, rows.drop(columns="measured").reset_index(drop=True), 0, {}, 0, 0, 0)
-    predicted = op_times(graph, machine, ComputeOptions(overhead=False))["compute_s"].to_numpy()
+    # The zoo prices its rows as timed: in cache.
+    predicted = op_times(graph, machine, ComputeOptions(overhead=False, cold_products=False))[
+        "compute_s"
+    ].to_numpy()
     rows = rows.assign(predicted=predicted)
     fixed: dict[str, float] = {}
     fitted: dict[str, float] = {}
