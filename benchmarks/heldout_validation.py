@@ -35,7 +35,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from dnnperf.errors import UsageError
 from dnnperf.hardware import bytes_moved, matmul_flops, read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
 from dnnperf.perfmodel.compute import ComputeOptions, op_times
-from dnnperf.perfmodel.graph import describe_model
+from dnnperf.perfmodel.graph import ScalableGraph, describe_model
 from dnnperf.perfmodel.issue import PhaseClock
 from dnnperf.perfmodel.kernels import MATRIX_OPS
 from dnnperf.perfmodel.machine import Machine
@@ -414,14 +414,40 @@ def measured_peak(name: str, preset: str, batch: int, device: str) -> float:
     return float(memory.measured_peak) if memory is not None and memory.measured_peak > 0 else math.nan
 
 
+def described(task: Any, example: dict[str, torch.Tensor]) -> ScalableGraph:
+    """The task's model described at the example batch and at half of it, as ``dnnperf.predict``
+    describes it for another batch size."""
+    arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
+    return scalable(describe_model(task.model, example, **arguments), task.model, example, **arguments)
+
+
+def configurations(
+    models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.Namespace
+) -> Iterator[tuple[dict[str, Any], Any, Any]]:
+    """Each row's (what it is: workload, family, preset, batch B, example batch 3B/2; the task built
+    afresh; the workload's data)."""
+    for name, preset, batches, family in models:
+        preset = args.preset or preset
+        workload = get_workload(name)
+        for size in (b * args.batch_scale for b in batches):
+            torch.manual_seed(0)
+            row = {
+                "workload": name,
+                "family": family,
+                "preset": preset,
+                "batch": size,
+                "example_batch": size * 3 // 2,
+            }
+            yield row, workload.build(preset, args.device), workload.data(preset)
+
+
 def predict_variants(
     task: Any, example: dict[str, torch.Tensor], machines: dict[str, Machine], size: int
 ) -> tuple[dict[str, Prediction], float, float]:
     """Each machine's prediction of one step at ``size``, from one pair of descriptions of the model (as
     ``dnnperf.predict`` makes them), the seconds the model's machine prices the step's matrix products
     at (``kernels.MATRIX_OPS``, per-call overhead included) and the product calls counted."""
-    arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
-    graph = scalable(describe_model(task.model, example, **arguments), task.model, example, **arguments)
+    graph = described(task, example)
     predictions = {
         v: predict_graph(graph, m, size, "single", options=OPTIONS.get(v, ComputeOptions()))
         for v, m in machines.items()
@@ -516,39 +542,30 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
     }
     rows: list[dict[str, Any]] = []
     runs = []
-    for name, preset, batches, family in models:
-        preset = args.preset or preset
-        workload = get_workload(name)
-        for size in (b * args.batch_scale for b in batches):
-            torch.manual_seed(0)
-            task = workload.build(preset, args.device)
-            data = workload.data(preset)
-            example = to_device(data.synthesize(size * 3 // 2, seed=1), torch.device(args.device))
-            made = [predict_variants(task, example, machines, size) for _ in range(args.predictions)]
-            predictions = [p for p, _, _ in made]
-            steps = [p[MODEL].step_s for p in predictions]
-            rows.append(
-                {
-                    "workload": name,
-                    "family": family,
-                    "preset": preset,
-                    "batch": size,
-                    "example_batch": size * 3 // 2,
-                    "predicted_s": statistics.median(steps),
-                    "predicted_spread": (max(steps) - min(steps)) / statistics.median(steps),
-                    "predicted_other_s": statistics.median(p[MODEL].other_s for p in predictions),
-                    "predicted_bytes": float(predictions[0][MODEL].memory_bytes),
-                    "variants_s": {v: statistics.median(p[v].step_s for p in predictions) for v in machines},
-                    "predicted_products_s": statistics.median(products for _, products, _ in made),
-                    "counted_product_calls": made[0][2],
-                    "predicted_phases_s": {
-                        phase: statistics.median(p[MODEL].detail["phases_s"][phase] for p in predictions)
-                        for phase in PHASES
-                    },
-                }
-            )
-            runs.append((task, to_device(data.synthesize(size, seed=0), torch.device(args.device))))
-            print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
+    for row, task, data in configurations(models, args):
+        name, size = row["workload"], row["batch"]
+        example = to_device(data.synthesize(row["example_batch"], seed=1), torch.device(args.device))
+        made = [predict_variants(task, example, machines, size) for _ in range(args.predictions)]
+        predictions = [p for p, _, _ in made]
+        steps = [p[MODEL].step_s for p in predictions]
+        rows.append(
+            {
+                **row,
+                "predicted_s": statistics.median(steps),
+                "predicted_spread": (max(steps) - min(steps)) / statistics.median(steps),
+                "predicted_other_s": statistics.median(p[MODEL].other_s for p in predictions),
+                "predicted_bytes": float(predictions[0][MODEL].memory_bytes),
+                "variants_s": {v: statistics.median(p[v].step_s for p in predictions) for v in machines},
+                "predicted_products_s": statistics.median(products for _, products, _ in made),
+                "counted_product_calls": made[0][2],
+                "predicted_phases_s": {
+                    phase: statistics.median(p[MODEL].detail["phases_s"][phase] for p in predictions)
+                    for phase in PHASES
+                },
+            }
+        )
+        runs.append((task, to_device(data.synthesize(size, seed=0), torch.device(args.device))))
+        print(f"{name} b{size}: predicted {rows[-1]['predicted_s'] * 1e3:.1f} ms", file=sys.stderr)
     for row, rounds in zip(rows, measure_steps(runs, args.warmup, args.rounds, args.steps), strict=True):
         record_rounds(row, rounds)
     if args.device == "cpu":  # the profiler's CPU times are the products' own only there
@@ -594,34 +611,20 @@ def memory_run(
     E/2, interpolated to B, against the memory profiler's peak of one tracked step at B): the
     prediction needs no calibration and nothing here is timed, so it runs on a busy host."""
     rows = []
-    for name, preset, batches, family in models:
-        preset = args.preset or preset
-        workload = get_workload(name)
-        for size in (b * args.batch_scale for b in batches):
-            torch.manual_seed(0)
-            task = workload.build(preset, args.device)
-            example = to_device(
-                workload.data(preset).synthesize(size * 3 // 2, seed=1), torch.device(args.device)
-            )
-            arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
-            graph = scalable(
-                describe_model(task.model, example, **arguments), task.model, example, **arguments
-            )
-            predicted = float(memory_estimate(graph.at(size)).peak)
-            measured = measured_peak(name, preset, size, args.device)
-            rows.append(
-                {
-                    "workload": name,
-                    "family": family,
-                    "preset": preset,
-                    "batch": size,
-                    "example_batch": size * 3 // 2,
-                    "predicted_bytes": predicted,
-                    "measured_bytes": measured,
-                    "memory_error": predicted / measured - 1,
-                }
-            )
-            print(f"{name} b{size}: memory {rows[-1]['memory_error']:+.1%}", file=sys.stderr)
+    for row, task, data in configurations(models, args):
+        name, size = row["workload"], row["batch"]
+        example = to_device(data.synthesize(row["example_batch"], seed=1), torch.device(args.device))
+        predicted = float(memory_estimate(described(task, example).at(size)).peak)
+        measured = measured_peak(name, row["preset"], size, args.device)
+        rows.append(
+            {
+                **row,
+                "predicted_bytes": predicted,
+                "measured_bytes": measured,
+                "memory_error": predicted / measured - 1,
+            }
+        )
+        print(f"{name} b{size}: memory {rows[-1]['memory_error']:+.1%}", file=sys.stderr)
     return {
         "machine": f"{device_name(args.device)}, torch {torch.__version__}",
         "commit": environment.source_commit(),
