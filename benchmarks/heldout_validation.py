@@ -209,6 +209,21 @@ ELEVENTH_MODELS = (
     ("hf:longt5", "small", (2, 3), "encoder-decoder, transient-global local attention (T5)"),
     ("hf:fsmt", "small", (2, 3), "encoder-decoder, translation (FSMT)"),
 )
+#: A twelfth set, fixed (and each model's build checked) before any of it was predicted: held out from
+#: the charge for the host's seconds between operator calls (compute.host_gap_seconds), which was
+#: looked at on models of the first, third and eleventh sets. Its rule, written before the run: the
+#: charge stays on by default if, with it, this set meets the three step-time targets (median and max
+#: of |error|, median signed error); otherwise it goes off.
+TWELFTH_MODELS = (
+    ("hf:olmo2", "small", (2, 3), "decoder, causal LM (post-norm, query-key RMSNorm)"),
+    ("hf:helium", "small", (2, 3), "decoder, causal LM (Llama-style, explicit head dimension)"),
+    ("hf:ctrl", "small", (2, 3), "decoder, causal LM (control codes, sinusoidal positions)"),
+    ("hf:xlm", "small", (2, 3), "encoder, masked LM (XLM)"),
+    ("hf:roc_bert", "small", (2, 3), "encoder, masked LM (pronunciation and shape embeddings)"),
+    ("hf:umt5", "small", (2, 3), "encoder-decoder (T5 with per-layer relative position biases)"),
+    ("hf:mvp", "small", (2, 3), "encoder-decoder (BART-style, task prompts)"),
+    ("hf:pegasus_x", "small", (2, 3), "encoder-decoder (block-local attention, global tokens)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -254,7 +269,8 @@ TIMM_MODELS = (
 #: ("one call cost"), the update's counted bytes as counted rather than at their calibrated share
 #: ("update as counted"), both of the last two, and the matrix products
 #: of forward and backward at their price in cache, without their operands' trip from memory
-#: ("products in cache").
+#: ("products in cache"), and the host's seconds between operator calls left to the per-call costs
+#: ("no host gaps").
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -266,6 +282,7 @@ ONE_CALL_COST = "one call cost"
 UPDATE_AS_COUNTED = "update as counted"
 PREVIOUS = "one call cost, update as counted"
 PRODUCTS_IN_CACHE = "products in cache"
+NO_HOST_GAPS = "no host gaps"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -279,6 +296,7 @@ VARIANTS = (
     UPDATE_AS_COUNTED,
     PREVIOUS,
     PRODUCTS_IN_CACHE,
+    NO_HOST_GAPS,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -292,6 +310,7 @@ OPTIONS = {
     UPDATE_AS_COUNTED: ComputeOptions(update_share=False),
     PREVIOUS: ComputeOptions(phase_calls=False, update_share=False),
     PRODUCTS_IN_CACHE: ComputeOptions(cold_products=False),
+    NO_HOST_GAPS: ComputeOptions(host_gaps=False),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -526,6 +545,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[UPDATE_AS_COUNTED] = model
         every[PREVIOUS] = model
         every[PRODUCTS_IN_CACHE] = model
+        every[NO_HOST_GAPS] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
@@ -757,6 +777,7 @@ def main() -> None:
     parser.add_argument("--ninth", action="store_true", help="the ninth held-out set (NINTH_MODELS)")
     parser.add_argument("--tenth", action="store_true", help="the tenth held-out set (TENTH_MODELS)")
     parser.add_argument("--eleventh", action="store_true", help="the eleventh held-out set (ELEVENTH_MODELS)")
+    parser.add_argument("--twelfth", action="store_true", help="the twelfth held-out set (TWELFTH_MODELS)")
     parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
@@ -793,6 +814,7 @@ def main() -> None:
             "ninth",
             "tenth",
             "eleventh",
+            "twelfth",
             "shapes",
             "shapes_again",
         )
@@ -811,6 +833,7 @@ def main() -> None:
         "ninth": NINTH_MODELS,
         "tenth": TENTH_MODELS,
         "eleventh": ELEVENTH_MODELS,
+        "twelfth": TWELFTH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }

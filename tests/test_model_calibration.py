@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from dnnperf.perfmodel import calibrate
+from dnnperf.perfmodel.issue import gap_seconds
 
 SPIN_S = 40e-3  # tens of times the tiny network's whole step (~1-2 ms): a loaded host's drift of a
 # millisecond or two in any phase stays a small share of it
 
 
-def test_a_delay_injected_into_one_phase_is_that_phases_cost(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.set_num_threads(1)
-    plain = calibrate.measure_phase_call_cost(repeats=15, passes=2)
+def _spin_in_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny network spins SPIN_S on the host once a step, in its forward: a hook on the whole
+    network, between the last block's calls and the loss's sum."""
     tiny_step = calibrate.tiny_step
 
     def slowed(device: torch.device | str = "cpu") -> tuple:
@@ -26,10 +27,16 @@ def test_a_delay_injected_into_one_phase_is_that_phases_cost(monkeypatch: pytest
             while time.perf_counter() - started < SPIN_S:
                 pass
 
-        model.register_forward_hook(spin)  # once a step, in the forward phase
+        model.register_forward_hook(spin)
         return model, step
 
     monkeypatch.setattr(calibrate, "tiny_step", slowed)
+
+
+def test_a_delay_injected_into_one_phase_is_that_phases_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(1)
+    plain = calibrate.measure_phase_call_cost(repeats=15, passes=2)
+    _spin_in_the_forward(monkeypatch)
     slow = calibrate.measure_phase_call_cost(repeats=15, passes=2)
     # The spin, spread over the forward's kernel calls: each block's linear layer and ReLU, and the
     # loss's sum.
@@ -59,3 +66,18 @@ def test_known_cold_costs_come_out_of_the_pairs(monkeypatch: pytest.MonkeyPatch)
     assert calibrate.measure_cold_product_cost(repeats=3, passes=1) == pytest.approx(
         (call_s, byte_s), rel=1e-6
     )
+
+
+def test_python_injected_between_calls_is_charged_as_the_gap_between_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.set_num_threads(1)
+    plain = calibrate.measure_gap_call_cost(passes=2)
+    tiny_step = calibrate.tiny_step
+    _spin_in_the_forward(monkeypatch)
+    slow = calibrate.measure_gap_call_cost(passes=2)
+    _, step = tiny_step("cpu")
+    calls = gap_seconds(step, warm=1, counted=1)
+    # The spin, spread over the forward's operator calls (views included); the backward does not take it.
+    assert (slow["forward"] - plain["forward"]) * calls["forward"][1] == pytest.approx(SPIN_S, rel=0.15)
+    assert (slow["backward"] - plain["backward"]) * calls["backward"][1] < 0.1 * SPIN_S

@@ -202,6 +202,40 @@ def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> N
     assert hot["compute_s"].tolist() == pytest.approx([1e-3, 2e-3, 1e-3, 1e-3])
 
 
+def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_it_was_described_on() -> None:
+    rows = [
+        ("forward", "aten.add", "elementwise", 1e8, 2.0),
+        ("backward", "aten.add", "elementwise", 2e8, 2.0),
+    ]
+    columns = ["phase", "op", "family", "bytes", "calls"]
+    ops = pd.DataFrame(rows, columns=columns).assign(
+        module="m", dtype="float32", flops=0.0, zeros=0.0, rows=0.0, kind=""
+    )
+    gaps = {"forward": [5e-3, 400.0], "backward": [1e-3, 500.0], "update": [9e-3, 100.0]}
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0, gaps=gaps)
+    here = _machine(replay_device="cpu", gap_call_s={"forward": 5e-6, "backward": 4e-6, "update": 1e-6})
+    plain = step_time(graph, here, ComputeOptions(host_gaps=False))
+    charged = step_time(graph, here)
+    # Forward: 5 ms between 400 calls, 2 ms of them at 5 us a call: 3 ms more. Backward: 1 ms between
+    # 500 calls at 4 us (2 ms): nothing, never less. The update: its own calibration, not charged.
+    assert charged.forward_s - plain.forward_s == pytest.approx(3e-3)
+    assert charged.backward_s == pytest.approx(plain.backward_s)
+    assert charged.update_s == pytest.approx(plain.update_s)
+    assert charged.overhead_s - plain.overhead_s == pytest.approx(3e-3)
+    # Another machine (a preset) runs other Python at another speed: nothing charged.
+    elsewhere = dataclasses.replace(here, replay_device="")
+    assert step_time(graph, elsewhere).total_s == pytest.approx(
+        step_time(graph, elsewhere, ComputeOptions(host_gaps=False)).total_s
+    )
+    # Interpolated between two batches, the gaps are the two's in proportion; kept through JSON.
+    other = dataclasses.replace(
+        graph, batch_size=3, gaps={"forward": [7e-3, 400.0], "backward": [3e-3, 500.0]}
+    )
+    between = graph.at_batch(other, 2)
+    assert between.gaps == {"forward": [pytest.approx(6e-3), 400.0], "backward": [pytest.approx(2e-3), 500.0]}
+    assert StepGraph.from_dict(between.to_dict()).gaps == between.gaps
+
+
 def test_cold_product_fit_recovers_a_call_cost_and_a_cost_per_byte() -> None:
     from dnnperf.perfmodel.calibrate import cold_product_fit
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dnnperf.perfmodel.graph import describe_model
-from dnnperf.perfmodel.issue import issue_seconds
+from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 
 CPU = torch.device("cpu")
 
@@ -38,7 +38,8 @@ class _Delayed(nn.Module):
         return _SlowBackward.apply(self.linear(x), self.backward_s)
 
 
-def _phases(model: nn.Module, update_s: float = 0.0) -> dict[str, float]:
+def _step(model: nn.Module, update_s: float = 0.0):
+    """One training step of ``model`` on a batch of 4, ``update_s`` of sleep in its update."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 8)
 
@@ -52,7 +53,11 @@ def _phases(model: nn.Module, update_s: float = 0.0) -> dict[str, float]:
             optimizer.step()
             optimizer.zero_grad()
 
-    return issue_seconds(step, CPU, warm=1, counted=5)
+    return step
+
+
+def _phases(model: nn.Module, update_s: float = 0.0) -> dict[str, float]:
+    return issue_seconds(_step(model, update_s), CPU, warm=1, counted=5)
 
 
 def test_each_phases_issue_time_holds_the_delay_injected_into_it_and_no_other() -> None:
@@ -71,3 +76,58 @@ def test_each_phases_issue_time_holds_the_delay_injected_into_it_and_no_other() 
 def test_a_description_on_the_cpu_measures_no_issue_time() -> None:
     graph = describe_model(nn.Linear(8, 8), torch.randn(4, 8), count_faults=False)
     assert graph.issue_s == {}
+
+
+@torch.library.custom_op("dnnperf_test::slow_identity", mutates_args=())
+def _slow_identity(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    """An operator whose own call takes ``seconds`` (a sleep inside it)."""
+    time.sleep(seconds)
+    return x.clone()
+
+
+@_slow_identity.register_fake
+def _(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_slow_identity.register_autograd(lambda ctx, grad: (grad, None))
+
+
+class _Gapped(nn.Module):
+    """Two linear layers with ``python_s`` of Python between them and an operator of ``inside_s``."""
+
+    def __init__(self, python_s: float, inside_s: float, backward_s: float = 0.0) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.python_s, self.inside_s, self.backward_s = python_s, inside_s, backward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        time.sleep(self.python_s)
+        x = _slow_identity(x, self.inside_s)
+        return self.second(_SlowBackward.apply(x, self.backward_s))
+
+
+def _gaps(model: nn.Module) -> dict[str, list[float]]:
+    return gap_seconds(_step(model), warm=1, counted=3)
+
+
+def test_the_gaps_hold_the_python_between_calls_and_not_the_calls_own_time() -> None:
+    plain = _gaps(_Gapped(0.0, 0.0))
+    assert set(plain) == {"forward", "backward", "update"}
+    python = _gaps(_Gapped(0.030, 0.0, backward_s=0.020))
+    # A sleep lasts at least its seconds: the forward's gaps grow by the Python's delay at least, the
+    # backward's by its Function's (the engine runs it between operator calls) ...
+    assert python["forward"][0] - plain["forward"][0] >= 0.030 * 0.95
+    assert python["backward"][0] - plain["backward"][0] >= 0.020 * 0.95
+    # ... and the calls are those of the same network.
+    assert python["forward"][1] == plain["forward"][1] > 0
+    # An operator's own 60 ms is inside a call, not between two: the gaps stay far below it.
+    inside = _gaps(_Gapped(0.0, 0.060))
+    assert inside["forward"][0] < 0.030
+
+
+def test_a_description_on_the_cpu_measures_its_gaps() -> None:
+    graph = describe_model(_Gapped(0.010, 0.0), torch.randn(4, 8), count_faults=False)
+    assert graph.gaps["forward"][0] >= 0.010 * 0.95
+    assert graph.gaps["forward"][1] > 0

@@ -65,7 +65,7 @@ from dnnperf.perfmodel.compute import (
     op_times,
 )
 from dnnperf.perfmodel.graph import StepGraph, operator_row
-from dnnperf.perfmodel.issue import issue_seconds
+from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import device_lead
 from dnnperf.perfmodel.machine import Curve, Machine, dedupe
 from dnnperf.perfmodel.zeros import CANDIDATES
@@ -183,6 +183,33 @@ def phase_call_cost(refresh: bool = False) -> dict[str, float]:
         key,
         measure_phase_call_cost,
         lambda cached: isinstance(cached, dict) and set(cached) == set(PHASES),
+        refresh,
+    )
+    return {str(k): float(v) for k, v in found.items()}
+
+
+def measure_gap_call_cost(passes: int = 3) -> dict[str, float]:
+    """Host seconds between two operator calls of the tiny network's step, in its forward and its
+    backward, as a description's gaps are measured (issue.gap_seconds): the least of ``passes``
+    passes (a shared host's slow spell falls in one). The per-call costs (phase_call_cost) hold these
+    gaps already; a model is charged only what its own exceed them by."""
+    _, step = tiny_step("cpu")
+    found = [gap_seconds(step, warm=5, counted=15) for _ in range(passes)]
+    return {
+        phase: min(f[phase][0] / f[phase][1] for f in found)
+        for phase in ("forward", "backward")
+        if all(f.get(phase, (0.0, 0.0))[1] > 0 for f in found)
+    }
+
+
+def gap_call_cost(refresh: bool = False) -> dict[str, float]:
+    """:func:`measure_gap_call_cost` of this host's CPU at the current thread count, measured once and
+    cached."""
+    key = f"gap_call/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        measure_gap_call_cost,
+        lambda cached: isinstance(cached, dict) and set(cached) == {"forward", "backward"},
         refresh,
     )
     return {str(k): float(v) for k, v in found.items()}

@@ -117,6 +117,9 @@ class ComputeOptions:
     #: cold_product_call_s a call and cold_product_byte_s a counted byte on top of its price. False:
     #: every product at its price in cache (validation-heldout.md, variant "products in cache").
     cold_products: bool = True
+    #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
+    #: network's (host_gap_seconds): the model's own Python. False: the calls' costs alone.
+    host_gaps: bool = True
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -318,19 +321,42 @@ def few_rows_class(kind: str, rows_per_call: float) -> str:
     return f"{kind or 'dense'}-small" if 0 < rows_per_call < FEW_ROWS else ""
 
 
+#: Phases whose gaps between calls are charged: the update's per-call cost is calibrated on
+#: optimizers themselves (calibrate.measure_update_cost), whose loops are the same in any model.
+GAP_PHASES = ("forward", "backward")
+
+
+def host_gap_seconds(
+    graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()
+) -> dict[str, float]:
+    """Per phase, the host seconds the description measured between its operator calls
+    (``StepGraph.gaps``) beyond its calls at the calibration network's gap each
+    (``Machine.gap_call_s``), never below zero: the Python of a model's modules, which the per-call
+    costs, calibrated on a network of plain layers, leave out. Only on the CPU that described it
+    (``Machine.replay_device``): another machine runs other Python at another speed."""
+    if not (options.host_gaps and options.overhead and machine.replay_device == "cpu"):
+        return {}
+    return {
+        phase: max(seconds - calls * machine.gap_call_s[phase], 0.0)
+        for phase, (seconds, calls) in graph.gaps.items()
+        if phase in GAP_PHASES and phase in machine.gap_call_s
+    }
+
+
 def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:
     """Forward + backward + update (+ the data stage) of one step on one device."""
     times = op_times(graph, machine, options)
     if machine.asynchronous:
         return queued_step(graph, machine, times, options)
     by_phase = times.groupby("phase")["seconds"].sum()
+    gaps = host_gap_seconds(graph, machine, options)
     return StepTime(
-        forward_s=float(by_phase.get("forward", 0.0)),
-        backward_s=float(by_phase.get("backward", 0.0)),
+        forward_s=float(by_phase.get("forward", 0.0)) + gaps.get("forward", 0.0),
+        backward_s=float(by_phase.get("backward", 0.0)) + gaps.get("backward", 0.0),
         update_s=float(by_phase.get("update", 0.0)),
         data_s=data_seconds(graph, machine),
         compute_s=float(times["compute_s"].sum()),
-        overhead_s=float(times["overhead_s"].sum()),
+        overhead_s=float(times["overhead_s"].sum()) + sum(gaps.values()),
         faults_s=fault_seconds(graph, machine, options),
     )
 

@@ -29,7 +29,7 @@ from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.perfmodel import workspace
 from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
-from dnnperf.perfmodel.issue import issue_seconds
+from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import KernelCalls
 from dnnperf.perfmodel.zeros import ZeroCounts
 from dnnperf.probes.opcount import OpCall, OpCounter
@@ -136,6 +136,11 @@ class StepGraph:
     #: ("forward", "backward", "update"; perfmodel/issue.py). Empty where not measured (a CPU, which
     #: runs the operators itself, shapes only, older descriptions).
     issue_s: dict[str, float] = field(default_factory=dict)
+    #: On a CPU of the host that described it: per phase, [host seconds between the step's operator
+    #: calls, the calls] (perfmodel/issue.gap_seconds): the model's own Python and the autograd
+    #: engine's bookkeeping around its operators. Empty where not measured (a GPU, shapes only,
+    #: older descriptions).
+    gaps: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -239,6 +244,12 @@ class StepGraph:
                 phase: min(seconds, other.issue_s[phase])
                 for phase, seconds in self.issue_s.items()
                 if phase in other.issue_s
+            },
+            # The Python between the calls does not grow with the batch; freeing larger tensors does.
+            gaps={
+                phase: [max(a + t * (b - a), 0.0) for a, b in zip(pair, other.gaps[phase], strict=True)]
+                for phase, pair in self.gaps.items()
+                if phase in other.gaps
             },
         )
 
@@ -753,6 +764,8 @@ def describe_model(
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
         if first.device.type == "cuda":
             graph.issue_s = issue_seconds(step, first.device)
+        elif first.device.type == "cpu":
+            graph.gaps = gap_seconds(step)
     return graph
 
 
@@ -773,7 +786,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-24"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-25"],
         sort_keys=True,
         default=str,
     )
@@ -841,6 +854,9 @@ def describe_workload(
     if torch.device(device).type == "cuda":
         with put_back(task.model, task.optimizers()):
             graph.issue_s = issue_seconds(lambda stages: task.step(batch, stages), torch.device(device))
+    elif device == "cpu":
+        with put_back(task.model, task.optimizers()):
+            graph.gaps = gap_seconds(lambda stages: task.step(batch, stages), warm=1, counted=3)
     if count_faults:
         graph.page_faults = workload_faults(spec.name, preset, batch_size)
     store.put(key, graph.to_dict())

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from dnnperf.devices import synchronize
+from dnnperf.probes.opcount import GapClock
 from dnnperf.workloads.base import Stages, no_stages
 
 
@@ -60,3 +61,23 @@ def issue_seconds(
         for phase, seconds in clock.seconds.items():
             samples[phase].append(seconds)
     return {phase: statistics.median(values) for phase, values in samples.items()}
+
+
+def gap_seconds(step: Callable[[Stages], Any], warm: int = 2, counted: int = 5) -> dict[str, list[float]]:
+    """Per phase of ``step(stages)`` on a CPU: [host seconds between its operator calls, its calls],
+    the median over ``counted`` steps after ``warm`` more (GapClock)."""
+    for _ in range(warm):
+        step(no_stages)
+    seconds: dict[str, list[float]] = defaultdict(list)
+    calls: dict[str, list[int]] = defaultdict(list)
+    for _ in range(counted):
+        clock = GapClock()
+        with clock:
+            step(clock)
+        for phase, value in clock.seconds.items():
+            seconds[phase].append(value)
+            calls[phase].append(clock.calls[phase])
+    return {
+        phase: [statistics.median(values), float(statistics.median(calls[phase]))]
+        for phase, values in seconds.items()
+    }

@@ -110,6 +110,11 @@ class Machine:
     #: call the autograd engine's walk, an update call the optimizer's loop, and they differ (6.2-8.2,
     #: 4.9-5.8 and 2.2-2.6 us here). Absent: ``dispatch_s``. Calibrated: calibrate.phase_call_cost (a CPU's).
     phase_call_s: dict[str, float] = field(default_factory=dict)
+    #: Host seconds between two operator calls of the calibration's network, per phase ("forward",
+    #: "backward"), as a description's gaps are measured (perfmodel/issue.gap_seconds): a model whose
+    #: calls are further apart (its modules' Python) is charged the excess of its own (StepGraph.gaps).
+    #: Absent: not charged. Calibrated: calibrate.gap_call_cost (a CPU's).
+    gap_call_s: dict[str, float] = field(default_factory=dict)
     #: The share of the optimizer update's counted bytes (each kernel's operands, read and written)
     #: that the update moves at its bandwidth: a parameter's kernels run back to back on the same few
     #: tensors, so later ones find them in cache. 1.0: as counted. Calibrated: calibrate.update_cost.
@@ -229,6 +234,7 @@ def validate(machine: Machine) -> None:
         "efficiency",
         "call_s",
         "phase_call_s",
+        "gap_call_s",
         "zero_operand_s",
         "host_call_s",
         "collectives",
@@ -280,6 +286,9 @@ def validate(machine: Machine) -> None:
     for phase, value in machine.phase_call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: phase_call_s[{phase!r}] must be zero or positive, got {value!r}")
+    for phase, value in machine.gap_call_s.items():
+        if not (_finite_positive(value) or value == 0):
+            raise UsageError(f"{where}: gap_call_s[{phase!r}] must be zero or positive, got {value!r}")
     for family, value in machine.host_call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: host_call_s[{family!r}] must be zero or positive, got {value!r}")
@@ -330,6 +339,7 @@ def from_profile(
     kernel_s: float = 0.0,
     host_call_s: dict[str, float] | None = None,
     phase_call_s: dict[str, float] | None = None,
+    gap_call_s: dict[str, float] | None = None,
     update_byte_share: float = 1.0,
     cold_product_s: tuple[float, float] = (0.0, 0.0),
 ) -> Machine:
@@ -348,7 +358,9 @@ def from_profile(
     kernel beyond its roofline, and ``host_call_s`` its host's seconds per call beyond the overhead, per
     family and phase (calibrate.zoo_calibration); default 0 and none. ``phase_call_s``: host seconds
     per kernel call by phase (calibrate.phase_call_cost) and ``update_byte_share``: the share of the
-    update's counted bytes it moves (calibrate.update_cost); default none and 1.0.
+    update's counted bytes it moves (calibrate.update_cost); default none and 1.0. ``gap_call_s``: host
+    seconds between two calls of the calibration's network by phase (calibrate.gap_call_cost); default
+    none.
     ``cold_product_s``: a matrix product's cost with its operands out of cache beyond its price, per
     call and per counted byte (calibrate.measure_cold_product_cost); default none.
 
@@ -404,6 +416,7 @@ def from_profile(
         kernel_s=kernel_s,
         host_call_s=dict(host_call_s or {}),
         phase_call_s=dict(phase_call_s or {}),
+        gap_call_s=dict(gap_call_s or {}),
         update_byte_share=update_byte_share,
         cold_product_call_s=cold_product_s[0],
         cold_product_byte_s=cold_product_s[1],

@@ -26,6 +26,7 @@ from dnnperf.perfmodel.calibrate import (
     dispatch_net_of_views,
     measure_cold_product_cost,
     measure_ddp_cost,
+    measure_gap_call_cost,
     measure_op_overhead,
     measure_page_fault_cost,
     measure_phase_call_cost,
@@ -110,6 +111,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     if not gpu:
         phase_call["update"] = update_call
     cold_product = (0.0, 0.0) if gpu else measure_cold_product_cost()
+    gap_call = {} if gpu else measure_gap_call_cost()
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
         v: from_profile(
@@ -128,6 +130,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
             phase_call_s={} if v == "hw dispatch" else phase_call,
             update_byte_share=update_share,
             cold_product_s=cold_product,
+            gap_call_s=gap_call,
         )
         for v in VARIANTS
     }
@@ -152,6 +155,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "cold_product_call_s": cold_product[0],
         "cold_product_byte_s": cold_product[1],
         **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
+        **{f"gap_call_s[{phase}]": cost for phase, cost in gap_call.items()},
         **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
@@ -713,6 +717,7 @@ def calibrated_machine(device: str) -> Machine:
         ddp_cost,
         dispatch_net_of_views,
         fsdp_cost,
+        gap_call_cost,
         op_overhead,
         page_fault_cost,
         phase_call_cost,
@@ -760,4 +765,5 @@ def calibrated_machine(device: str) -> Machine:
         ddp_s=ddp_cost(),
         fsdp_s=fsdp_cost(),
         cold_product_s=cold_product_cost(),
+        gap_call_s=gap_call_cost(),
     )

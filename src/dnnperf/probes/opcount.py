@@ -1130,6 +1130,43 @@ class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
         return out
 
 
+class GapClock(_TorchDispatchMode):  # type: ignore[misc,valid-type]
+    """Host seconds between consecutive operator calls, by phase: what a step spends outside its
+    operators (its modules' Python, the autograd engine's bookkeeping, freeing tensors), each call's
+    own time left out. ``with clock:`` sees the calls; ``with clock("forward"):`` names the phase the
+    gaps inside it count in (a gap into a phase's first call counts nowhere). ``seconds`` and
+    ``calls`` by phase; ``calls`` counts every operator call, views included."""
+
+    def __init__(self) -> None:
+        _check_available()
+        super().__init__()
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._phase: str | None = None
+        self._last: float | None = None
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        outer, self._phase, self._last = self._phase, name, None
+        self.seconds.setdefault(name, 0.0)
+        self.calls.setdefault(name, 0)
+        try:
+            yield
+        finally:
+            self._phase, self._last = outer, None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        started = time.perf_counter()
+        phase = self._phase
+        if phase is not None:
+            if self._last is not None:
+                self.seconds[phase] += started - self._last
+            self.calls[phase] += 1
+        out = func(*args, **(kwargs or {}))
+        self._last = time.perf_counter()
+        return out
+
+
 def _check_available() -> None:
     if _DISPATCH_MODE_ERROR is not None:
         raise RuntimeError(
