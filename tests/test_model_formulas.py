@@ -15,6 +15,7 @@ from dnnperf.perfmodel import strategies as s
 from dnnperf.perfmodel.compute import ComputeOptions, op_times, queued_end, step_time
 from dnnperf.perfmodel.graph import StepGraph
 from dnnperf.perfmodel.machine import PRESETS, Machine, from_dict, preset
+from dnnperf.perfmodel.predict import predict
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
@@ -222,6 +223,11 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     assert charged.backward_s == pytest.approx(plain.backward_s)
     assert charged.update_s == pytest.approx(plain.update_s)
     assert charged.overhead_s - plain.overhead_s == pytest.approx(3e-3)
+    # A prediction's step and phases carry it (one device, and each rank of data parallelism).
+    with_gaps = predict(graph, here, batch_size=1)
+    without = predict(graph, here, batch_size=1, options=ComputeOptions(host_gaps=False))
+    assert with_gaps.step_s - without.step_s == pytest.approx(3e-3)
+    assert with_gaps.detail["phases_s"]["forward"] == pytest.approx(charged.forward_s)
     # Another machine (a preset) runs other Python at another speed: nothing charged.
     elsewhere = dataclasses.replace(here, replay_device="")
     assert step_time(graph, elsewhere).total_s == pytest.approx(

@@ -343,9 +343,15 @@ def host_gap_seconds(
     }
 
 
-def step_time(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> StepTime:
-    """Forward + backward + update (+ the data stage) of one step on one device."""
-    times = op_times(graph, machine, options)
+def step_time(
+    graph: StepGraph,
+    machine: Machine,
+    options: ComputeOptions = ComputeOptions(),
+    times: pd.DataFrame | None = None,
+) -> StepTime:
+    """Forward + backward + update (+ the data stage) of one step on one device; ``times``: the
+    graph's op_times on ``machine`` with ``options``, where the caller has them."""
+    times = op_times(graph, machine, options) if times is None else times
     if machine.asynchronous:
         return queued_step(graph, machine, times, options)
     by_phase = times.groupby("phase")["seconds"].sum()

@@ -307,16 +307,13 @@ def predict(
             described_on,
         )
         times = op_times(graph, machine, options)
-        compute = float(times["seconds"].sum())
-        if machine.asynchronous:  # host and device overlap (compute.step_time); the copy is "other"
-            step = step_time(graph, machine, options)
-            compute = step.forward_s + step.backward_s + step.update_s
+        # Forward, backward and update as compute.step_time prices them: on an asynchronous device
+        # host and device overlap; on this host's CPU each phase also pays the model's own Python
+        # between its calls. The batch's copy is "other".
+        step = step_time(graph, machine, options, times)
+        phases = {"forward": step.forward_s, "backward": step.backward_s, "update": step.update_s}
+        compute = sum(phases.values())
         exposed, memory = 0.0, None
-        if machine.asynchronous:
-            phases = {"forward": step.forward_s, "backward": step.backward_s, "update": step.update_s}
-        else:
-            by_phase = times.groupby("phase")["seconds"].sum()
-            phases = {phase: float(by_phase.get(phase, 0.0)) for phase in ("forward", "backward", "update")}
         # The device's own step by phase, before any strategy's additions (DDP's passes, sharding).
         detail: dict[str, Any] = {"phases_s": phases}
         if strategy == "fsdp" and devices > 1:
