@@ -97,7 +97,7 @@ SETS = (
     ("shapes-again", "shapes set again", "The same 15 models at batches 5 and 10 (`--shapes-again`)."),
 )
 #: The variants the tables show beside the model (heldout_validation.VARIANTS has them all).
-SHOWN = ("no host gaps", "products in cache", "one call cost, update as counted")
+SHOWN = ("no replays", "products in cache", "one call cost, update as counted")
 #: The issue's targets: median and max of |error|, median signed error, memory error.
 MEDIAN, MAX, BIAS, MEMORY = 0.10, 0.25, 0.05, 0.10
 
@@ -224,9 +224,15 @@ def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
     commits = sorted({d["commit"] for d in documents.values()})
+    by_commit = "; ".join(
+        f"`{c}`: " + ", ".join(k for k, d in documents.items() if d["commit"] == c) for c in commits
+    )
     return (
-        f"{first['machine']}; the sets one after another, finished from {finished[0]} to "
-        f"{finished[-1].split(' ')[1]} UTC; commit {', '.join(f'`{c}`' for c in commits)}."
+        f"{first['machine']}; finished from {finished[0]} to {finished[-1].split(' ')[1]} UTC; "
+        f"by commit, {by_commit}."
+        if len(commits) > 1
+        else f"{first['machine']}; the sets one after another, finished from {finished[0]} to "
+        f"{finished[-1].split(' ')[1]} UTC; commit `{commits[0]}`."
     )
 
 
