@@ -437,7 +437,8 @@ def described(task: Any, example: dict[str, torch.Tensor]) -> ScalableGraph:
     """The task's model described at the example batch and at half of it, as ``dnnperf.predict``
     describes it for another batch size."""
     arguments = {"loss_fn": task.loss_fn, "optimizer": task.optimizer}
-    return scalable(describe_model(task.model, example, **arguments), task.model, example, **arguments)
+    first = describe_model(task.model, example, time_gaps=True, **arguments)  # for "host gaps"
+    return scalable(first, task.model, example, **arguments)
 
 
 def configurations(

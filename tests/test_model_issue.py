@@ -127,7 +127,8 @@ def test_the_gaps_hold_the_python_between_calls_and_not_the_calls_own_time() -> 
     assert inside["forward"][0] < 0.030
 
 
-def test_a_description_on_the_cpu_measures_its_gaps() -> None:
-    graph = describe_model(_Gapped(0.010, 0.0), torch.randn(4, 8), count_faults=False)
+def test_a_description_on_the_cpu_times_its_gaps_where_asked() -> None:
+    assert describe_model(_Gapped(0.0, 0.0), torch.randn(4, 8), count_faults=False).gaps == {}
+    graph = describe_model(_Gapped(0.010, 0.0), torch.randn(4, 8), count_faults=False, time_gaps=True)
     assert graph.gaps["forward"][0] >= 0.010 * 0.95
     assert graph.gaps["forward"][1] > 0

@@ -136,10 +136,10 @@ class StepGraph:
     #: ("forward", "backward", "update"; perfmodel/issue.py). Empty where not measured (a CPU, which
     #: runs the operators itself, shapes only, older descriptions).
     issue_s: dict[str, float] = field(default_factory=dict)
-    #: On a CPU of the host that described it: per phase, [host seconds between the step's operator
-    #: calls, the calls] (perfmodel/issue.gap_seconds): the model's own Python and the autograd
-    #: engine's bookkeeping around its operators. Empty where not measured (a GPU, shapes only,
-    #: older descriptions).
+    #: On a CPU of the host that described it, where asked (describe_model's ``time_gaps``): per phase,
+    #: [host seconds between the step's operator calls, the calls] (perfmodel/issue.gap_seconds): the
+    #: model's own Python and the autograd engine's bookkeeping around its operators. Empty where not
+    #: measured.
     gaps: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -728,10 +728,13 @@ def describe_model(
     optimizer: torch.optim.Optimizer | None = None,
     name: str = "model",
     count_faults: bool = True,
+    time_gaps: bool = False,
 ) -> StepGraph:
     """Describe one training step of a user's model on an example batch (its first dimension is the
     batch). Default loss: the sum of the output; default optimizer: SGD with momentum. On the CPU,
-    ``count_faults`` runs twelve more plain steps to count the step's page faults (``page_faults``).
+    ``count_faults`` runs twelve more plain steps to count the step's page faults (``page_faults``);
+    ``time_gaps`` seven more to time the host between their operator calls (``gaps``, which
+    ``ComputeOptions(host_gaps=True)`` charges).
     The steps train the model: its weights, buffers, gradients, the optimizer's state and the random
     generators are put back as they were afterwards (``dnnperf.restore``)."""
     if not isinstance(model, nn.Module):
@@ -764,7 +767,7 @@ def describe_model(
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
         if first.device.type == "cuda":
             graph.issue_s = issue_seconds(step, first.device)
-        elif first.device.type == "cpu":
+        elif time_gaps and first.device.type == "cpu":
             graph.gaps = gap_seconds(step)
     return graph
 
@@ -854,9 +857,6 @@ def describe_workload(
     if torch.device(device).type == "cuda":
         with put_back(task.model, task.optimizers()):
             graph.issue_s = issue_seconds(lambda stages: task.step(batch, stages), torch.device(device))
-    elif device == "cpu":
-        with put_back(task.model, task.optimizers()):
-            graph.gaps = gap_seconds(lambda stages: task.step(batch, stages), warm=1, counted=3)
     if count_faults:
         graph.page_faults = workload_faults(spec.name, preset, batch_size)
     store.put(key, graph.to_dict())

@@ -57,8 +57,14 @@ def scalable(
     """``graph`` (the description of ``model`` on ``batch``) made predictable at any batch size.
 
     FLOPs, bytes and activations are affine in the batch: a second description at half the example
-    batch gives the step at any batch size."""
-    half = describe_model(model, _first_rows(batch, _rows(batch) // 2), loss_fn=loss_fn, optimizer=optimizer)
+    batch gives the step at any batch size (its host gaps timed if ``graph``'s were)."""
+    half = describe_model(
+        model,
+        _first_rows(batch, _rows(batch) // 2),
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        time_gaps=bool(graph.gaps),
+    )
     return ScalableGraph(graph, half)
 
 
