@@ -1,4 +1,5 @@
-"""How long a host takes to issue a training step to its GPU, measured on the step itself.
+"""The host's side of a training step, measured on the step itself: how long it takes to issue the
+step to a GPU, and on a CPU the seconds between the step's operator calls.
 
 On a GPU the host queues kernels and goes on; a small network's step is the host's time, and most of
 that is not in the operators' own calls: the model's Python (module calls, reshapes, the glue of a
@@ -10,6 +11,11 @@ each step. The host's work does not grow with the batch (the kernels it queues d
 measured at the description's batch hold at any other (perfmodel/compute.py's queued step scales
 the calls' host costs to them). Where the device falls a full queue behind, the host waits and the
 time measured is an upper bound: of two descriptions the smaller is kept (StepGraph.at_batch).
+
+A CPU runs the operators itself, so its host time is the step's; what it spends *between* the
+operators can still be told apart (:func:`gap_seconds`, probes.opcount.GapClock): a model may run
+Python between its calls that the calibration's network does not, and
+``ComputeOptions(host_gaps=True)`` charges the excess (compute.host_gap_seconds).
 """
 
 from __future__ import annotations
