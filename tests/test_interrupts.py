@@ -53,3 +53,82 @@ def test_output_and_exit_code_come_back() -> None:
         [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(4)"]
     )
     assert (done.returncode, done.stdout, done.stderr) == (4, "out\n", "err\n")
+
+
+#: A child that says it started, then waits up to 20 s for the other child of its pair to start.
+WAITS_FOR_ITS_PAIR = """
+import pathlib, sys, time
+here, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+here.write_text("started")
+deadline = time.monotonic() + float(sys.argv[3])
+while not other.exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("met" if other.exists() else "alone")
+"""
+
+
+def test_children_run_side_by_side_up_to_the_limit(tmp_path: Path) -> None:
+    from dnnperf.interrupts import run_children
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    pair = [[sys.executable, "-c", WAITS_FOR_ITS_PAIR, str(a), str(b), "20"]]
+    pair.append([sys.executable, "-c", WAITS_FOR_ITS_PAIR, str(b), str(a), "20"])
+    assert [done.stdout for done in run_children(pair, parallel=2)] == ["met\n", "met\n"]
+    a.unlink()
+    b.unlink()
+    # One at a time: the first waits (here 2 s) and never meets the second, which starts after it.
+    pair[0][-1] = pair[1][-1] = "2"
+    assert [done.stdout for done in run_children(pair, parallel=1)] == ["alone\n", "met\n"]
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    import subprocess
+
+    pids = tmp_path / "pids"
+    parent = f"""
+import sys
+from dnnperf.interrupts import run_children
+child = "import os, time; open({str(pids)!r}, 'a').write(str(os.getpid()) + chr(10)); time.sleep(60)"
+run_children([[sys.executable, "-c", child]] * 2, parallel=2)
+"""
+    process = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2:
+        time.sleep(0.05)
+    children = [int(p) for p in pids.read_text().split()]
+    process.kill()  # SIGKILL: no handler of the parent runs
+    process.wait()
+    deadline = time.monotonic() + 10
+    alive = children
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.05)
+    assert len(children) == 2 and alive == []
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped by init, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_children_beside_other_work_stop_when_that_work_fails(tmp_path: Path) -> None:
+    from dnnperf.interrupts import children_beside
+
+    pids = tmp_path / "pids"
+    child = f"import os, time; open({str(pids)!r}, 'a').write(str(os.getpid()) + chr(10)); time.sleep(60)"
+    with (
+        pytest.raises(ValueError, match="the description failed"),
+        children_beside([[sys.executable, "-c", child]] * 2, parallel=2),
+    ):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2:
+            time.sleep(0.05)
+        raise ValueError("the description failed")
+    assert [p for p in map(int, pids.read_text().split()) if _alive(p)] == []
+    assert not any(t.name == "dnnperf-children" for t in threading.enumerate())
+    with children_beside([[sys.executable, "-c", "print('counted')"]]) as wait:
+        assert [done.stdout for done in wait()] == ["counted\n"]

@@ -13,9 +13,11 @@ import ctypes
 import os
 import signal
 import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 #: prctl(2) options (linux/prctl.h).
@@ -69,25 +71,115 @@ def run_child(
     is stopped (Ctrl-C, SIGTERM) or the child overruns ``timeout_s``: the child is sent SIGTERM and
     given ``grace_s`` to remove what it started (ranks, network namespaces, temporary files) before
     it is killed. ``subprocess.run`` kills at once, which leaves a dnnperf child's own children behind.
-    """
-    process = subprocess.Popen(
-        list(argv),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=None if env is None else dict(env),
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except BaseException:
-        process.terminate()
+    If this process is killed outright, the child gets SIGKILL (:func:`die_with_this_process`)."""
+    return run_children([argv], env, parallel=1, grace_s=grace_s, timeout_s=timeout_s)[0]
+
+
+def run_children(
+    commands: Sequence[Sequence[str]],
+    env: Mapping[str, str] | None = None,
+    parallel: int = 1,
+    grace_s: float = 30.0,
+    timeout_s: float | None = None,
+    cancel: threading.Event | None = None,
+) -> list[subprocess.CompletedProcess]:
+    """:func:`run_child` for several commands, at most ``parallel`` at a time, started in the order
+    given; their results in that order. A stop of this process, one child's overrun of ``timeout_s``
+    or ``cancel`` set (from another thread) stops every running child the same way (SIGTERM,
+    ``grace_s``, SIGKILL) and the rest never start. Output goes to unlinked temporary files, which the
+    OS removes however this process ends."""
+    pending = list(enumerate(commands))
+    running: dict[int, tuple[subprocess.Popen, Any, Any, float]] = {}
+    results: list[subprocess.CompletedProcess | None] = [None] * len(commands)
+    with ExitStack() as files:
         try:
-            process.communicate(timeout=grace_s)
+            while pending or running:
+                while pending and len(running) < max(1, parallel):
+                    index, argv = pending.pop(0)
+                    out = files.enter_context(tempfile.TemporaryFile())
+                    err = files.enter_context(tempfile.TemporaryFile())
+                    process = subprocess.Popen(
+                        list(argv),
+                        stdout=out,
+                        stderr=err,
+                        env=None if env is None else dict(env),
+                        preexec_fn=die_with_this_process(),
+                    )
+                    running[index] = (process, out, err, time.monotonic())
+                for index, (process, out, err, started) in list(running.items()):
+                    if process.poll() is not None:
+                        del running[index]
+                        results[index] = subprocess.CompletedProcess(
+                            process.args, process.returncode, _read(out), _read(err)
+                        )
+                    elif timeout_s is not None and time.monotonic() - started > timeout_s:
+                        raise subprocess.TimeoutExpired(process.args, timeout_s)
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("stopped with the work beside it")
+                if running:
+                    time.sleep(0.05)
+        except BaseException:
+            _stop([process for process, *_ in running.values()], grace_s)
+            raise
+    return [r for r in results if r is not None]
+
+
+class Cancelled(Exception):
+    """:func:`run_children` was cancelled from another thread."""
+
+
+@contextmanager
+def children_beside(
+    commands: Sequence[Sequence[str]],
+    env: Mapping[str, str] | None = None,
+    parallel: int = 1,
+    timeout_s: float | None = None,
+) -> Iterator[Callable[[], list[subprocess.CompletedProcess]]]:
+    """:func:`run_children` in a thread while the caller does other work; yields the function that
+    waits for their results (and raises what stopped them). Leaving the block before that, by an
+    error or a stop, stops the children and the thread."""
+    cancel = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["done"] = run_children(commands, env, parallel, timeout_s=timeout_s, cancel=cancel)
+        except BaseException as error:  # handed to the caller's thread by wait()
+            outcome["error"] = error
+
+    thread = threading.Thread(target=work, name="dnnperf-children", daemon=True)
+    thread.start()
+
+    def wait() -> list[subprocess.CompletedProcess]:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["done"]
+
+    try:
+        yield wait
+    finally:
+        cancel.set()
+        thread.join()
+
+
+def _read(file: Any) -> str:
+    """What a child wrote to ``file``, as text."""
+    file.seek(0)
+    return file.read().decode(errors="replace")
+
+
+def _stop(processes: Sequence[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to each of ``processes``, ``grace_s`` for all of them to end, then SIGKILL."""
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
-            process.communicate()
-        raise
-    return subprocess.CompletedProcess(list(argv), process.returncode, stdout, stderr)
+            process.wait()
 
 
 def libc_prctl() -> Callable[..., int] | None:

@@ -11,11 +11,12 @@ Descriptions are cached on disk like ``analysis/flops.py`` caches FLOPs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from torch import nn
 from dnnperf.cache import JsonCache
 from dnnperf.errors import UsageError
 from dnnperf.perfmodel import workspace
-from dnnperf.perfmodel.faults import steady_page_faults, workload_faults
+from dnnperf.perfmodel.faults import counting_workload_faults, steady_page_faults
 from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import KernelCalls
 from dnnperf.perfmodel.zeros import ZeroCounts
@@ -36,7 +37,7 @@ from dnnperf.probes.opcount import OpCall, OpCounter
 from dnnperf.probes.saved import observe_saved
 from dnnperf.restore import put_back
 from dnnperf.version import __version__
-from dnnperf.workloads.base import no_stages
+from dnnperf.workloads.base import Workload, no_stages
 
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
 BASE_BATCHES = (2, 4)
@@ -810,30 +811,57 @@ def describe_workload(
 ) -> StepGraph:
     """One counted training step of a suite workload at ``batch_size`` (cached on disk). The step
     runs on ``device`` ("cpu": the operator stream this machine runs; "meta": shapes only, for presets
-    too large to run here). ``count_faults``: also its page faults on this CPU (perfmodel/faults.py: 13
-    steps in each of three fresh processes), once, kept with the description; only a machine that
-    charges them needs them."""
+    too large to run here). ``count_faults``: also its page faults on this CPU (perfmodel/faults.py:
+    fresh processes), once, kept with the description; only a machine that charges them needs them."""
+    return describe_workload_batches(workload, preset, [batch_size], device, count_faults)[0]
+
+
+def describe_workload_batches(
+    workload: str,
+    preset: str,
+    batch_sizes: Sequence[int],
+    device: str = "cpu",
+    count_faults: bool = False,
+) -> list[StepGraph]:
+    """:func:`describe_workload` at each of ``batch_sizes``; the page faults of those not counted
+    before are counted together, in fresh processes side by side with the descriptions
+    (faults.counting_workload_faults). Each description is cached as soon as it is made, so a stop
+    while faults are counted keeps it."""
     from dnnperf.workloads import get_workload
 
-    if batch_size <= 0:
-        raise UsageError(f"batch size must be a positive integer, got {batch_size}")
+    for batch_size in batch_sizes:
+        if batch_size <= 0:
+            raise UsageError(f"batch size must be a positive integer, got {batch_size}")
     spec = get_workload(workload)  # UsageError with suggestions for an unknown name
     if preset not in spec.presets:
         raise UsageError(f"{workload} has no preset {preset!r} (presets: {', '.join(spec.presets)})")
     store = JsonCache("model-graph")
-    key = _cache_key(spec.name, preset, batch_size, device)
-    count_faults = count_faults and device == "cpu"
-    cached = store.get(key)
-    if isinstance(cached, dict):
-        try:
-            graph = StepGraph.from_dict(cached)
-        except (KeyError, TypeError, ValueError):
-            pass  # an older or damaged entry: count again
-        else:
-            if count_faults and graph.page_faults is None:
-                graph.page_faults = workload_faults(spec.name, preset, batch_size)
-                store.put(key, graph.to_dict())
-            return graph
+    cached: dict[int, StepGraph] = {}
+    for batch_size in dict.fromkeys(batch_sizes):
+        found = store.get(_cache_key(spec.name, preset, batch_size, device))
+        if isinstance(found, dict):
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # older or damaged: count again
+                cached[batch_size] = StepGraph.from_dict(found)
+    uncounted = [
+        b
+        for b in dict.fromkeys(batch_sizes)
+        if count_faults and device == "cpu" and (b not in cached or cached[b].page_faults is None)
+    ]
+    # The fresh processes count while this one describes: neither is timed.
+    with counting_workload_faults(spec.name, preset, uncounted) as faults_counted:
+        graphs = dict(cached)
+        for batch_size in dict.fromkeys(batch_sizes):
+            if batch_size not in graphs:
+                graphs[batch_size] = _capture_workload(spec, preset, batch_size, device)
+                store.put(_cache_key(spec.name, preset, batch_size, device), graphs[batch_size].to_dict())
+        for batch_size, faults in faults_counted().items():
+            graphs[batch_size].page_faults = faults
+            store.put(_cache_key(spec.name, preset, batch_size, device), graphs[batch_size].to_dict())
+    return [graphs[b] for b in batch_sizes]
+
+
+def _capture_workload(spec: Workload, preset: str, batch_size: int, device: str) -> StepGraph:
+    """The counted step of the suite workload ``spec`` at ``batch_size`` on ``device``."""
     torch.manual_seed(0)
     task = spec.build(preset, device)
     batch = {k: v.to(device) for k, v in spec.data(preset).synthesize(batch_size, 0).items()}
@@ -857,9 +885,6 @@ def describe_workload(
     if torch.device(device).type == "cuda":
         with put_back(task.model, task.optimizers()):
             graph.issue_s = issue_seconds(lambda stages: task.step(batch, stages), torch.device(device))
-    if count_faults:
-        graph.page_faults = workload_faults(spec.name, preset, batch_size)
-    store.put(key, graph.to_dict())
     return graph
 
 
@@ -881,9 +906,7 @@ def workload_graph(
         graph = describe_workload(workload, preset, batch_size, device, count_faults=count_faults)
         return dataclasses.replace(graph, kernels=[])
     a, b = (
-        dataclasses.replace(
-            describe_workload(workload, preset, size, device, count_faults=count_faults), kernels=[]
-        )
-        for size in BASE_BATCHES
+        dataclasses.replace(graph, kernels=[])
+        for graph in describe_workload_batches(workload, preset, BASE_BATCHES, device, count_faults)
     )
     return a.at_batch(b, batch_size)
