@@ -398,7 +398,7 @@ def test_a_calibrated_gpu_without_a_measured_link_predicts_one_device_only(
     gpu = dataclasses.replace(
         preset("h100-ib"), devices_per_node=1, asynchronous=True, sources={"link": "default"}
     )
-    monkeypatch.setattr(command, "load_machine", lambda spec, device: gpu)
+    monkeypatch.setattr(command, "load_machine", lambda spec, device, **asked: gpu)
     assert main(["predict", "basic_cnn", "--preset", "tiny", "--nodes", "2"]) == 2
     assert "measured no link between devices" in capsys.readouterr().err
     assert main(["predict", "basic_cnn", "--preset", "tiny", "-b", "4", "--json"]) == 0  # one device: fine

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -66,3 +68,64 @@ def test_this_machine_without_a_calibration_says_how_to_make_one(tmp_path, monke
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
     with pytest.raises(UsageError, match="dnnperf hw"):
         dnnperf.predict(wide_linear(), torch.randn(4, WIDTH))
+
+
+def test_this_machine_calibrates_the_link_and_fsdp_only_when_a_prediction_needs_them(
+    tmp_path, monkeypatch
+) -> None:
+    """Two-rank calibrations (the gloo link, FSDP's host work) cost ~10 s each on a 2-core host: a
+    one-device prediction skips them, and a machine built without one refuses what needs it."""
+    from dnnperf import calibration, hardware
+    from dnnperf.perfmodel import calibrate, collective_calibration
+    from dnnperf.perfmodel.machine import NOT_CALIBRATED
+    from dnnperf.perfmodel.predict import predict
+    from dnnperf.perfmodel.validate import calibrated_machine
+
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    ran: list[str] = []
+
+    def fake(name, value):
+        def measured(*args, **kwargs):
+            ran.append(name)
+            return value
+
+        monkeypatch.setattr(calibrate if name != "link" else collective_calibration, name, measured)
+
+    zoo = calibrate.ZooCalibration(efficiency={}, curves={}, call_s={}, kernel_s=0.0, host_call_s={})
+    for name, value in [
+        ("calibrated", zoo),
+        ("update_cost", (1e-6, 1.0)),
+        ("op_overhead", 5e-6),
+        ("page_fault_cost", 1e-6),
+        ("phase_call_cost", {}),
+        ("zero_operand_cost", {}),
+        ("split_region_cost", 0.0),
+        ("ddp_cost", (0.0, 0.0)),
+        ("cold_product_cost", (0.0, 0.0)),
+        ("gap_call_cost", 0.0),
+        ("fsdp_cost", (1e-3, 1e-4, 1e-6, 1e-6)),
+    ]:
+        fake(name, value)
+    monkeypatch.setattr(collective_calibration, "link_calibration", lambda: ran.append("link") or {})
+    hardware.save_profile(calibration.calibrate("cpu", quick=True))
+
+    lean = calibrated_machine("cpu", link=False, fsdp=False)
+    assert "link" not in ran and "fsdp_cost" not in ran and "calibrated" in ran
+    assert lean.sources["link"] == lean.sources["fsdp"] == NOT_CALIBRATED
+    two = dataclasses.replace(lean, nodes=2)
+    with pytest.raises(UsageError, match="without its link"):
+        predict("basic_cnn", two, 4, "dp", preset="tiny")
+    linked = dataclasses.replace(two, sources={**two.sources, "link": "a fit"})
+    assert predict("basic_cnn", linked, 4, "dp", preset="tiny").step_s > 0
+    with pytest.raises(UsageError, match="without FSDP"):
+        predict("basic_cnn", linked, 4, "fsdp", preset="tiny")
+    assert predict("basic_cnn", lean, 4, "single", preset="tiny").step_s > 0
+    ran.clear()
+    heard: list[tuple[str, float]] = []
+    full = calibrated_machine("cpu", progress=lambda what, done: heard.append((what, done)))
+    assert "link" in ran and "fsdp_cost" in ran
+    said = " ".join(what for what, _ in heard)
+    assert all(part in said for part in ("layer zoo", "update", "FSDP", "gloo link"))
+    assert [done for _, done in heard] == sorted(done for _, done in heard)
+    assert NOT_CALIBRATED not in full.sources.values()
+    assert predict("basic_cnn", dataclasses.replace(full, nodes=2), 4, "dp", preset="tiny").step_s > 0

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,14 +143,21 @@ def warn_if_busy(profile: Any, out: Output) -> None:
         out.warn(f"hardware profile of {profile.device_name}: {busy}")
 
 
-def load_machine(spec: str, device: str = "cpu") -> Machine:
-    """``hw`` (``device`` as `dnnperf hw` profiled it), a preset name, or a JSON file."""
+def load_machine(
+    spec: str,
+    device: str = "cpu",
+    link: bool = True,
+    fsdp: bool = True,
+    progress: Callable[[str, float], None] | None = None,
+) -> Machine:
+    """``hw`` (``device`` as `dnnperf hw` profiled it; calibrated with a link between devices and
+    FSDP's host work where asked), a preset name, or a JSON file."""
     from dnnperf.perfmodel import machine as machines
 
     if spec == "hw":
         from dnnperf.perfmodel.validate import calibrated_machine
 
-        return calibrated_machine(device)
+        return calibrated_machine(device, link=link, fsdp=fsdp, progress=progress)
     if spec in PRESETS:
         return machines.preset(spec)
     path = Path(spec)
@@ -178,8 +186,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     resolve_device(args.device)  # a device that is not there is an error, whichever machine is asked for
     calibrating = "calibrating the model's costs on this machine (cached afterwards)"
-    with out.progress_fraction(calibrating if args.machine == "hw" else f"loading machine {args.machine}"):
-        machine = load_machine(args.machine, args.device)
+    asked = [n.strip() for n in args.strategy.split(",")] if args.strategy != "auto" else []
+    devices = (args.nodes or 1) * (args.devices_per_node or 1)
+    several = devices > 1 or bool({"nodes", "devices_per_node"} & set(axes))
+    with out.progress_fraction(
+        calibrating if args.machine == "hw" else f"loading machine {args.machine}"
+    ) as progress:
+        machine = load_machine(
+            args.machine, args.device, link=several, fsdp="fsdp" in asked, progress=progress
+        )
     if args.machine == "hw":
         from dnnperf import hardware
 

@@ -214,6 +214,10 @@ class Machine:
         raise AssertionError(axis)  # pragma: no cover
 
 
+#: ``Machine.sources`` of a part a calibrated machine was built without (validate.calibrated_machine):
+#: a prediction that needs it is refused rather than made with the part left at 0.
+NOT_CALIBRATED = "not calibrated"
+
 #: What-if axes of ``sweep`` besides batch_size: node count, devices per node, link Gbit/s, memory
 #: GB/s and float32 TFLOP/s per device.
 AXES = ("nodes", "devices_per_node", "link_gbps", "memory_gbs", "tflops")

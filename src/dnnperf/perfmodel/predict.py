@@ -31,7 +31,7 @@ from dnnperf.perfmodel.compute import (
 )
 from dnnperf.perfmodel.graph import BASE_BATCHES, ScalableGraph, StepGraph, workload_graph
 from dnnperf.perfmodel.kernels import split_kernels
-from dnnperf.perfmodel.machine import AXES, Machine
+from dnnperf.perfmodel.machine import AXES, NOT_CALIBRATED, Machine
 
 STRATEGIES = ("single", "dp", "fsdp", "zero1", "zero2", "pp", "tp")
 #: Data parallelism that shards the training state over the ranks (the ZeRO stages; fsdp is ZeRO-3).
@@ -236,6 +236,11 @@ def link_for(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = Fa
     ``op`` where the machine was calibrated with one. ``cpu``: the fit's CPU cost, as on an unshaped
     link (Machine.comm_on_compute_cores). CPU ranks (gloo) pay the machine's page-fault cost for the
     buffers the backend allocates per call."""
+    if ranks > 1 and machine.sources.get("link") == NOT_CALIBRATED:
+        raise UsageError(
+            f"{machine.name} was calibrated without its link between devices: calibrate it for "
+            f"{ranks} devices (calibrated_machine(link=True))"
+        )
     inside = ranks <= machine.devices_per_node
     fit = machine.collectives.get(op) if inside else None
     fault_s = machine.page_fault_s if machine.comm_on_compute_cores else 0.0
@@ -647,6 +652,11 @@ def _fully_sharded(
     device the collectives overlap compute one unit ahead (:func:`strategies.shard_overlap`); on the
     CPU (gloo, no streams) FSDP waits for each where it issues it: all exposed.
     Returns compute, exposed communication, detail and memory."""
+    if machine.sources.get("fsdp") == NOT_CALIBRATED:
+        raise UsageError(
+            f"{machine.name} was calibrated without FSDP's host work: calibrate it for fsdp "
+            "(calibrated_machine(fsdp=True))"
+        )
     unit_bytes, root_bytes = strategies.unit_param_bytes(graph.module_param_bytes, units)
     gather_link, reduce_link = link_for(machine, ranks, "allgather"), reduce_scatter_link(machine, ranks)
 
@@ -742,8 +752,10 @@ def sweep(
     for done, values in enumerate(configurations):
         if progress is not None:
             what = (
-                f"describing {source if isinstance(source, str) else source.name}: a counted training step "
-                f"at batch {' and '.join(map(str, BASE_BATCHES))} (cached afterwards)"
+                f"describing {source if isinstance(source, str) else source.name} at batch "
+                f"{' and '.join(map(str, BASE_BATCHES))}: a counted step"
+                + (", its page faults in fresh processes" if machine.page_fault_s > 0 else "")
+                + " (cached afterwards)"
                 if done == 0
                 else f"predicting configuration {done + 1} of {len(configurations)}"
             )

@@ -37,7 +37,7 @@ def predict(
     first = batch if isinstance(batch, torch.Tensor) else next(iter(batch.values()), None)
     if not isinstance(first, torch.Tensor) or first.dim() == 0:
         raise UsageError("the example batch must be a tensor (or a dict of tensors) with a batch dimension")
-    resolved = resolve_machine(machine, first.device)
+    resolved = resolve_machine(machine, first.device, fsdp=strategy == "fsdp")
     example = len(first)
     graph = describe_model(model, batch, loss_fn=loss_fn, optimizer=optimizer)
     if batch_size is None:
@@ -78,8 +78,9 @@ def _first_rows(batch: Mapping[str, torch.Tensor] | torch.Tensor, rows: int) -> 
     return {key: value[:rows] for key, value in batch.items()}
 
 
-def resolve_machine(machine: str | Machine | None, device: torch.device) -> Machine:
-    """A preset by name, a Machine as given, or (None) ``device`` as this host's profile calibrated it."""
+def resolve_machine(machine: str | Machine | None, device: torch.device, fsdp: bool = False) -> Machine:
+    """A preset by name, a Machine as given, or (None) ``device`` as this host's profile calibrated it:
+    one device, so no link between devices, and FSDP's host work only where asked (``fsdp``)."""
     if isinstance(machine, Machine):
         return machine
     if isinstance(machine, str):
@@ -87,5 +88,5 @@ def resolve_machine(machine: str | Machine | None, device: torch.device) -> Mach
     if machine is None:
         from dnnperf.perfmodel.validate import calibrated_machine  # runs the model's calibrations
 
-        return calibrated_machine(device.type)
+        return calibrated_machine(device.type, link=False, fsdp=fsdp)
     raise UsageError(f"machine must be a preset's name, a Machine or None, got {type(machine).__name__}")

@@ -40,7 +40,7 @@ from dnnperf.perfmodel.fsdp_calibration import NONE as NO_FSDP_COST
 from dnnperf.perfmodel.fsdp_calibration import measure_fsdp_cost
 from dnnperf.perfmodel.graph import describe_workload
 from dnnperf.perfmodel.kernels import remeasured
-from dnnperf.perfmodel.machine import Machine, from_profile
+from dnnperf.perfmodel.machine import NOT_CALIBRATED, Machine, from_profile
 
 #: The model (first) and its ablation: the two roofline terms summed or their max; per-call overhead
 #: from the training-step microbenchmark, hw's bare dispatch, or none; page faults or none; the
@@ -704,10 +704,19 @@ def memory_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def calibrated_machine(device: str) -> Machine:
+def calibrated_machine(
+    device: str,
+    link: bool = True,
+    fsdp: bool = True,
+    progress: Callable[[str, float], None] | None = None,
+) -> Machine:
     """This host's ``device`` as `dnnperf hw` profiled it, with the model's own calibrations (measured
     once each and cached). A GPU's takes its per-call host overhead and its kernels' floor measured on
-    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, FSDP, split regions)."""
+    the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, FSDP, split regions).
+    A prediction that needs no link between devices (``link``) or no FSDP (``fsdp``) skips their
+    calibrations (2-rank runs, ~10 s each on a 2-core host); the machine then refuses to predict them
+    (its ``sources`` say "not calibrated"). ``progress`` hears what is being measured and the fraction
+    done."""
     from dnnperf import hardware
     from dnnperf.devices import resolve_device
     from dnnperf.perfmodel import machine as machines
@@ -726,6 +735,10 @@ def calibrated_machine(device: str) -> Machine:
         zero_operand_cost,
     )
 
+    def step(what: str, fraction: float) -> None:
+        if progress is not None:
+            progress(f"calibrating {what} (cached afterwards)", fraction)
+
     resolved = resolve_device(device)
     profile = hardware.load_profile(resolved)
     if profile is None:
@@ -736,7 +749,9 @@ def calibrated_machine(device: str) -> Machine:
     base = machines.from_profile(profile)
     if profile.device_type == "cuda":
         device = gpu_of_this_host(profile)
+        step("the layer zoo", 0.0)
         zoo = calibrated(base)
+        step("the per-call overhead", 0.9)
         return machines.from_profile(
             profile,
             op_overhead_s=dispatch_net_of_views(op_overhead(device=device), zoo.host_call_s, device),
@@ -747,23 +762,41 @@ def calibrated_machine(device: str) -> Machine:
         )
     from dnnperf.perfmodel.collective_calibration import link_calibration
 
+    step("the layer zoo", 0.0)
     zoo = calibrated(base)
+    step("the optimizer update", 0.3)
     update_call, update_share = update_cost(
         machines.from_profile(profile, efficiency=zoo.efficiency, call_s=zoo.call_s)
     )
-    return machines.from_profile(
+    step("host costs: per call, page faults, zero operands, cold products", 0.4)
+    costs = {
+        "op_overhead_s": op_overhead(),
+        "page_fault_s": page_fault_cost(),
+        "phase_call_s": {**phase_call_cost(), "update": update_call},
+        "zero_operand_s": zero_operand_cost(),
+        "split_region_s": split_region_cost(),
+        "ddp_s": ddp_cost(),
+        "cold_product_s": cold_product_cost(),
+        "gap_call_s": gap_call_cost(),
+    }
+    skipped = {}
+    if fsdp:
+        step("FSDP's host work (2 ranks)", 0.5)
+        costs["fsdp_s"] = fsdp_cost()
+    else:
+        skipped["fsdp"] = NOT_CALIBRATED
+    found = None
+    if link:
+        step("the gloo link (2 ranks)", 0.7)
+        found = link_calibration()
+    machine = machines.from_profile(
         profile,
-        link=link_calibration(),
-        op_overhead_s=op_overhead(),
+        link=found,
         efficiency=zoo.efficiency,
-        page_fault_s=page_fault_cost(),
         call_s=zoo.call_s,
-        phase_call_s={**phase_call_cost(), "update": update_call},
         update_byte_share=update_share,
-        zero_operand_s=zero_operand_cost(),
-        split_region_s=split_region_cost(),
-        ddp_s=ddp_cost(),
-        fsdp_s=fsdp_cost(),
-        cold_product_s=cold_product_cost(),
-        gap_call_s=gap_call_cost(),
+        **costs,
     )
+    if not link:
+        skipped["link"] = NOT_CALIBRATED
+    return dataclasses.replace(machine, sources={**machine.sources, **skipped})
