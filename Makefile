@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python benchmarks/distributed_benchmarks.py
 	$(BIN)/python benchmarks/memsave_benchmarks.py --out memsave-benchmarks.json
 	OMP_NUM_THREADS=1 $(BIN)/dnnperf hw -q --output model-hw-1thread.json
+	$(BIN)/python benchmarks/predict_speed.py --profile model-hw-1thread.json --json predict-speed.json
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/model_validation.py --profile model-hw-1thread.json --json model-validation.json
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/heldout_validation.py --profile model-hw-1thread.json --json heldout-validation.json --markdown heldout-validation.md
 	$(BIN)/dnnperf validate --collectives --json > model-collectives.json

@@ -144,6 +144,11 @@ OTHER_PAGES = (
         "`python benchmarks/model_validation.py`, `dnnperf validate`",
     ),
     (
+        "benchmarks-predict.md",
+        "`dnnperf predict`: a sweep from an empty cache, a new workload and a warm cache",
+        "`python benchmarks/predict_speed.py --profile PROFILE`",
+    ),
+    (
         "benchmarks-gpu.md",
         "the CUDA paths on a GPU: tests, memsave, profiles",
         "`benchmarks/gpu_check.sh OUTDIR`",
