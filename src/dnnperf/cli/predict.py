@@ -251,7 +251,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     predictions, refused = [], {}
     with out.progress_fraction("predicting") as update:
         for done, strategy in enumerate(chosen):
-            what = f"{strategy}: describing {workload.name} at batch {batch} (cached afterwards)"
+            faults = ", its page faults in fresh processes" if machine.page_fault_s > 0 else ""
+            what = f"{strategy}: describing {workload.name} at batch {batch}{faults} (cached afterwards)"
             update(what, done / len(chosen))
             try:
                 predictions.append(predict(workload.name, machine, batch, strategy, **options))

@@ -781,13 +781,13 @@ def calibrated_machine(
     }
     skipped = {}
     if fsdp:
-        step("FSDP's host work (2 ranks)", 0.5)
+        step("FSDP's host work on 2 ranks", 0.5)
         costs["fsdp_s"] = fsdp_cost()
     else:
         skipped["fsdp"] = NOT_CALIBRATED
     found = None
     if link:
-        step("the gloo link (2 ranks)", 0.7)
+        step("the gloo link on 2 ranks", 0.7)
         found = link_calibration()
     machine = machines.from_profile(
         profile,
