@@ -836,27 +836,24 @@ def describe_workload_batches(
     if preset not in spec.presets:
         raise UsageError(f"{workload} has no preset {preset!r} (presets: {', '.join(spec.presets)})")
     store = JsonCache("model-graph")
-    cached: dict[int, StepGraph] = {}
-    for batch_size in dict.fromkeys(batch_sizes):
-        found = store.get(_cache_key(spec.name, preset, batch_size, device))
+    keys = {b: _cache_key(spec.name, preset, b, device) for b in batch_sizes}  # each batch size once
+    graphs: dict[int, StepGraph] = {}
+    for batch_size, key in keys.items():
+        found = store.get(key)
         if isinstance(found, dict):
             with contextlib.suppress(KeyError, TypeError, ValueError):  # older or damaged: count again
-                cached[batch_size] = StepGraph.from_dict(found)
-    uncounted = [
-        b
-        for b in dict.fromkeys(batch_sizes)
-        if count_faults and device == "cpu" and (b not in cached or cached[b].page_faults is None)
-    ]
+                graphs[batch_size] = StepGraph.from_dict(found)
+    counting = count_faults and device == "cpu"
+    uncounted = [b for b in keys if counting and (b not in graphs or graphs[b].page_faults is None)]
     # The fresh processes count while this one describes: neither is timed.
     with counting_workload_faults(spec.name, preset, uncounted) as faults_counted:
-        graphs = dict(cached)
-        for batch_size in dict.fromkeys(batch_sizes):
+        for batch_size, key in keys.items():
             if batch_size not in graphs:
                 graphs[batch_size] = _capture_workload(spec, preset, batch_size, device)
-                store.put(_cache_key(spec.name, preset, batch_size, device), graphs[batch_size].to_dict())
+                store.put(key, graphs[batch_size].to_dict())
         for batch_size, faults in faults_counted().items():
             graphs[batch_size].page_faults = faults
-            store.put(_cache_key(spec.name, preset, batch_size, device), graphs[batch_size].to_dict())
+            store.put(keys[batch_size], graphs[batch_size].to_dict())
     return [graphs[b] for b in batch_sizes]
 
 

@@ -789,6 +789,8 @@ def calibrated_machine(
     if link:
         step("the gloo link on 2 ranks", 0.7)
         found = link_calibration()
+    else:
+        skipped["link"] = NOT_CALIBRATED
     machine = machines.from_profile(
         profile,
         link=found,
@@ -797,6 +799,4 @@ def calibrated_machine(
         update_byte_share=update_share,
         **costs,
     )
-    if not link:
-        skipped["link"] = NOT_CALIBRATED
     return dataclasses.replace(machine, sources={**machine.sources, **skipped})
