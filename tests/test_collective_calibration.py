@@ -73,7 +73,7 @@ def test_calibrate_gives_steps_the_mean_fit_and_its_table_the_median_fit(monkeyp
     """The machine's link (what steps pay) is fitted on means; the table compares the typical call."""
     alpha, bandwidth, gamma = 150e-6, 1.3e9, 1 / 4e9
     rows = _stalled(alpha, bandwidth, gamma, 3e-3, share=0.3)
-    monkeypatch.setattr(cc, "measure", lambda world, rounds: rows)
+    monkeypatch.setattr(cc, "measure", lambda world, rounds, ops: rows[rows["op"].isin(ops)])
     monkeypatch.setattr(cc, "reduce_seconds_per_byte", lambda: gamma)
     monkeypatch.setattr(cc, "page_fault_cost", lambda: 0.0)
     link, table = cc.calibrate()
@@ -86,6 +86,41 @@ def test_calibrate_gives_steps_the_mean_fit_and_its_table_the_median_fit(monkeyp
     link, _ = cc.calibrate()
     assert link["ops"]["broadcast"] == cc.fit_op(rows, "broadcast", 2, gamma)
     assert link["ops"]["allgather"] == cc.fit_op(rows, "allgather", 2, gamma, statistic="mean_s")
+
+
+def test_each_collective_is_measured_once_when_a_prediction_first_needs_it(tmp_path, monkeypatch) -> None:
+    """The truth is the calls to measure(): allreduce comes with whatever is asked, an operation
+    cached is not timed again, the ones missing are timed together, and the link assembled from
+    cached and fresh entries holds each one's own fit, marking what is still unmeasured."""
+    from dnnperf.perfmodel.machine import NOT_CALIBRATED, link_source, with_link
+
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    gamma = 1 / 4e9
+    rows = _stalled(150e-6, 1.3e9, gamma, 3e-3, share=0.2)
+    timed: list[list[str]] = []
+
+    def measure(world, rounds, ops):
+        timed.append(list(ops))
+        return rows[rows["op"].isin(ops)]
+
+    monkeypatch.setattr(cc, "measure", measure)
+    monkeypatch.setattr(cc, "reduce_seconds_per_byte", lambda: gamma)
+    monkeypatch.setattr(cc, "page_fault_cost", lambda: 0.0)
+    tp = cc.link_calibration(["allgather"])
+    assert timed == [["allreduce", "allgather"]] and tp["calibrated"] == ["allreduce", "allgather"]
+    pp = cc.link_calibration(["send_recv", "broadcast", "allgather"])
+    assert timed[1:] == [["broadcast", "send_recv"]]
+    assert pp["calibrated"] == ["allreduce", "allgather", "broadcast", "send_recv"]
+    for op in pp["calibrated"]:
+        assert pp["ops"][op] == cc.fit_op(rows, op, 2, gamma, statistic="mean_s")
+    assert pp["alpha"] == pp["ops"]["allreduce"]["alpha"]
+    assert cc.link_calibration(["broadcast"])["calibrated"] == ["allreduce", "broadcast"]
+    assert len(timed) == 2
+    machine = with_link(toy_machine(), pp)
+    assert machine.sources[link_source("reduce_scatter")] == NOT_CALIBRATED
+    assert all(machine.sources.get(link_source(op)) is None for op in pp["calibrated"])
+    cc.link_calibration(refresh=True)
+    assert timed[2:] == [list(cc.OPS)]
 
 
 def _leftovers() -> set[str]:

@@ -70,26 +70,36 @@ def test_this_machine_without_a_calibration_says_how_to_make_one(tmp_path, monke
         dnnperf.predict(wide_linear(), torch.randn(4, WIDTH))
 
 
-def test_this_machine_calibrates_the_link_and_fsdp_only_when_a_prediction_needs_them(
+def _fake_link(ops) -> dict:
+    """A link calibration of allreduce and ``ops``, as collective_calibration.link_of makes it."""
+    fit = {"alpha": 1e-5, "bandwidth": 1e9, "reduce_bandwidth": 1e10}
+    measured = ["allreduce", *(op for op in ops if op != "allreduce")]
+    return {**fit, "ops": {op: dict(fit) for op in measured}, "calibrated": measured, "source": "fake"}
+
+
+def test_this_machine_calibrates_only_the_collectives_and_fsdp_a_prediction_needs(
     tmp_path, monkeypatch
 ) -> None:
-    """Two-rank calibrations (the gloo link, FSDP's host work) cost ~10 s each on a 2-core host: a
-    one-device prediction skips them, and a machine built without one refuses what needs it."""
+    """Two-rank calibrations (each gloo collective, FSDP's host work) cost seconds each on a 2-core
+    host: a one-device prediction skips them, a several-device one times only the collectives its
+    strategies use, and a machine built without one refuses what needs it."""
     from dnnperf import calibration, hardware
+    from dnnperf.cli.predict import load_machine
     from dnnperf.perfmodel import calibrate, collective_calibration
+    from dnnperf.perfmodel.collectives import OPERATIONS
     from dnnperf.perfmodel.machine import NOT_CALIBRATED
     from dnnperf.perfmodel.predict import predict
     from dnnperf.perfmodel.validate import calibrated_machine
 
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
-    ran: list[str] = []
+    ran: list = []
 
     def fake(name, value):
         def measured(*args, **kwargs):
             ran.append(name)
             return value
 
-        monkeypatch.setattr(calibrate if name != "link" else collective_calibration, name, measured)
+        monkeypatch.setattr(calibrate, name, measured)
 
     zoo = calibrate.ZooCalibration(efficiency={}, curves={}, call_s={}, kernel_s=0.0, host_call_s={})
     for name, value in [
@@ -106,26 +116,76 @@ def test_this_machine_calibrates_the_link_and_fsdp_only_when_a_prediction_needs_
         ("fsdp_cost", (1e-3, 1e-4, 1e-6, 1e-6)),
     ]:
         fake(name, value)
-    monkeypatch.setattr(collective_calibration, "link_calibration", lambda: ran.append("link") or {})
+
+    def link_calibration(ops=OPERATIONS):
+        ran.append(("link", tuple(sorted(ops))))
+        return _fake_link(ops)
+
+    monkeypatch.setattr(collective_calibration, "link_calibration", link_calibration)
     hardware.save_profile(calibration.calibrate("cpu", quick=True))
 
-    lean = calibrated_machine("cpu", link=False, fsdp=False)
-    assert "link" not in ran and "fsdp_cost" not in ran and "calibrated" in ran
+    lean = calibrated_machine("cpu", collectives=(), fsdp=False)
+    assert "fsdp_cost" not in ran and "calibrated" in ran and not [r for r in ran if r[0] == "link"]
     assert lean.sources["link"] == lean.sources["fsdp"] == NOT_CALIBRATED
     two = dataclasses.replace(lean, nodes=2)
     with pytest.raises(UsageError, match="without its link"):
         predict("basic_cnn", two, 4, "dp", preset="tiny")
-    linked = dataclasses.replace(two, sources={**two.sources, "link": "a fit"})
-    assert predict("basic_cnn", linked, 4, "dp", preset="tiny").step_s > 0
-    with pytest.raises(UsageError, match="without FSDP"):
-        predict("basic_cnn", linked, 4, "fsdp", preset="tiny")
     assert predict("basic_cnn", lean, 4, "single", preset="tiny").step_s > 0
+    ran.clear()
+    # What `dnnperf predict --sweep nodes=...` asks for with strategy auto (dp, pp, tp): every
+    # collective but reduce-scatter, which only fsdp and zero2 use, and no FSDP.
+    swept = load_machine("hw", "cpu", ("dp", "pp", "tp"), several=True)
+    assert ran.count(("link", ("allgather", "allreduce", "broadcast", "send_recv"))) == 1
+    assert "fsdp_cost" not in ran
+    swept = dataclasses.replace(swept, nodes=2)
+    for strategy in ("dp", "pp", "tp"):
+        assert predict("basic_cnn", swept, 4, strategy, preset="tiny").step_s > 0
+    with pytest.raises(UsageError, match="without reduce_scatter"):
+        predict("basic_cnn", swept, 4, "zero2", preset="tiny")
+    with pytest.raises(UsageError, match="without FSDP"):
+        predict("basic_cnn", swept, 4, "fsdp", preset="tiny")
+    ran.clear()
+    load_machine("hw", "cpu", ("dp", "pp", "tp"), several=False)
+    assert not [r for r in ran if r[0] == "link"]
     ran.clear()
     heard: list[tuple[str, float]] = []
     full = calibrated_machine("cpu", progress=lambda what, done: heard.append((what, done)))
-    assert "link" in ran and "fsdp_cost" in ran
+    assert ("link", tuple(sorted(OPERATIONS))) in ran and "fsdp_cost" in ran
     said = " ".join(what for what, _ in heard)
     assert all(part in said for part in ("layer zoo", "update", "FSDP", "gloo link"))
     assert [done for _, done in heard] == sorted(done for _, done in heard)
     assert NOT_CALIBRATED not in full.sources.values()
-    assert predict("basic_cnn", dataclasses.replace(full, nodes=2), 4, "dp", preset="tiny").step_s > 0
+    assert predict("basic_cnn", dataclasses.replace(full, nodes=2), 4, "zero2", preset="tiny").step_s > 0
+
+
+def test_each_strategy_predicts_with_exactly_the_collectives_it_is_said_to_need(
+    tmp_path, monkeypatch
+) -> None:
+    """The truth is link_for's own refusal: a machine whose link measured allreduce and a strategy's
+    COLLECTIVES predicts that strategy on 2 nodes of 1 and of 2 devices, and leaving out any one of
+    them is refused, naming it, on at least one of the two (zero2 across nodes of several devices
+    reduces hierarchically, by allreduce)."""
+    from dnnperf import calibration
+    from dnnperf.perfmodel.machine import from_profile
+    from dnnperf.perfmodel.predict import COLLECTIVES, STRATEGIES, predict
+
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    profile = calibration.calibrate("cpu", quick=True)
+    layouts = [(2, 1), (2, 2)]
+
+    def predicted(strategy, ops, layout) -> bool:
+        machine = from_profile(profile, link=_fake_link(ops))
+        machine = dataclasses.replace(machine, nodes=layout[0], devices_per_node=layout[1])
+        try:
+            return predict("basic_cnn", machine, 4, strategy, preset="tiny").step_s > 0
+        except UsageError as error:
+            missing = [op for op in COLLECTIVES[strategy] if op not in ops]
+            assert missing and any(f"without {op}" in str(error) for op in missing), str(error)
+            return False
+
+    assert set(COLLECTIVES) == set(STRATEGIES)
+    for strategy, needed in COLLECTIVES.items():
+        assert all(predicted(strategy, needed, layout) for layout in layouts), strategy
+        for op in needed:
+            without = [o for o in needed if o != op]
+            assert not all(predicted(strategy, without, layout) for layout in layouts), (strategy, op)

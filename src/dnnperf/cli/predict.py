@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,18 +146,27 @@ def warn_if_busy(profile: Any, out: Output) -> None:
 def load_machine(
     spec: str,
     device: str = "cpu",
-    link: bool = True,
-    fsdp: bool = True,
+    strategies: Sequence[str] | None = None,
+    several: bool = True,
     progress: Callable[[str, float], None] | None = None,
 ) -> Machine:
-    """``hw`` (``device`` as `dnnperf hw` profiled it; calibrated with a link between devices and
-    FSDP's host work where asked), a preset name, or a JSON file."""
+    """``hw`` (``device`` as `dnnperf hw` profiled it; calibrated for ``strategies``: the collectives
+    they time where there are ``several`` devices, and FSDP's host work where fsdp is one of them;
+    None: every strategy), a preset name, or a JSON file."""
     from dnnperf.perfmodel import machine as machines
 
     if spec == "hw":
+        from dnnperf.perfmodel.predict import COLLECTIVES, STRATEGIES
         from dnnperf.perfmodel.validate import calibrated_machine
 
-        return calibrated_machine(device, link=link, fsdp=fsdp, progress=progress)
+        strategies = STRATEGIES if strategies is None else strategies
+        needed = [op for s in strategies for op in COLLECTIVES[s]] if several else []
+        return calibrated_machine(
+            device,
+            collectives=("allreduce", *needed) if several else (),
+            fsdp="fsdp" in strategies,
+            progress=progress,
+        )
     if spec in PRESETS:
         return machines.preset(spec)
     path = Path(spec)
@@ -168,6 +177,13 @@ def load_machine(
     except (OSError, ValueError) as error:
         raise UsageError(f"--machine {spec}: not readable JSON ({error})") from None
     return machines.from_dict(document)
+
+
+def chosen_strategies(strategy: str, devices: int, axes: dict[str, list[float]]) -> tuple[str, ...]:
+    """The strategies ``--strategy`` names; auto: single on one device, else dp, pp and tp."""
+    if strategy != "auto":
+        return tuple(dict.fromkeys(n.strip() for n in strategy.split(",")))
+    return ("single",) if devices == 1 and not axes else ("dp", "pp", "tp")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -186,14 +202,17 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     resolve_device(args.device)  # a device that is not there is an error, whichever machine is asked for
     calibrating = "calibrating the model's costs on this machine (cached afterwards)"
-    asked = [n.strip() for n in args.strategy.split(",")] if args.strategy != "auto" else []
     devices = (args.nodes or 1) * (args.devices_per_node or 1)
     several = devices > 1 or bool({"nodes", "devices_per_node"} & set(axes))
     with out.progress_fraction(
         calibrating if args.machine == "hw" else f"loading machine {args.machine}"
     ) as progress:
         machine = load_machine(
-            args.machine, args.device, link=several, fsdp="fsdp" in asked, progress=progress
+            args.machine,
+            args.device,
+            strategies=chosen_strategies(args.strategy, devices, axes),
+            several=several,
+            progress=progress,
         )
     if args.machine == "hw":
         from dnnperf import hardware
@@ -217,10 +236,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         "algorithm": args.algorithm,
         "reshard_after_forward": args.reshard_after_forward is not False,
     }
-    if args.strategy != "auto":
-        chosen: tuple[str, ...] = tuple(dict.fromkeys(n.strip() for n in args.strategy.split(",")))
-    else:
-        chosen = ("single",) if machine.devices == 1 and not axes else ("dp", "pp", "tp")
+    chosen = chosen_strategies(args.strategy, machine.devices, axes)
     if "pp" not in chosen and (args.micro_batches is not None or args.schedule is not None):
         raise UsageError(f"--micro-batches and --schedule are pp's: the strategies are {', '.join(chosen)}")
     if "fsdp" not in chosen and args.reshard_after_forward is not None:
@@ -639,13 +655,12 @@ def _validate_distributed(
 
 def _validate_collectives(out: Any, as_json: bool) -> dict[str, Any]:
     """Measure, fit, compare; the fit replaces the cached one that ``--machine hw`` uses."""
-    from dnnperf.cache import JsonCache
     from dnnperf.perfmodel import collective_calibration as cc
     from dnnperf.report.terminal import collectives_table
 
     with out.progress_fraction("timing gloo collectives on 2 ranks (about 30 s)"):
         link, table = cc.calibrate()
-    JsonCache("model-calibration").put(cc.cache_key(), link)
+    cc.store_link(link)
     summary = cc.summary(table)
     if not as_json:
         out.print(collectives_table(table, summary))

@@ -49,7 +49,7 @@ from dnnperf.perfmodel.machine import GLOO_SEGMENT
 
 #: 1 KiB to 64 MiB in powers of 4.
 SIZES = tuple(1024 * 4**i for i in range(9))
-OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "send_recv")
+OPS = collectives.OPERATIONS
 #: Samples per operation and size. On the 2-core machine 7 gave a median error of 11.8% over the
 #: messages of 64 KiB or more (11 of 24 within 10%), 25 gave 6.9% (15 of 24) and 60 gave 4.9%
 #: (16 of 24; 2026-11-24, one calibration each): the medians were noise. 25 costs ~10 s, 60 ~21 s.
@@ -66,9 +66,16 @@ TARGET_MIN_BYTES = 64 * 1024
 
 
 def _rank_main(
-    rank: int, world: int, store_path: str, out_path: str, sizes: Sequence[int], rounds: int
+    rank: int,
+    world: int,
+    store_path: str,
+    out_path: str,
+    sizes: Sequence[int],
+    rounds: int,
+    ops: Sequence[str],
 ) -> None:
-    """One rank: time every (operation, size) ``rounds`` times, interleaved; rank 0 writes the samples."""
+    """One rank: time every (operation in ``ops``, size) ``rounds`` times, interleaved; rank 0 writes
+    the samples."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -80,7 +87,7 @@ def _rank_main(
         shards = {n: torch.empty(n // 4 // world) for n in sizes}
         samples: dict[str, list[float]] = {}
         faults: dict[str, list[int]] = {}
-        order = [(op, n) for op in OPS for n in sizes]
+        order = [(op, n) for op in ops for n in sizes]
         for round_ in range(rounds + 1):  # the first round warms every buffer and connection up
             random.Random(round_).shuffle(order)
             for op, n in order:
@@ -117,9 +124,10 @@ def measure(
     rounds: int = ROUNDS,
     timeout_s: float = 300.0,
     shape: LinkShape | None = None,
+    ops: Sequence[str] = OPS,
 ) -> pd.DataFrame:
-    """Median (and p10, p90) seconds per operation and size: one row each, the slowest rank per sample;
-    ``faults``: the median over samples of the most minor page faults a rank took in it.
+    """Median (and p10, p90) seconds per operation of ``ops`` and size: one row each, the slowest rank
+    per sample; ``faults``: the median over samples of the most minor page faults a rank took in it.
 
     The ranks are plain subprocesses (no multiprocessing helper outlives the call); a rank that fails
     or overruns ``timeout_s`` stops all of them, and the error names it. ``shape``: the 2 ranks in
@@ -129,12 +137,20 @@ def measure(
         raise DnnperfError("collectives need at least 2 ranks")
     if shape is not None and world != 2:
         raise DnnperfError("a shaped link joins exactly 2 ranks")
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown or not ops:
+        raise DnnperfError(f"no collective {', '.join(unknown) or 'asked'}: choose among {', '.join(OPS)}")
     with NetnsPair(shape) if shape is not None else nullcontext() as pair:
-        return _measure(world, sizes, rounds, timeout_s, pair)
+        return _measure(world, sizes, rounds, timeout_s, pair, ops)
 
 
 def _measure(
-    world: int, sizes: Sequence[int], rounds: int, timeout_s: float, pair: NetnsPair | None
+    world: int,
+    sizes: Sequence[int],
+    rounds: int,
+    timeout_s: float,
+    pair: NetnsPair | None,
+    ops: Sequence[str],
 ) -> pd.DataFrame:
     """The ranks' samples. Nothing outlives this process, even a SIGKILL of it: the ranks get the
     parent-death signal, and a lifeline kills what is left (by the scratch directory in their
@@ -142,7 +158,7 @@ def _measure(
     with Lifeline() as lifeline:
         for namespace in pair.namespaces if pair is not None else ():
             lifeline.announce("netns", namespace)
-        return _measure_ranks(world, sizes, rounds, timeout_s, pair, lifeline)
+        return _measure_ranks(world, sizes, rounds, timeout_s, pair, lifeline, ops)
 
 
 def _measure_ranks(
@@ -152,10 +168,11 @@ def _measure_ranks(
     timeout_s: float,
     pair: NetnsPair | None,
     lifeline: Lifeline,
+    ops: Sequence[str],
 ) -> pd.DataFrame:
     with scratch_directory(lifeline, "dnnperf-collectives-") as scratch:
         out = scratch / "samples.json"
-        settings = json.dumps([world, str(scratch / "store"), str(out), list(sizes), rounds])
+        settings = json.dumps([world, str(scratch / "store"), str(out), list(sizes), rounds, list(ops)])
         env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_RANK_DIR: str(scratch)}
         commands = []
         for rank in range(world):
@@ -316,28 +333,39 @@ def compare(
     return out
 
 
-def calibrate(world: int = 2, rounds: int = ROUNDS) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Measure, fit each operation's medians on the sizes not held out, compare on all: the table.
+def calibrate(
+    world: int = 2, rounds: int = ROUNDS, ops: Sequence[str] = OPS
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Measure ``ops``, fit each operation's medians on the sizes not held out, compare on all: the
+    table.
 
     Returns the link for ``machine.from_profile`` (the allreduce fit as the machine's link, every
-    operation's own fit under ``ops``), fitted on every size's mean, what a step pays
-    (STEP_STATISTIC), and the comparison table of the typical call."""
+    operation's own fit under ``ops``, the operations measured under ``calibrated``), fitted on every
+    size's mean, what a step pays (STEP_STATISTIC), and the comparison table of the typical call."""
     gamma, fault = reduce_seconds_per_byte(), page_fault_cost()
-    frame = measure(world, rounds=rounds)
+    frame = measure(world, rounds=rounds, ops=ops)
     fitted_on = frame[~frame["bytes"].isin(held_out(frame["bytes"].unique()))]
     typical = _fits(fitted_on, world, gamma, fault, "median_s")
     table = compare(frame, typical, world, fault)
     # The machine's link, for steps: every size fitted on its mean (STEP_STATISTIC).
-    ops = _step_fits(frame, world, gamma, fault)
-    link: dict[str, Any] = {
-        **ops.get("allreduce", {}),
-        "ops": ops,
-        "source": (
-            f"gloo microbenchmark on {platform.node()}, {world} ranks, "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
-        ),
+    fits = _step_fits(frame, world, gamma, fault)
+    source = (
+        f"gloo microbenchmark on {platform.node()}, {world} ranks, "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
+    )
+    return link_of({op: {"fit": fits.get(op), "source": source} for op in ops}), table
+
+
+def link_of(measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The link ``machine.from_profile`` takes, from each measured operation's ``fit`` (None where the
+    timings gave no line) and ``source``: the allreduce fit as the machine's own link."""
+    fits = {op: entry["fit"] for op, entry in measured.items() if entry["fit"] is not None}
+    return {
+        **fits.get("allreduce", {}),
+        "ops": fits,
+        "calibrated": [op for op in OPS if op in measured],
+        "source": (measured.get("allreduce") or next(iter(measured.values())))["source"],
     }
-    return link, table
 
 
 SHAPED_ROUNDS = 7
@@ -378,22 +406,38 @@ def shaped_fits(mbit: float | None, rounds: int | None = None) -> dict[str, dict
     return _step_fits(frame[frame["bytes"] >= smallest], 2, gamma, fault)
 
 
-def cache_key() -> str:
-    return f"gloo_link-4/{platform.node()}/{os.cpu_count()}/{torch.__version__}/rounds-{ROUNDS}"
+def cache_key(op: str) -> str:
+    """Where one operation's fit is cached: each is measured once, when a prediction first needs it."""
+    return f"gloo_link-5/{platform.node()}/{os.cpu_count()}/{torch.__version__}/rounds-{ROUNDS}/{op}"
 
 
-def link_calibration(refresh: bool = False) -> dict[str, Any]:
-    """This host's fitted link (2 ranks), measured once and cached."""
+def store_link(link: dict[str, Any]) -> None:
+    """Cache each operation ``link`` calibrated (calibrate), for link_calibration."""
     from dnnperf.cache import JsonCache
 
     store = JsonCache("model-calibration")
-    key = cache_key()
-    cached = store.get(key)
-    if isinstance(cached, dict) and not refresh and all(k in cached for k in ("alpha", "bandwidth")):
-        return cached
-    link, _ = calibrate()
-    store.put(key, link)
-    return link
+    for op in link["calibrated"]:
+        store.put(cache_key(op), {"fit": link["ops"].get(op), "source": link["source"]})
+
+
+def link_calibration(ops: Sequence[str] = OPS, refresh: bool = False) -> dict[str, Any]:
+    """This host's fitted link (2 ranks) for ``ops`` and allreduce (the machine's own link), each
+    operation measured once and cached: those not cached yet are measured together, interleaved."""
+    from dnnperf.cache import JsonCache
+
+    wanted = [op for op in OPS if op in {"allreduce", *ops}]
+    store = JsonCache("model-calibration")
+    measured: dict[str, dict[str, Any]] = {}
+    for op in [] if refresh else wanted:
+        entry = store.get(cache_key(op))
+        if isinstance(entry, dict) and isinstance(entry.get("source"), str) and "fit" in entry:
+            measured[op] = entry
+    missing = [op for op in wanted if op not in measured]
+    if missing:
+        link, _ = calibrate(ops=missing)
+        store_link(link)
+        measured.update({op: {"fit": link["ops"].get(op), "source": link["source"]} for op in missing})
+    return link_of(measured)
 
 
 def summary(table: pd.DataFrame) -> dict[str, float]:
@@ -412,5 +456,8 @@ def summary(table: pd.DataFrame) -> dict[str, float]:
 if (
     __name__ == "__main__"
 ):  # one rank of measure(): python -m dnnperf.perfmodel.collective_calibration RANK SETTINGS
-    _world, _store, _out, _sizes, _rounds = json.loads(sys.argv[2])
-    _rank_main(int(sys.argv[1]), _world, _store, _out, _sizes, _rounds)
+    _world, _store, _out, _sizes, _rounds, _ops = json.loads(sys.argv[2])
+    from dnnperf.interrupts import exit_now
+
+    _rank_main(int(sys.argv[1]), _world, _store, _out, _sizes, _rounds, _ops)
+    exit_now()

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from dnnperf.errors import UsageError
 
 ALLREDUCE_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "tree")
+#: The collectives a prediction times, each calibrated on its own (collective_calibration).
+OPERATIONS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "send_recv")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch
 
 from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile, NotMeasuredError, device_key
+from dnnperf.perfmodel.collectives import OPERATIONS
 
 GB = 1e9
 #: Fields that must be positive numbers.
@@ -217,6 +218,12 @@ class Machine:
 #: ``Machine.sources`` of a part a calibrated machine was built without (validate.calibrated_machine):
 #: a prediction that needs it is refused rather than made with the part left at 0.
 NOT_CALIBRATED = "not calibrated"
+
+
+def link_source(op: str) -> str:
+    """The ``Machine.sources`` key of the link's calibration of the collective ``op``."""
+    return f"link {op}"
+
 
 #: What-if axes of ``sweep`` besides batch_size: node count, devices per node, link Gbit/s, memory
 #: GB/s and float32 TFLOP/s per device.
@@ -452,6 +459,9 @@ def with_link(machine: Machine, link: dict[str, Any] | None) -> Machine:
     link = link or {}
     alpha = link.get("alpha", LOOPBACK_ALPHA)
     bandwidth = link.get("bandwidth", LOOPBACK_BANDWIDTH)
+    # A calibration that measured some operations only: the others are refused, not defaulted.
+    measured = link.get("calibrated", OPERATIONS)
+    skipped = {link_source(op): NOT_CALIBRATED for op in OPERATIONS if op not in measured}
     return dataclasses.replace(
         machine,
         link_bandwidth=bandwidth,
@@ -460,7 +470,7 @@ def with_link(machine: Machine, link: dict[str, Any] | None) -> Machine:
         intra_latency=alpha,
         reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         collectives=dict(link.get("ops", {})),
-        sources={**machine.sources, "link": link.get("source", "default")},
+        sources={**machine.sources, "link": link.get("source", "default"), **skipped},
     )
 
 

@@ -31,9 +31,20 @@ from dnnperf.perfmodel.compute import (
 )
 from dnnperf.perfmodel.graph import BASE_BATCHES, ScalableGraph, StepGraph, workload_graph
 from dnnperf.perfmodel.kernels import split_kernels
-from dnnperf.perfmodel.machine import AXES, NOT_CALIBRATED, Machine
+from dnnperf.perfmodel.machine import AXES, NOT_CALIBRATED, Machine, link_source
 
 STRATEGIES = ("single", "dp", "fsdp", "zero1", "zero2", "pp", "tp")
+#: The collectives each strategy's prediction times between devices (besides allreduce, which every
+#: calibrated link has: it is the machine's own link), what its link calibration must measure.
+COLLECTIVES = {
+    "single": (),
+    "dp": (),
+    "fsdp": ("allgather", "reduce_scatter"),
+    "zero1": ("broadcast",),
+    "zero2": ("reduce_scatter", "allgather"),
+    "pp": ("send_recv", "broadcast"),
+    "tp": ("allgather",),
+}
 #: Data parallelism that shards the training state over the ranks (the ZeRO stages; fsdp is ZeRO-3).
 SHARDED = ("fsdp", "zero1", "zero2")
 DEFAULT_OPTIONS = ComputeOptions()
@@ -231,16 +242,28 @@ def memory_estimate(
     return best
 
 
+def require_link(machine: Machine, ranks: int, op: str) -> None:
+    """Refuse ``op`` between ``ranks`` devices of a machine whose calibration skipped it."""
+    if ranks <= 1:
+        return
+    if machine.sources.get("link") == NOT_CALIBRATED:
+        raise UsageError(
+            f"{machine.name} was calibrated without its link between devices: calibrate it for "
+            f"{ranks} devices (calibrated_machine(collectives=...))"
+        )
+    if machine.sources.get(link_source(op)) == NOT_CALIBRATED:
+        raise UsageError(
+            f"{machine.name}'s link was calibrated without {op}: calibrate it with that collective "
+            f"(calibrated_machine(collectives=...))"
+        )
+
+
 def link_for(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = False) -> collectives.Link:
     """The slowest link ``ranks`` consecutive devices span; inside a node, the backend's own fit of
     ``op`` where the machine was calibrated with one. ``cpu``: the fit's CPU cost, as on an unshaped
     link (Machine.comm_on_compute_cores). CPU ranks (gloo) pay the machine's page-fault cost for the
     buffers the backend allocates per call."""
-    if ranks > 1 and machine.sources.get("link") == NOT_CALIBRATED:
-        raise UsageError(
-            f"{machine.name} was calibrated without its link between devices: calibrate it for "
-            f"{ranks} devices (calibrated_machine(link=True))"
-        )
+    require_link(machine, ranks, op)
     inside = ranks <= machine.devices_per_node
     fit = machine.collectives.get(op) if inside else None
     fault_s = machine.page_fault_s if machine.comm_on_compute_cores else 0.0
@@ -262,6 +285,7 @@ def link_for(machine: Machine, ranks: int, op: str = "allreduce", cpu: bool = Fa
 def reduce_scatter_link(machine: Machine, ranks: int) -> collectives.Link:
     """The link a reduce-scatter runs over: the backend's own fit of it where the machine was calibrated
     with one (gloo's costs more than a ring's half of an allreduce), else the allreduce's."""
+    require_link(machine, ranks, "reduce_scatter")
     op = "reduce_scatter" if "reduce_scatter" in machine.collectives else "allreduce"
     return link_for(machine, ranks, op)
 

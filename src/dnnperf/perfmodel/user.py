@@ -88,5 +88,5 @@ def resolve_machine(machine: str | Machine | None, device: torch.device, fsdp: b
     if machine is None:
         from dnnperf.perfmodel.validate import calibrated_machine  # runs the model's calibrations
 
-        return calibrated_machine(device.type, link=False, fsdp=fsdp)
+        return calibrated_machine(device.type, collectives=(), fsdp=fsdp)
     raise UsageError(f"machine must be a preset's name, a Machine or None, got {type(machine).__name__}")

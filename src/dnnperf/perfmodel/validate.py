@@ -35,6 +35,7 @@ from dnnperf.perfmodel.calibrate import (
     measure_zero_operand_cost,
     zoo_calibration,
 )
+from dnnperf.perfmodel.collectives import OPERATIONS
 from dnnperf.perfmodel.compute import ComputeOptions, step_time
 from dnnperf.perfmodel.fsdp_calibration import NONE as NO_FSDP_COST
 from dnnperf.perfmodel.fsdp_calibration import measure_fsdp_cost
@@ -706,17 +707,18 @@ def memory_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def calibrated_machine(
     device: str,
-    link: bool = True,
+    collectives: Sequence[str] = OPERATIONS,
     fsdp: bool = True,
     progress: Callable[[str, float], None] | None = None,
 ) -> Machine:
     """This host's ``device`` as `dnnperf hw` profiled it, with the model's own calibrations (measured
     once each and cached). A GPU's takes its per-call host overhead and its kernels' floor measured on
     the GPU, and none of the CPU host's own costs (page faults, zero operands, DDP, FSDP, split regions).
-    A prediction that needs no link between devices (``link``) or no FSDP (``fsdp``) skips their
-    calibrations (2-rank runs, ~10 s each on a 2-core host); the machine then refuses to predict them
-    (its ``sources`` say "not calibrated"). ``progress`` hears what is being measured and the fraction
-    done."""
+    The link between devices is calibrated for ``collectives`` (2-rank runs of each operation with
+    allreduce, ~2-3 s each on a 2-core host; predict.COLLECTIVES says which a strategy needs; none: no
+    link), FSDP's host work where ``fsdp`` (~10 s); the machine refuses to predict with what was
+    skipped (its ``sources`` say "not calibrated"). ``progress`` hears what is being measured and the
+    fraction done."""
     from dnnperf import hardware
     from dnnperf.devices import resolve_device
     from dnnperf.perfmodel import machine as machines
@@ -786,9 +788,9 @@ def calibrated_machine(
     else:
         skipped["fsdp"] = NOT_CALIBRATED
     found = None
-    if link:
-        step("the gloo link on 2 ranks", 0.7)
-        found = link_calibration()
+    if collectives:
+        step(f"the gloo link on 2 ranks ({', '.join(dict.fromkeys(('allreduce', *collectives)))})", 0.7)
+        found = link_calibration(collectives)
     else:
         skipped["link"] = NOT_CALIBRATED
     machine = machines.from_profile(
