@@ -132,3 +132,26 @@ def test_children_beside_other_work_stop_when_that_work_fails(tmp_path: Path) ->
     assert not any(t.name == "dnnperf-children" for t in threading.enumerate())
     with children_beside([[sys.executable, "-c", "print('counted')"]]) as wait:
         assert [done.stdout for done in wait()] == ["counted\n"]
+
+
+EXITING = """
+import atexit, pathlib, sys, weakref
+import torch
+from dnnperf.interrupts import exit_now
+
+out = pathlib.Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+class Held: pass
+held = Held()
+weakref.finalize(held, lambda: (out / "finalizer").write_text("ran"))
+print("printed", end="")
+exit_now(3)
+"""
+
+
+def test_a_quick_exit_still_runs_exit_handlers_and_finalizers_and_keeps_its_code(tmp_path) -> None:
+    """exit_now skips only the last garbage collections: what a process registered to run at exit
+    (an atexit handler, a live object's finalizer) runs, buffered output is written, the code is kept."""
+    done = run_child([sys.executable, "-c", EXITING, str(tmp_path)], timeout_s=120)
+    assert done.returncode == 3 and done.stdout == "printed"
+    assert (tmp_path / "atexit").read_text() == (tmp_path / "finalizer").read_text() == "ran"

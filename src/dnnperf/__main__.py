@@ -1,5 +1,4 @@
-import sys
-
 from dnnperf.cli import main
+from dnnperf.interrupts import exit_now
 
-sys.exit(main())
+exit_now(main())

@@ -181,4 +181,7 @@ def _count_forked(spec: Workload, task: Task, preset: str, batch_size: int) -> f
 
 
 if __name__ == "__main__":  # python -m dnnperf.perfmodel.faults WORKLOAD PRESET BATCH[,BATCH...]
+    from dnnperf.interrupts import exit_now
+
     _main(sys.argv[1], sys.argv[2], [int(size) for size in sys.argv[3].split(",")])
+    exit_now()

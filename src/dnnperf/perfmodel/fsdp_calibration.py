@@ -215,4 +215,7 @@ def measure_fsdp_cost() -> FsdpCost:
 # One rank of measure(): python -m dnnperf.perfmodel.fsdp_calibration RANK SETTINGS
 if __name__ == "__main__":
     _store, _out, _repeats = json.loads(sys.argv[2])
+    from dnnperf.interrupts import exit_now
+
     _rank_main(int(sys.argv[1]), _store, _out, _repeats)
+    exit_now()
