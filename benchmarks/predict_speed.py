@@ -92,7 +92,7 @@ def markdown(document: dict) -> str:
             "",
             f"Command: `dnnperf {' '.join(COMMAND[:-1])}` (the record written, no HTML report), one thread,",
             "the whole command in a fresh process. *Cold*: the cache holds only the `dnnperf hw` profile, so",
-            "the model's calibrations (layer zoo, optimizer update, host costs, the gloo link), both",
+            "the model's calibrations (layer zoo, optimizer update, host costs, the gloo collectives dp, pp and tp use), both",
             "descriptions (batch 2 and 4) and their page faults (three fresh interpreters) are made; *new",
             "workload*: the machine's calibrations are cached; *warm*: everything is. The rounds interleave",
             "the cases.",
