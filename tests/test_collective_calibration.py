@@ -119,8 +119,19 @@ def test_each_collective_is_measured_once_when_a_prediction_first_needs_it(tmp_p
     machine = with_link(toy_machine(), pp)
     assert machine.sources[link_source("reduce_scatter")] == NOT_CALIBRATED
     assert all(machine.sources.get(link_source(op)) is None for op in pp["calibrated"])
+    # A fuller link clears the marks of the one before.
+    assert NOT_CALIBRATED not in with_link(machine, cc.link_calibration(cc.OPS)).sources.values()
+    assert timed[2:] == [["reduce_scatter"]]
     cc.link_calibration(refresh=True)
-    assert timed[2:] == [list(cc.OPS)]
+    assert timed[3:] == [list(cc.OPS)]
+    # An allreduce that gave no line is timed again (the machine's own link); another operation not.
+    rows = rows.assign(median_s=1e-3, mean_s=1e-3)  # as long at every size: no line
+    cc.link_calibration(refresh=True)
+    assert cc.link_calibration(["broadcast"])["ops"] == {}
+    assert timed[4:] == [list(cc.OPS), ["allreduce"]]
+    for wrong in ("allgather", ["allgather", "all_to_all"]):
+        with pytest.raises(UsageError, match="allgather" if wrong == "allgather" else "all_to_all"):
+            cc.link_calibration(wrong)
 
 
 def _leftovers() -> set[str]:

@@ -1,4 +1,3 @@
-from dnnperf.cli import main
-from dnnperf.interrupts import exit_now
+from dnnperf.cli import run_and_exit
 
-exit_now(main())
+run_and_exit()

@@ -209,6 +209,8 @@ def die_with_this_process() -> Callable[[], None]:
 def exit_now(code: int = 0) -> NoReturn:
     """Exit with ``code``, the objects alive now kept out of the interpreter's last garbage
     collections (``gc.freeze``): after torch is imported those walk every object its import made,
-    0.6-0.7 s of CPU a process on the 2-core host. atexit handlers and finalizers still run."""
+    0.6-0.7 s of CPU a process on the 2-core host. atexit handlers, and finalizers registered with
+    ``weakref.finalize`` (temporary directories, dnnperf's own files), still run; the ``__del__`` of an
+    object alive only through a reference cycle does not. For entry points only."""
     gc.freeze()
     raise SystemExit(code)

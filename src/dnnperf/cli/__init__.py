@@ -13,11 +13,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from dnnperf.cli.options import EXIT_USAGE, OneLineParser
 from dnnperf.errors import DnnperfError, one_line
-from dnnperf.interrupts import interrupted_exit_code, stop_on_signals
+from dnnperf.interrupts import exit_now, interrupted_exit_code, stop_on_signals
 from dnnperf.version import __version__
 
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write("dnnperf: interrupted\n")
             sys.stderr.flush()
             return interrupted_exit_code()
+
+
+def run_and_exit() -> NoReturn:
+    """The console script and ``python -m dnnperf``: :func:`main`, then a quick exit with its code."""
+    exit_now(main())
 
 
 def run_command(argv: Sequence[str] | None) -> int:

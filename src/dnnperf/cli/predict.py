@@ -160,6 +160,9 @@ def load_machine(
         from dnnperf.perfmodel.validate import calibrated_machine
 
         strategies = STRATEGIES if strategies is None else strategies
+        unknown = sorted(set(strategies) - set(STRATEGIES))
+        if unknown:
+            raise UsageError(f"unknown strategy {', '.join(unknown)}: use {', '.join(STRATEGIES)}")
         needed = [op for s in strategies for op in COLLECTIVES[s]] if several else []
         return calibrated_machine(
             device,

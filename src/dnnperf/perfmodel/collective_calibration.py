@@ -422,15 +422,22 @@ def store_link(link: dict[str, Any]) -> None:
 
 def link_calibration(ops: Sequence[str] = OPS, refresh: bool = False) -> dict[str, Any]:
     """This host's fitted link (2 ranks) for ``ops`` and allreduce (the machine's own link), each
-    operation measured once and cached: those not cached yet are measured together, interleaved."""
+    operation measured once and cached: those not cached yet are measured together, interleaved. An
+    allreduce whose timings gave no line is measured again next time (the machine's own link would
+    otherwise stay the default); another operation without one keeps the allreduce's."""
     from dnnperf.cache import JsonCache
 
-    wanted = [op for op in OPS if op in {"allreduce", *ops}]
+    wanted = collectives.operations(["allreduce", *collectives.operations(ops)])
     store = JsonCache("model-calibration")
     measured: dict[str, dict[str, Any]] = {}
     for op in [] if refresh else wanted:
         entry = store.get(cache_key(op))
-        if isinstance(entry, dict) and isinstance(entry.get("source"), str) and "fit" in entry:
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("source"), str)
+            and "fit" in entry
+            and (entry["fit"] is not None or op != "allreduce")
+        ):
             measured[op] = entry
     missing = [op for op in wanted if op not in measured]
     if missing:

@@ -25,6 +25,7 @@ above glibc's largest mmap threshold those are fresh pages, each costing the lin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dnnperf.errors import UsageError
@@ -32,6 +33,16 @@ from dnnperf.errors import UsageError
 ALLREDUCE_ALGORITHMS = ("ring", "rabenseifner", "recursive_doubling", "tree")
 #: The collectives a prediction times, each calibrated on its own (collective_calibration).
 OPERATIONS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "send_recv")
+
+
+def operations(names: Sequence[str]) -> list[str]:
+    """``names`` (collectives of OPERATIONS) in OPERATIONS' order; a UsageError names any other."""
+    if isinstance(names, str):
+        raise UsageError(f"collectives are a list of names, not the string {names!r}")
+    unknown = sorted(set(names) - set(OPERATIONS))
+    if unknown:
+        raise UsageError(f"unknown collective {', '.join(unknown)}: use {', '.join(OPERATIONS)}")
+    return [op for op in OPERATIONS if op in names]
 
 
 @dataclass(frozen=True)

@@ -462,6 +462,7 @@ def with_link(machine: Machine, link: dict[str, Any] | None) -> Machine:
     # A calibration that measured some operations only: the others are refused, not defaulted.
     measured = link.get("calibrated", OPERATIONS)
     skipped = {link_source(op): NOT_CALIBRATED for op in OPERATIONS if op not in measured}
+    kept = {k: v for k, v in machine.sources.items() if k not in {link_source(op) for op in OPERATIONS}}
     return dataclasses.replace(
         machine,
         link_bandwidth=bandwidth,
@@ -470,7 +471,7 @@ def with_link(machine: Machine, link: dict[str, Any] | None) -> Machine:
         intra_latency=alpha,
         reduce_bandwidth=link.get("reduce_bandwidth", 0.0),
         collectives=dict(link.get("ops", {})),
-        sources={**machine.sources, "link": link.get("source", "default"), **skipped},
+        sources={**kept, "link": link.get("source", "default"), **skipped},
     )
 
 

@@ -35,7 +35,7 @@ from dnnperf.perfmodel.calibrate import (
     measure_zero_operand_cost,
     zoo_calibration,
 )
-from dnnperf.perfmodel.collectives import OPERATIONS
+from dnnperf.perfmodel.collectives import OPERATIONS, operations
 from dnnperf.perfmodel.compute import ComputeOptions, step_time
 from dnnperf.perfmodel.fsdp_calibration import NONE as NO_FSDP_COST
 from dnnperf.perfmodel.fsdp_calibration import measure_fsdp_cost
@@ -788,9 +788,10 @@ def calibrated_machine(
     else:
         skipped["fsdp"] = NOT_CALIBRATED
     found = None
-    if collectives:
-        step(f"the gloo link on 2 ranks ({', '.join(dict.fromkeys(('allreduce', *collectives)))})", 0.7)
-        found = link_calibration(collectives)
+    if operations(collectives):
+        asked = operations(["allreduce", *operations(collectives)])
+        step(f"the gloo link on 2 ranks ({', '.join(asked)})", 0.7)
+        found = link_calibration(asked)
     else:
         skipped["link"] = NOT_CALIBRATED
     machine = machines.from_profile(
