@@ -13,7 +13,7 @@ from dnnperf.errors import UsageError
 from dnnperf.perfmodel import collectives as c
 from dnnperf.perfmodel import strategies as s
 from dnnperf.perfmodel.compute import ComputeOptions, op_times, queued_end, step_time
-from dnnperf.perfmodel.graph import StepGraph
+from dnnperf.perfmodel.graph import ScalableGraph, StepGraph
 from dnnperf.perfmodel.machine import PRESETS, Machine, from_dict, preset
 from dnnperf.perfmodel.predict import predict
 
@@ -239,6 +239,17 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     between = graph.at_batch(other, 2)
     assert between.gaps == {"forward": [pytest.approx(6e-3), 400.0], "backward": [pytest.approx(2e-3), 500.0]}
     assert StepGraph.from_dict(between.to_dict()).gaps == between.gaps
+    # Their part that does not grow with the batch: the line through (1, 5 ms) and (3, 7 ms) at batch
+    # 0 is 4 ms forward (2 ms over 400 calls at 5 us: 2 ms charged), (1, 1 ms) and (3, 3 ms) give 0
+    # backward; the same at any batch, the described one included.
+    assert between.fixed_gaps == {"forward": [pytest.approx(4e-3), 400.0], "backward": [0.0, 500.0]}
+    fixed = ComputeOptions(host_gaps=True, fixed_gaps=True)
+    for size in (1, 2, 5):
+        at = ScalableGraph(graph, other).at(size)
+        assert step_time(at, here, fixed).forward_s - step_time(at, here).forward_s == pytest.approx(2e-3)
+        assert step_time(at, here, fixed).backward_s == pytest.approx(step_time(at, here).backward_s)
+    # One description has no fixed part to charge.
+    assert step_time(graph, here, fixed).total_s == pytest.approx(plain.total_s)
 
 
 def test_cold_product_fit_recovers_a_call_cost_and_a_cost_per_byte() -> None:

@@ -122,6 +122,10 @@ class ComputeOptions:
     #: (language models), it raised the set's predictions past its targets (validation-heldout.md,
     #: variant "host gaps").
     host_gaps: bool = False
+    #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
+    #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
+    #: "host gaps, fixed part").
+    fixed_gaps: bool = False
 
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
@@ -335,12 +339,15 @@ def host_gap_seconds(
     (``StepGraph.gaps``) beyond its calls at the calibration network's gap each
     (``Machine.gap_call_s``), never below zero: the Python of a model's modules, which the per-call
     costs, calibrated on a network of plain layers, leave out. Only on the CPU that described it
-    (``Machine.replay_device``): another machine runs other Python at another speed."""
+    (``Machine.replay_device``): another machine runs other Python at another speed. With
+    ``options.fixed_gaps``, the gaps of the description's two sources at batch 0 (StepGraph.fixed_gaps;
+    a description of one batch has none to charge)."""
     if not (options.host_gaps and options.overhead and machine.replay_device == "cpu"):
         return {}
+    gaps = graph.fixed_gaps if options.fixed_gaps else graph.gaps
     return {
         phase: max(seconds - calls * machine.gap_call_s[phase], 0.0)
-        for phase, (seconds, calls) in graph.gaps.items()
+        for phase, (seconds, calls) in gaps.items()
         if phase in GAP_PHASES and phase in machine.gap_call_s
     }
 

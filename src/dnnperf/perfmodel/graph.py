@@ -142,6 +142,10 @@ class StepGraph:
     #: model's own Python and the autograd engine's bookkeeping around its operators. Empty where not
     #: measured.
     gaps: dict[str, list[float]] = field(default_factory=dict)
+    #: An interpolated description's ``gaps`` on the line through its two sources' extended to batch 0:
+    #: the part of the host's seconds between calls that does not grow with the batch (the model's
+    #: Python, not the freeing of larger tensors). Empty otherwise.
+    fixed_gaps: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -247,12 +251,24 @@ class StepGraph:
                 if phase in other.issue_s
             },
             # The Python between the calls does not grow with the batch; freeing larger tensors does.
-            gaps={
-                phase: [max(a + t * (b - a), 0.0) for a, b in zip(pair, other.gaps[phase], strict=True)]
-                for phase, pair in self.gaps.items()
-                if phase in other.gaps
-            },
+            gaps=_gaps_at(self.gaps, other.gaps, t),
+            fixed_gaps=_fixed_gaps(self, other),
         )
+
+
+def _gaps_at(gaps: dict[str, list[float]], other: dict[str, list[float]], t: float) -> dict[str, list[float]]:
+    """Each phase's [seconds, calls] of ``gaps`` and ``other`` at the fraction ``t`` of the way from one
+    to the other (beyond them for ``t`` outside [0, 1]), never below zero."""
+    return {
+        phase: [max(a + t * (b - a), 0.0) for a, b in zip(pair, other[phase], strict=True)]
+        for phase, pair in gaps.items()
+        if phase in other
+    }
+
+
+def _fixed_gaps(graph: StepGraph, other: StepGraph) -> dict[str, list[float]]:
+    """The gaps of two descriptions of one model on their line at batch 0 (StepGraph.fixed_gaps)."""
+    return _gaps_at(graph.gaps, other.gaps, -graph.batch_size / (other.batch_size - graph.batch_size))
 
 
 def matched_segments(
@@ -718,7 +734,7 @@ class ScalableGraph:
 
     def at(self, batch_size: int) -> StepGraph:
         if batch_size == self.graph.batch_size:
-            return self.graph
+            return dataclasses.replace(self.graph, fixed_gaps=_fixed_gaps(self.graph, self.other))
         return self.graph.at_batch(self.other, batch_size)
 
 
