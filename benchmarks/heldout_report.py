@@ -90,6 +90,14 @@ SETS = (
         "three decoders, two encoders and three encoder-decoders.",
     ),
     (
+        "thirteenth",
+        "thirteenth set",
+        "Eight models (`THIRTEENTH_MODELS`, `--thirteenth`), fixed (each model's build checked) before "
+        "any of them was predicted, to judge the charge for the part of the host's seconds between "
+        "operator calls that does not grow with the batch: five decoders, two encoders and an "
+        "encoder-decoder.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

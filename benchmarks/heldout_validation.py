@@ -224,6 +224,24 @@ TWELFTH_MODELS = (
     ("hf:mvp", "small", (2, 3), "encoder-decoder (BART-style, task prompts)"),
     ("hf:pegasus_x", "small", (2, 3), "encoder-decoder (block-local attention, global tokens)"),
 )
+#: A thirteenth set, fixed (and each model's build checked) before any of it was predicted: held out
+#: from the charge for the part of the host's seconds between operator calls that does not grow with
+#: the batch (``ComputeOptions(host_gaps=True, fixed_gaps=True)``, variant "host gaps, fixed part"),
+#: proposed after the whole charge raised the twelfth set's language models past their steps while a
+#: language model's gaps grew with its batch and a small vision model's hardly did. Its rule, written
+#: before the run: that charge goes on by default if, with it, this set meets the three step-time
+#: targets (median and max of |error|, median signed error); otherwise it stays off. No image
+#: classifier of transformers 5.24 was left that dnnperf builds, so it has language models alone.
+THIRTEENTH_MODELS = (
+    ("hf:smollm3", "small", (2, 3), "decoder, causal LM (no positions in every fourth layer)"),
+    ("hf:openai-gpt", "small", (2, 3), "decoder, causal LM (GPT-1, post-norm)"),
+    ("hf:exaone4", "small", (2, 3), "decoder, causal LM (post-norm, query-key RMSNorm, sliding window)"),
+    ("hf:glm", "small", (2, 3), "decoder, causal LM (partial rotary, fused gate-up)"),
+    ("hf:arcee", "small", (2, 3), "decoder, causal LM (squared-ReLU MLP without gate)"),
+    ("hf:deberta", "small", (2, 3), "encoder, masked LM (disentangled relative attention)"),
+    ("hf:big_bird", "small", (2, 3), "encoder, masked LM (BigBird, full attention at this length)"),
+    ("hf:bigbird_pegasus", "small", (2, 3), "encoder-decoder (BigBird encoder, Pegasus decoder)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -283,6 +301,7 @@ UPDATE_AS_COUNTED = "update as counted"
 PREVIOUS = "one call cost, update as counted"
 PRODUCTS_IN_CACHE = "products in cache"
 HOST_GAPS = "host gaps"
+FIXED_GAPS = "host gaps, fixed part"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -297,6 +316,7 @@ VARIANTS = (
     PREVIOUS,
     PRODUCTS_IN_CACHE,
     HOST_GAPS,
+    FIXED_GAPS,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -311,6 +331,7 @@ OPTIONS = {
     PREVIOUS: ComputeOptions(phase_calls=False, update_share=False),
     PRODUCTS_IN_CACHE: ComputeOptions(cold_products=False),
     HOST_GAPS: ComputeOptions(host_gaps=True),
+    FIXED_GAPS: ComputeOptions(host_gaps=True, fixed_gaps=True),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -780,6 +801,9 @@ def main() -> None:
     parser.add_argument("--eleventh", action="store_true", help="the eleventh held-out set (ELEVENTH_MODELS)")
     parser.add_argument("--twelfth", action="store_true", help="the twelfth held-out set (TWELFTH_MODELS)")
     parser.add_argument(
+        "--thirteenth", action="store_true", help="the thirteenth held-out set (THIRTEENTH_MODELS)"
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -816,6 +840,7 @@ def main() -> None:
             "tenth",
             "eleventh",
             "twelfth",
+            "thirteenth",
             "shapes",
             "shapes_again",
         )
@@ -835,6 +860,7 @@ def main() -> None:
         "tenth": TENTH_MODELS,
         "eleventh": ELEVENTH_MODELS,
         "twelfth": TWELFTH_MODELS,
+        "thirteenth": THIRTEENTH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }
