@@ -568,6 +568,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[PREVIOUS] = model
         every[PRODUCTS_IN_CACHE] = model
         every[HOST_GAPS] = model
+        every[FIXED_GAPS] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
