@@ -231,16 +231,17 @@ def phases(documents: dict[str, dict[str, Any]]) -> str:
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
+    day, time = finished[-1].split(" ")[:2]  # "2026-11-28 16:18 UTC": the day only where it changed
+    last = f"{day} {time}" if day != finished[0].split(" ")[0] else time
     commits = sorted({d["commit"] for d in documents.values()})
     by_commit = "; ".join(
         f"`{c}`: " + ", ".join(k for k, d in documents.items() if d["commit"] == c) for c in commits
     )
     return (
-        f"{first['machine']}; finished from {finished[0]} to {finished[-1].split(' ')[1]} UTC; "
-        f"by commit, {by_commit}."
+        f"{first['machine']}; finished from {finished[0]} to {last} UTC; by commit, {by_commit}."
         if len(commits) > 1
         else f"{first['machine']}; the sets one after another, finished from {finished[0]} to "
-        f"{finished[-1].split(' ')[1]} UTC; commit `{commits[0]}`."
+        f"{last} UTC; commit `{commits[0]}`."
     )
 
 

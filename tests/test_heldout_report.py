@@ -89,3 +89,28 @@ def test_a_page_without_the_markers_is_refused() -> None:
     assert report.replace_between(two, "summary", "new") == (
         new + "\n<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n"
     )
+
+
+def test_the_run_line_names_the_day_of_the_last_set_only_where_it_changed() -> None:
+    base = {"machine": "host", "rows": []}
+    same = {"a": {**base, "finished": "2026-11-28 16:18 UTC", "commit": "x"}}
+    same["b"] = {**base, "finished": "2026-11-28 18:59 UTC", "commit": "y"}
+    assert "from 2026-11-28 16:18 UTC to 18:59 UTC" in report.run_line(same)
+    later = {**same, "c": {**base, "finished": "2026-11-29 01:29 UTC", "commit": "y"}}
+    line = report.run_line(later)
+    assert "from 2026-11-28 16:18 UTC to 2026-11-29 01:29 UTC;" in line and "`y`: b, c" in line
+
+
+def test_the_calibration_spread_table_gives_each_figures_median_and_range() -> None:
+    import benchmarks.calibration_spread as spread
+
+    repeats = [
+        {"elementwise/forward": v, spread.UPDATE_SHARE: s} for v, s in [(0.5, 0.7), (0.6, 0.6), (0.8, 0.65)]
+    ]
+    table = spread.markdown(
+        {"repeats": repeats, "finished": "now", "machine": "host", "torch": "2", "commit": "abc"}
+    )
+    # Median 0.6, range 0.5-0.8: 0.3 / 0.6 = 50%; the share: median 0.65, range 0.1 / 0.65 = 15%.
+    assert "| elementwise/forward | 0.600 | 0.500-0.800 | 50% |" in table
+    assert f"| {spread.UPDATE_SHARE} | 0.650 | 0.600-0.700 | 15% |" in table
+    assert "memory/forward" not in table  # a family no repeat measured
