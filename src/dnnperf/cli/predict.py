@@ -163,7 +163,7 @@ def load_machine(
         unknown = sorted(set(strategies) - set(STRATEGIES))
         if unknown:
             raise UsageError(f"unknown strategy {', '.join(unknown)}: use {', '.join(STRATEGIES)}")
-        needed = [op for s in strategies for op in COLLECTIVES[s]] if several else []
+        needed = [op for s in strategies for op in COLLECTIVES[s]]
         return calibrated_machine(
             device,
             collectives=("allreduce", *needed) if several else (),

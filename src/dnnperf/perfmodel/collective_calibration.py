@@ -137,9 +137,9 @@ def measure(
         raise DnnperfError("collectives need at least 2 ranks")
     if shape is not None and world != 2:
         raise DnnperfError("a shaped link joins exactly 2 ranks")
-    unknown = sorted(set(ops) - set(OPS))
-    if unknown or not ops:
-        raise DnnperfError(f"no collective {', '.join(unknown) or 'asked'}: choose among {', '.join(OPS)}")
+    ops = collectives.operations(ops)
+    if not ops:
+        raise DnnperfError(f"no collective asked: choose among {', '.join(OPS)}")
     with NetnsPair(shape) if shape is not None else nullcontext() as pair:
         return _measure(world, sizes, rounds, timeout_s, pair, ops)
 

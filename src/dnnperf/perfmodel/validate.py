@@ -788,8 +788,8 @@ def calibrated_machine(
     else:
         skipped["fsdp"] = NOT_CALIBRATED
     found = None
-    if operations(collectives):
-        asked = operations(["allreduce", *operations(collectives)])
+    asked = operations(["allreduce", *operations(collectives)]) if collectives else []
+    if asked:
         step(f"the gloo link on 2 ranks ({', '.join(asked)})", 0.7)
         found = link_calibration(asked)
     else:
