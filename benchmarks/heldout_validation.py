@@ -242,6 +242,21 @@ THIRTEENTH_MODELS = (
     ("hf:big_bird", "small", (2, 3), "encoder, masked LM (BigBird, full attention at this length)"),
     ("hf:bigbird_pegasus", "small", (2, 3), "encoder-decoder (BigBird encoder, Pegasus decoder)"),
 )
+#: A fourteenth set, fixed (and each model's build checked) before any of it was predicted: networks a
+#: user brings as their own nn.Module (benchmarks/own_models.py: diffusers' and x-transformers'
+#: models, built in code) and the last transformers model type dnnperf builds that no set had. No
+#: rule of the model is chosen on it: it measures the model as it is on code nobody here tuned on.
+FOURTEENTH_MODELS = (
+    ("diffusers-unet", "small", (4, 8), "denoising U-Net, attention at the lowest resolution (diffusers)"),
+    ("diffusers-unet-cond", "small", (2, 3), "denoising U-Net with cross-attention (diffusers)"),
+    ("diffusers-dit", "small", (4, 8), "diffusion transformer, adaptive layer norm (diffusers)"),
+    ("diffusers-vae", "small", (2, 3), "variational autoencoder, convolutional (diffusers)"),
+    ("diffusers-vq", "small", (2, 3), "vector-quantised autoencoder (diffusers)"),
+    ("xt-decoder", "small", (2, 3), "decoder, causal LM, rotary positions, GLU (x-transformers)"),
+    ("xt-vit", "small", (4, 8), "vision transformer (x-transformers)"),
+    ("xt-encoder-decoder", "small", (2, 3), "encoder-decoder (x-transformers)"),
+    ("hf:data2vec-text", "small", (2, 3), "encoder, masked LM (data2vec)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -805,6 +820,11 @@ def main() -> None:
         "--thirteenth", action="store_true", help="the thirteenth held-out set (THIRTEENTH_MODELS)"
     )
     parser.add_argument(
+        "--fourteenth",
+        action="store_true",
+        help="the fourteenth held-out set (FOURTEENTH_MODELS: own modules; needs pip install -e .[heldout])",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -842,6 +862,7 @@ def main() -> None:
             "eleventh",
             "twelfth",
             "thirteenth",
+            "fourteenth",
             "shapes",
             "shapes_again",
         )
@@ -862,9 +883,14 @@ def main() -> None:
         "eleventh": ELEVENTH_MODELS,
         "twelfth": TWELFTH_MODELS,
         "thirteenth": THIRTEENTH_MODELS,
+        "fourteenth": FOURTEENTH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }
+    if chosen == ["fourteenth"]:
+        from own_models import register_all  # beside this script (the script's folder is on the path)
+
+        register_all()
     models = sets[chosen[0]] if chosen else MODELS + (TIMM_MODELS if timm_available() else ())
     if args.models:
         wanted = args.models.split(",")

@@ -1,0 +1,310 @@
+"""Networks a user brings as their own ``nn.Module``: diffusers' and x-transformers' models, built from
+configurations in code (random weights, nothing downloaded), each with the training loss its library
+documents, registered as workloads for the held-out validation (``heldout_validation.py
+--fourteenth``). Neither library is a dependency of dnnperf: ``pip install -e .[heldout]``.
+
+Every model has one preset, ``small``: a few blocks of width 32-256 at 32-64 pixels or 128 tokens,
+steps of tens to hundreds of milliseconds on one CPU thread, as the ``small`` presets of the suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dnnperf.data.formats import DataFormat, ImageFormat, LanguageModelFormat, TranslationFormat
+from dnnperf.workloads.base import SupervisedTask, Task, Workload
+from dnnperf.workloads.registry import REGISTRY, register
+
+Batch = dict[str, torch.Tensor]
+
+#: Image side and classes of the image models' data, tokens of the sequence models'.
+IMAGE_SIZE = 32
+VAE_IMAGE_SIZE = 64
+CLASSES = 100
+VOCABULARY = 4096
+TOKENS = 128
+#: Diffusion steps of the noise schedule the denoisers are trained on.
+DIFFUSION_STEPS = 1000
+
+
+def _noised(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(noisy images, time steps, the noise): DDPM's forward process at random steps of a linear
+    schedule, what a denoiser's training step draws."""
+    steps = torch.randint(0, DIFFUSION_STEPS, (images.shape[0],), device=images.device)
+    betas = torch.linspace(1e-4, 0.02, DIFFUSION_STEPS, device=images.device)
+    kept = torch.cumprod(1 - betas, dim=0)[steps].view(-1, 1, 1, 1)
+    noise = torch.randn_like(images)
+    return kept.sqrt() * images + (1 - kept).sqrt() * noise, steps, noise
+
+
+def _denoiser_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    return nn.functional.mse_loss(model(noisy, steps).sample, noise)
+
+
+def _conditioned_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    # A text encoder's output the cross-attention reads: 8 tokens of the model's context width.
+    context = torch.randn(noisy.shape[0], 8, model.config.cross_attention_dim, device=noisy.device)
+    return nn.functional.mse_loss(model(noisy, steps, encoder_hidden_states=context).sample, noise)
+
+
+def _class_conditioned_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    return nn.functional.mse_loss(model(noisy, timestep=steps, class_labels=batch["label"]).sample, noise)
+
+
+def _vae_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    posterior = model.encode(batch["image"]).latent_dist
+    reconstruction = model.decode(posterior.sample()).sample
+    return nn.functional.mse_loss(reconstruction, batch["image"]) + 1e-6 * posterior.kl().mean()
+
+
+def _vq_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    output = model(batch["image"])
+    return nn.functional.mse_loss(output.sample, batch["image"]) + output.commit_loss.mean()
+
+
+def _next_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    logits = model(batch["tokens"])
+    return nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+
+
+def _classifier_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(batch["image"]), batch["label"])
+
+
+def _translation_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(batch["src"], batch["tgt_in"])
+
+
+@dataclass(frozen=True)
+class OwnModel:
+    """One model: how to build it, its loss, its data and its optimizer's recipe."""
+
+    name: str
+    summary: str
+    build: Callable[[], nn.Module]
+    loss: Callable[[nn.Module, Batch], torch.Tensor]
+    data: DataFormat
+    adam: bool
+
+
+def _unet() -> nn.Module:
+    from diffusers import UNet2DModel
+
+    return UNet2DModel(
+        sample_size=IMAGE_SIZE,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(32, 64, 64),
+        down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D", "UpBlock2D"),
+        layers_per_block=1,
+        norm_num_groups=8,
+    )
+
+
+def _conditioned_unet() -> nn.Module:
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(
+        sample_size=IMAGE_SIZE,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        layers_per_block=1,
+        norm_num_groups=8,
+        cross_attention_dim=64,
+        attention_head_dim=8,
+    )
+
+
+def _dit() -> nn.Module:
+    from diffusers import DiTTransformer2DModel
+
+    return DiTTransformer2DModel(
+        num_attention_heads=4,
+        attention_head_dim=32,
+        in_channels=3,
+        out_channels=3,
+        num_layers=4,
+        sample_size=IMAGE_SIZE,
+        patch_size=2,
+        num_embeds_ada_norm=CLASSES,
+    )
+
+
+def _vae() -> nn.Module:
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=8,
+        sample_size=VAE_IMAGE_SIZE,
+    )
+
+
+def _vq() -> nn.Module:
+    from diffusers import VQModel
+
+    return VQModel(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        latent_channels=4,
+        num_vq_embeddings=256,
+        norm_num_groups=8,
+        sample_size=VAE_IMAGE_SIZE,
+    )
+
+
+def _decoder() -> nn.Module:
+    from x_transformers import Decoder, TransformerWrapper
+
+    return TransformerWrapper(
+        num_tokens=VOCABULARY,
+        max_seq_len=TOKENS,
+        attn_layers=Decoder(dim=256, depth=4, heads=4, rotary_pos_emb=True, ff_glu=True),
+    )
+
+
+def _vit() -> nn.Module:
+    from x_transformers import Encoder, ViTransformerWrapper
+
+    return ViTransformerWrapper(
+        image_size=VAE_IMAGE_SIZE,
+        patch_size=8,
+        num_classes=CLASSES,
+        attn_layers=Encoder(dim=256, depth=4, heads=4),
+    )
+
+
+def _encoder_decoder() -> nn.Module:
+    from x_transformers import XTransformer
+
+    return XTransformer(
+        dim=256,
+        enc_num_tokens=VOCABULARY,
+        enc_depth=2,
+        enc_heads=4,
+        enc_max_seq_len=TOKENS,
+        dec_num_tokens=VOCABULARY,
+        dec_depth=2,
+        dec_heads=4,
+        dec_max_seq_len=TOKENS,
+    )
+
+
+MODELS = (
+    OwnModel(
+        "diffusers-unet",
+        "diffusers UNet2DModel (DDPM denoiser)",
+        _unet,
+        _denoiser_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-unet-cond",
+        "diffusers UNet2DConditionModel (cross-attention denoiser)",
+        _conditioned_unet,
+        _conditioned_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-dit",
+        "diffusers DiTTransformer2DModel (class-conditioned diffusion transformer)",
+        _dit,
+        _class_conditioned_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-vae",
+        "diffusers AutoencoderKL (variational autoencoder)",
+        _vae,
+        _vae_loss,
+        ImageFormat(VAE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-vq",
+        "diffusers VQModel (vector-quantised autoencoder)",
+        _vq,
+        _vq_loss,
+        ImageFormat(VAE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "xt-decoder",
+        "x-transformers decoder (rotary positions, GLU feed-forward)",
+        _decoder,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "xt-vit",
+        "x-transformers ViTransformerWrapper (vision transformer)",
+        _vit,
+        _classifier_loss,
+        ImageFormat(VAE_IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "xt-encoder-decoder",
+        "x-transformers XTransformer (encoder-decoder)",
+        _encoder_decoder,
+        _translation_loss,
+        TranslationFormat(VOCABULARY, TOKENS, TOKENS),
+        adam=True,
+    ),
+)
+
+
+def _task(model: OwnModel) -> Callable[[Any, torch.device], Task]:
+    def make(_: Any, device: torch.device) -> Task:
+        network = model.build().to(device).train()
+        if model.adam:
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(network.parameters(), lr=1e-4)
+        else:
+            optimizer = torch.optim.SGD(network.parameters(), lr=0.01, momentum=0.9)
+        return SupervisedTask(network, model.loss, optimizer)
+
+    return make
+
+
+def register_all() -> None:
+    """Register every model of :data:`MODELS` as a workload (once)."""
+    for model in MODELS:
+        if model.name in REGISTRY:
+            continue
+        register(
+            Workload(
+                name=model.name,
+                domain="user model",
+                summary=model.summary,
+                presets={"small": model.name},
+                default_batch_size={"small": 4},
+                make_task=_task(model),
+                make_data=lambda _, data=model.data: data,
+            )
+        )
