@@ -302,7 +302,7 @@ def register_all() -> None:
                 name=model.name,
                 domain="user model",
                 summary=model.summary,
-                presets={"small": model.name},
+                presets={"small": {"model": model.name}},
                 default_batch_size={"small": 4},
                 make_task=_task(model),
                 make_data=lambda _, data=model.data: data,
