@@ -346,3 +346,87 @@ def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
     for kept in (products(min(flops)), products(1e6, "cuda"), products(1e6, replay_matrix_products=False)):
         assert not kept["replayed"].any()
         assert kept["compute_s"].to_numpy() == pytest.approx(roofline["compute_s"].to_numpy())
+
+
+class _Attention(nn.Module):
+    """Self-attention without dropout, with an additive mask: the CPU's fused attention kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(x.shape[-2], x.shape[-2])
+        q = x * self.scale
+        return nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+def test_the_description_keeps_each_attention_call_and_its_replay_runs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    graph = describe_model(_Attention(), torch.randn(2, 4, 16, 8), name="attention", count_faults=False)
+    kept = [k for k in graph.kernels if k["call"]["op"] in kernels.ATTENTION_OPS]
+    assert sorted(k["call"]["op"] for k in kept) == sorted(kernels.ATTENTION_OPS)
+    # Each kept call as many times as the description counted the attention rows' calls.
+    counted = {(m, p, o): c for k in kept for m, p, o, c in k["rows"]}
+    attention = graph.ops[graph.ops["op"].isin(kernels.ATTENTION_OPS)]
+    assert counted == {
+        (m, p, o): int(c)
+        for m, p, o, c in zip(attention.module, attention.phase, attention.op, attention.calls, strict=True)
+    }
+    # The mask, a keyword argument, is kept and rebuilt: every call replays.
+    forward = next(k["call"] for k in kept if not k["call"]["op"].endswith("_backward"))
+    assert forward["kwargs"]["attn_mask"]["shape"] == [16, 16]
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    for kernel in kept:
+        assert kernels.time_call(kernel["call"], "cpu").seconds > 0
+
+
+def test_a_keyword_argument_that_is_not_plain_data_is_not_replayed() -> None:
+    x = torch.randn(3)
+    assert kernels.signature("aten.add", [x], {"alpha": 2}) == {
+        "op": "aten.add",
+        "args": [{"shape": [3], "stride": [1], "dtype": "float32"}],
+        "kwargs": {"alpha": 2},
+    }
+    assert "kwargs" not in kernels.signature("aten.add", [x], {})
+    assert kernels.signature("aten.add", [x], {"out": object()}) is None
+
+
+def _attention_graph() -> StepGraph:
+    """One attention row of 3 calls, each kept (its replay is injected: never run)."""
+    op = kernels.ATTENTION_OPS[0]
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward"],
+            "module": ["m"],
+            "op": [op],
+            "family": ["attention"],
+            "dtype": ["float32"],
+            "flops": [3e6],
+            "bytes": [0.0],
+            "calls": [3.0],
+            "zeros": [0.0],
+        }
+    )
+    call = kernels.signature(op, [torch.randn(4)])
+    graph = StepGraph("attention", 1, ops, 0, {}, 0, 0, 0)
+    return dataclasses.replace(graph, kernels=[{"call": call, "rows": [["m", "forward", op, 3]]}])
+
+
+def test_attention_rows_take_their_replay_only_where_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(kernels, "_TIMED", {})
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "time_call", lambda *a, **k: kernels.Replay(0.25, 0.0))  # a known 250 ms
+    here = _machine(replay_device="cpu")
+    roofline = 3e6 / 1e12  # the products' FLOPs at the toy machine's peak
+    asked = ComputeOptions(replay_attention=True)
+    assert op_times(_attention_graph(), here, asked)["compute_s"].iloc[0] == pytest.approx(3 * 0.25)
+    assert op_times(_attention_graph(), here)["compute_s"].iloc[0] == pytest.approx(roofline)
+    # Another machine than this host's CPU prices the row by its FLOPs.
+    assert op_times(_attention_graph(), _machine(), asked)["compute_s"].iloc[0] == pytest.approx(roofline)
+    assert op_times(_attention_graph(), _machine(replay_device="cuda"), asked)["compute_s"].iloc[
+        0
+    ] == pytest.approx(roofline)

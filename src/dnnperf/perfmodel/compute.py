@@ -20,8 +20,9 @@ overhead is the machine's dispatch cost per call (its phase's, ``Machine.phase_c
 plus its family's fixed cost per call (``Machine.call_s``: a convolution's reorders and set-up), views and
 metadata operators excluded (they cost no kernel). On a machine that is this host's device
 (``Machine.replay_device``), a row whose every call is a convolution the description kept
-(perfmodel/kernels.py) takes its replayed seconds instead of the roofline and the family's fixed cost (the
-replay includes both); the dispatch cost stays (the eager step's module and autograd calls around the
+(perfmodel/kernels.py), or on a CPU where asked the fused attention kernel (``replay_attention``), takes
+its replayed seconds instead of the roofline and the family's fixed cost (the replay includes both); the
+dispatch cost stays (the eager step's module and autograd calls around the
 kernel). A matrix product of the forward or backward costs, on top, its operands' trip from memory
 (``Machine.cold_product_call_s`` a call, ``cold_product_byte_s`` a counted byte: the curves time
 products in cache). On a host that counts them, each page fault the step takes
@@ -101,6 +102,10 @@ class ComputeOptions:
     #: the calibrated matmul curve's first size (kernels.MATRIX_OPS). Off: on the held-out sets it
     #: raised as many rows past their step as it brought up to it (validation-heldout.md).
     replay_matrix_products: bool = False
+    #: On a CPU, the fused attention kernel's calls replayed (kernels.ATTENTION_OPS) rather than
+    #: priced by their products' FLOPs. Off: not yet judged on a held-out set (validation-heldout.md,
+    #: variant "attention replayed").
+    replay_attention: bool = False
     per_element: bool = True
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
@@ -216,11 +221,12 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         # Matrix products smaller than the calibrated curve's first size (kernels.MATRIX_OPS).
         matmul = [c.sizes[0] for n, c in curves.items() if n.split("/")[0] == "matmul"]
         below = min(matmul) if matmul and options.replay_matrix_products else 0.0
+        attention = options.replay_attention
         if graph.kernels:
-            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below)
+            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below, attention)
         else:
             replayed = replayed_between(
-                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below
+                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below, attention
             )
         measured = np.array([replayed.get(key, np.nan) for key in keys])
         found = ~np.isnan(measured)

@@ -51,8 +51,18 @@ CONVOLUTION_OPS = ("aten.convolution", "aten.convolution_backward")
 #: isolation than in a step. So a product's replay only ever raises its price (compute.op_times).
 #: Not on a GPU: not validated there.
 MATRIX_OPS = ("aten.mm", "aten.bmm", "aten.addmm")
+#: The CPU's fused attention kernel, forward and backward: where asked
+#: (``ComputeOptions.replay_attention``), replayed for time on a CPU. Its FLOPs (the two products)
+#: leave out the online softmax over every score, whose cost per score grows as the head narrows:
+#: 2 x 8 heads x 1,024 tokens here took 0.38 ns a score forward beyond its products at 64 dimensions
+#: a head and 1.8 ns at 4, so a denoising U-Net's attention of 4 dimensions a head was priced at a
+#: twelfth of its time.
+ATTENTION_OPS = (
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+)
 #: Operators a description keeps the distinct calls of.
-REPLAYED_OPS = CONVOLUTION_OPS + MATRIX_OPS
+REPLAYED_OPS = CONVOLUTION_OPS + MATRIX_OPS + ATTENTION_OPS
 #: Timed calls per replay (after one untimed call that lets the library set up its caches).
 REPEATS = 5
 #: Bytes written between timed calls where the caches are not known (see flush_bytes).
@@ -61,40 +71,54 @@ DEFAULT_FLUSH_BYTES = 8 * 2**20
 CACHE_VERSION = "kernel-time-4"
 
 
-def signature(op_name: str, args: Sequence[Any]) -> dict[str, Any] | None:
-    """A call as plain data (tensors by shape, strides and dtype), or None if it cannot be replayed."""
-    encoded: list[Any] = []
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            if value.device.type == "meta" or value.layout != torch.strided:
-                return None
-            encoded.append(
-                {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)[6:]}
-            )
-        elif value is None or isinstance(value, (bool, int, float)):
-            encoded.append(value)
-        elif isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int)) for v in value):
-            encoded.append(list(value))
-        else:
-            return None
-    return {"op": op_name, "args": encoded}
+_NOT_PLAIN = object()
+
+
+def _encoded(value: Any) -> Any:
+    """An argument as plain data (a tensor by shape, strides and dtype), or ``_NOT_PLAIN``."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "meta" or value.layout != torch.strided:
+            return _NOT_PLAIN
+        return {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)[6:]}
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int)) for v in value):
+        return list(value)
+    return _NOT_PLAIN
+
+
+def signature(
+    op_name: str, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """A call as plain data (tensors by shape, strides and dtype; keyword arguments under "kwargs"
+    where it has any), or None if it cannot be replayed."""
+    encoded = [_encoded(value) for value in args]
+    named = {name: _encoded(value) for name, value in (kwargs or {}).items()}
+    if any(value is _NOT_PLAIN for value in (*encoded, *named.values())):
+        return None
+    return {"op": op_name, "args": encoded, **({"kwargs": named} if named else {})}
+
+
+def _operand(value: Any, device: torch.device) -> Any:
+    if not isinstance(value, dict):
+        return value
+    dtype = getattr(torch, value["dtype"])
+    shape, stride = value["shape"], value["stride"]
+    # The storage the strides reach (an expanded gradient has stride 0: one element per row).
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) if all(shape) else 0
+    storage = torch.empty(span, dtype=dtype, device=device)
+    storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
+    return storage.as_strided(shape, stride)
 
 
 def operands(call: Mapping[str, Any], device: torch.device) -> list[Any]:
-    """Random operands for a replay of ``call`` on ``device``."""
-    found: list[Any] = []
-    for value in call["args"]:
-        if isinstance(value, dict):
-            dtype = getattr(torch, value["dtype"])
-            shape, stride = value["shape"], value["stride"]
-            # The storage the strides reach (an expanded gradient has stride 0: one element per row).
-            span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) if all(shape) else 0
-            storage = torch.empty(span, dtype=dtype, device=device)
-            storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
-            found.append(storage.as_strided(shape, stride))
-        else:
-            found.append(value)
-    return found
+    """Random operands for a replay of ``call`` on ``device`` (its positional arguments)."""
+    return [_operand(value, device) for value in call["args"]]
+
+
+def keyword_operands(call: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """Random operands for ``call``'s keyword arguments (an attention mask), as :func:`operands`."""
+    return {name: _operand(value, device) for name, value in call.get("kwargs", {}).items()}
 
 
 def resolve(op_name: str) -> Any:
@@ -184,7 +208,7 @@ class KernelCalls:
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
         if info.name not in REPLAYED_OPS:
             return
-        found = signature(info.name, call.args)
+        found = signature(info.name, call.args, call.kwargs)
         if found is None:
             return
         key = repr(found)
@@ -273,10 +297,11 @@ def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> R
     try:
         op = resolve(call["op"])
         args = operands(call, device)
+        named = keyword_operands(call, device)
         cuda = device.type == "cuda"
         flush = torch.empty(flush_bytes(device) // 4, device=device)
         lead = device_lead(device)
-        op(*args)  # untimed: a library's first call may set up caches of its own
+        op(*args, **named)  # untimed: a library's first call may set up caches of its own
         seconds: list[float] = []
         faults: list[int] = []
         for _ in range(repeats):
@@ -286,13 +311,13 @@ def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> R
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 lead()  # the device busy while the host launches the call: its kernels alone are timed
                 start.record()
-                op(*args)
+                op(*args, **named)
                 end.record()
                 end.synchronize()
                 seconds.append(start.elapsed_time(end) / 1e3)
             else:
                 began = time.perf_counter()
-                op(*args)
+                op(*args, **named)
                 seconds.append(time.perf_counter() - began)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         return Replay(statistics.median(seconds), statistics.median(faults))
@@ -371,6 +396,7 @@ def replayed_between(
     device: str,
     fault_s: float = 0.0,
     products_below: float = 0.0,
+    attention: bool = False,
 ) -> dict[tuple[str, str, str], float]:
     """An interpolated description's rows from its two sources' replays (``StepGraph.kernels_between``):
     each row replayed whole in both, its seconds interpolated linearly in the batch to ``batch_size``
@@ -378,7 +404,10 @@ def replayed_between(
     if len(sources) != 2 or sources[0]["batch"] == sources[1]["batch"]:
         return {}
     (a, rows_a), (b, rows_b) = (
-        (float(s["batch"]), replayed_rows(s["kernels"], calls_per_row, device, fault_s, products_below))
+        (
+            float(s["batch"]),
+            replayed_rows(s["kernels"], calls_per_row, device, fault_s, products_below, attention),
+        )
         for s in sources
     )
     t = (batch_size - a) / (b - a)
@@ -393,17 +422,23 @@ def replayed_rows(
     device: str,
     fault_s: float = 0.0,
     products_below: float = 0.0,
+    attention: bool = False,
 ) -> dict[tuple[str, str, str], float]:
     """(module, phase, operator) -> the step's seconds in that row from replays, for the rows whose
     every call (``calls_per_row``, the description's count) was replayed; each replay's page faults
     at ``fault_s`` apiece taken off (the step's are charged apart). Matrix products only on a CPU
-    and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`)."""
+    and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`); the CPU's attention
+    kernel only where ``attention`` (:data:`ATTENTION_OPS`)."""
     cpu = device.startswith("cpu")
-    kernels = [
-        k
-        for k in kernels
-        if k["call"]["op"] not in MATRIX_OPS or (cpu and product_flops(k["call"]) < products_below)
-    ]
+
+    def wanted(call: Mapping[str, Any]) -> bool:
+        if call["op"] in MATRIX_OPS:
+            return cpu and product_flops(call) < products_below
+        if call["op"] in ATTENTION_OPS:
+            return cpu and attention
+        return True
+
+    kernels = [k for k in kernels if wanted(k["call"])]
     if not kernels:
         return {}
     total: dict[tuple[str, str, str], float] = {}
