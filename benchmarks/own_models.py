@@ -1,10 +1,12 @@
-"""Networks a user brings as their own ``nn.Module``: diffusers' and x-transformers' models, built from
-configurations in code (random weights, nothing downloaded), each with the training loss its library
-documents, registered as workloads for the held-out validation (``heldout_validation.py
---fourteenth``). Neither library is a dependency of dnnperf: ``pip install -e .[heldout]``.
+"""Networks a user brings as their own ``nn.Module``: models of diffusers, x-transformers, torchtune
+and fair-esm, built from configurations in code (random weights, nothing downloaded), each with the
+training loss its library documents, registered as workloads for the held-out validation
+(``heldout_validation.py --fourteenth``, ``--fifteenth``). None of these libraries is a dependency of
+dnnperf: ``pip install -e .[heldout]``.
 
-Every model has one preset, ``small``: a few blocks of width 32-256 at 32-64 pixels or 128 tokens,
-steps of tens to hundreds of milliseconds on one CPU thread, as the ``small`` presets of the suite.
+Every model has one preset, ``small``: a few blocks of width 32-320 at 32-64 pixels, 1,024 samples or
+128 tokens, steps of tens to hundreds of milliseconds on one CPU thread, as the suite's ``small``
+presets.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ VAE_IMAGE_SIZE = 64
 CLASSES = 100
 VOCABULARY = 4096
 TOKENS = 128
+#: Width of a caption's token embeddings the text-conditioned transformers read (8 tokens).
+CAPTION_WIDTH = 64
+#: A 1-D signal's samples (an image's rows laid end to end) and a series' features a step.
+SIGNAL_LENGTH = IMAGE_SIZE * IMAGE_SIZE
+SERIES_FEATURES = IMAGE_SIZE
+#: ESM's alphabet: 33 tokens, the mask the last.
+PROTEIN_TOKENS = 33
 #: Diffusion steps of the noise schedule the denoisers are trained on.
 DIFFUSION_STEPS = 1000
 
@@ -81,6 +90,49 @@ def _classifier_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def _translation_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return model(batch["src"], batch["tgt_in"])
+
+
+def _caption(images: torch.Tensor) -> torch.Tensor:
+    """A text encoder's output the cross-attention reads: 8 tokens of ``CAPTION_WIDTH``."""
+    return torch.randn(images.shape[0], 8, CAPTION_WIDTH, device=images.device)
+
+
+def _pixart_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    conditions = {"resolution": None, "aspect_ratio": None}
+    output = model(noisy, encoder_hidden_states=_caption(noisy), timestep=steps, added_cond_kwargs=conditions)
+    return nn.functional.mse_loss(output.sample, noise)
+
+
+def _sd3_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    pooled = torch.randn(noisy.shape[0], CAPTION_WIDTH, device=noisy.device)
+    output = model(noisy, encoder_hidden_states=_caption(noisy), pooled_projections=pooled, timestep=steps)
+    return nn.functional.mse_loss(output.sample, noise)
+
+
+def _autoencoder_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch["image"]).sample, batch["image"])
+
+
+def _signal_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    signal, target = noisy.flatten(2), noise.flatten(2)  # each channel's rows end to end
+    return nn.functional.mse_loss(model(signal, steps).sample, target)
+
+
+def _protein_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    tokens = batch["tokens"]
+    masked = torch.rand(tokens.shape, device=tokens.device) < 0.15
+    masked[:, 0] = True  # at least one position a sequence
+    inputs = torch.where(masked, torch.full_like(tokens, PROTEIN_TOKENS - 1), tokens)
+    logits = model(inputs)["logits"]
+    return nn.functional.cross_entropy(logits[masked], tokens[masked])
+
+
+def _series_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    series = batch["image"].flatten(1, 2)  # (batch, channels x rows, columns): a step's features a row
+    return nn.functional.mse_loss(model(series[:, :-1]), series[:, 1:])
 
 
 @dataclass(frozen=True)
@@ -212,6 +264,103 @@ def _encoder_decoder() -> nn.Module:
     )
 
 
+def _pixart() -> nn.Module:
+    from diffusers import PixArtTransformer2DModel
+
+    return PixArtTransformer2DModel(
+        num_attention_heads=4,
+        attention_head_dim=32,
+        in_channels=3,
+        out_channels=3,
+        num_layers=4,
+        cross_attention_dim=128,
+        caption_channels=CAPTION_WIDTH,
+        sample_size=IMAGE_SIZE,
+        patch_size=2,
+    )
+
+
+def _sd3() -> nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    return SD3Transformer2DModel(
+        sample_size=IMAGE_SIZE,
+        patch_size=2,
+        in_channels=3,
+        out_channels=3,
+        num_layers=4,
+        attention_head_dim=32,
+        num_attention_heads=4,
+        joint_attention_dim=CAPTION_WIDTH,
+        caption_projection_dim=128,
+        pooled_projection_dim=CAPTION_WIDTH,
+        pos_embed_max_size=IMAGE_SIZE,
+    )
+
+
+def _tiny_autoencoder() -> nn.Module:
+    from diffusers import AutoencoderTiny
+
+    return AutoencoderTiny(
+        encoder_block_out_channels=(32, 32, 32, 32),
+        decoder_block_out_channels=(32, 32, 32, 32),
+        num_encoder_blocks=(1, 2, 2, 2),
+        num_decoder_blocks=(2, 2, 2, 1),
+    )
+
+
+def _unet_1d() -> nn.Module:
+    from diffusers import UNet1DModel
+
+    # The time step's Fourier features (twice the first block's width) join the signal's channels.
+    return UNet1DModel(
+        sample_size=SIGNAL_LENGTH,
+        in_channels=3,
+        out_channels=3,
+        extra_in_channels=64,
+        block_out_channels=(32, 32, 64),
+    )
+
+
+def _llama3() -> nn.Module:
+    from torchtune.models.llama3 import llama3
+
+    return llama3(
+        vocab_size=VOCABULARY, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=256, max_seq_len=TOKENS
+    )
+
+
+def _qwen2() -> nn.Module:
+    from torchtune.models.qwen2 import qwen2
+
+    return qwen2(
+        vocab_size=VOCABULARY,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=2,
+        embed_dim=256,
+        intermediate_dim=704,
+        max_seq_len=TOKENS,
+    )
+
+
+def _esm2() -> nn.Module:
+    from esm.model.esm2 import ESM2
+
+    return ESM2(num_layers=6, embed_dim=320, attention_heads=20, alphabet="ESM-1b")
+
+
+def _continuous() -> nn.Module:
+    from x_transformers import ContinuousTransformerWrapper, Encoder
+
+    return ContinuousTransformerWrapper(
+        dim_in=SERIES_FEATURES,
+        dim_out=SERIES_FEATURES,
+        max_seq_len=TOKENS,
+        attn_layers=Encoder(dim=256, depth=4, heads=8, attn_flash=True),
+    )
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -275,6 +424,70 @@ MODELS = (
         _encoder_decoder,
         _translation_loss,
         TranslationFormat(VOCABULARY, TOKENS, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-pixart",
+        "diffusers PixArtTransformer2DModel (text-conditioned diffusion transformer)",
+        _pixart,
+        _pixart_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-sd3",
+        "diffusers SD3Transformer2DModel (joint text-image attention)",
+        _sd3,
+        _sd3_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-tiny-autoencoder",
+        "diffusers AutoencoderTiny (convolutional)",
+        _tiny_autoencoder,
+        _autoencoder_loss,
+        ImageFormat(VAE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-unet-1d",
+        "diffusers UNet1DModel (1-D denoiser)",
+        _unet_1d,
+        _signal_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torchtune-llama3",
+        "torchtune llama3 builder (grouped-query attention, rotary)",
+        _llama3,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torchtune-qwen2",
+        "torchtune qwen2 builder (grouped-query attention, biased projections)",
+        _qwen2,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "esm2",
+        "fair-esm ESM-2 (protein masked LM)",
+        _esm2,
+        _protein_loss,
+        LanguageModelFormat(PROTEIN_TOKENS - 1, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "xt-continuous",
+        "x-transformers ContinuousTransformerWrapper (series regression, fused attention)",
+        _continuous,
+        _series_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),
 )
