@@ -1,11 +1,11 @@
-"""The held-out CPU figures of docs/validation-heldout.md, validation-heldout-sets.md and
-validation-heldout-phases.md, from the JSON files of heldout_validation.py's sets.
+"""The held-out CPU figures of docs/validation-heldout.md, the two pages of each set's rows
+(``SETS_PAGES``) and validation-heldout-phases.md, from the JSON files of heldout_validation.py's sets.
 
     python benchmarks/heldout_report.py DIR
 
 reads ``DIR/<set>.json`` for each set of ``SETS`` that is there (``first`` is the run without a set
 flag, the others are named by their flag: ``fresh``, ..., ``shapes-again``) and rewrites the parts of
-the three pages between ``<!-- heldout_report:NAME -->`` and ``<!-- /heldout_report -->``: the run's
+the pages between ``<!-- heldout_report:NAME -->`` and ``<!-- /heldout_report -->``: the run's
 machine and times, the summary table, each set's rows and the phases table. The prose around them is
 the pages' own.
 """
@@ -98,16 +98,46 @@ SETS = (
         "encoder-decoder.",
     ),
     (
+        "fourteenth",
+        "fourteenth set",
+        "Nine models (`FOURTEENTH_MODELS`, `--fourteenth`), fixed (each model's build checked) before "
+        "any of them was predicted, no rule of the model chosen on it: networks a user brings as their "
+        "own `nn.Module`, built in code from diffusers (two denoising U-Nets, a diffusion transformer, "
+        "two autoencoders) and x-transformers (a decoder, a vision transformer, an encoder-decoder) by "
+        "`benchmarks/own_models.py`, and transformers' data2vec-text encoder.",
+    ),
+    (
+        "fifteenth",
+        "fifteenth set",
+        "Eight models (`FIFTEENTH_MODELS`, `--fifteenth`), fixed (each model's build checked) before any "
+        "of them was predicted, to judge the replays of the CPU's fused attention kernel: networks built "
+        "in code from diffusers (two diffusion transformers, an autoencoder, a 1-D U-Net), torchtune "
+        "(two decoders), fair-esm (a protein encoder) and x-transformers (a series encoder) by "
+        "`benchmarks/own_models.py`.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
     ),
     ("shapes-again", "shapes set again", "The same 15 models at batches 5 and 10 (`--shapes-again`)."),
 )
+#: The pages of each set's rows (a page of every set would be too long to read): each page and the
+#: first of its sets, in ``SETS``' order; a page holds its sets up to the next page's first.
+SETS_PAGES = (("validation-heldout-sets.md", "first"), ("validation-heldout-sets-2.md", "eighth"))
 #: The variants the tables show beside the model (heldout_validation.VARIANTS has them all).
 SHOWN = ("no replays", "products in cache", "one call cost, update as counted")
 #: The issue's targets: median and max of |error|, median signed error, memory error.
 MEDIAN, MAX, BIAS, MEMORY = 0.10, 0.25, 0.05, 0.10
+
+
+def sets_by_page() -> dict[str, list[str]]:
+    """Each page of sets' rows (``SETS_PAGES``) and the keys of the sets it holds."""
+    keys = [key for key, _, _ in SETS]
+    starts = [keys.index(first) for _, first in SETS_PAGES] + [len(keys)]
+    return {
+        name: keys[begin:end] for (name, _), begin, end in zip(SETS_PAGES, starts, starts[1:], strict=False)
+    }
 
 
 def errors(values: list[float]) -> tuple[float, float, float]:
@@ -270,9 +300,14 @@ def main() -> None:
     text = replace_between(page.read_text(), "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
     write_text_atomic(page, text)
-    sections = [set_section(title, what, documents[key]) for key, title, what in SETS if key in documents]
-    page = DOCS / "validation-heldout-sets.md"
-    write_text_atomic(page, replace_between(page.read_text(), "sets", "\n\n".join(sections)))
+    for name, keys in sets_by_page().items():
+        sections = [
+            set_section(title, what, documents[key])
+            for key, title, what in SETS
+            if key in documents and key in keys
+        ]
+        page = DOCS / name
+        write_text_atomic(page, replace_between(page.read_text(), "sets", "\n\n".join(sections)))
     page = DOCS / "validation-heldout-phases.md"
     write_text_atomic(page, replace_between(page.read_text(), "phases", phases(documents)))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import benchmarks.heldout_report as report
 import pytest
 
@@ -114,3 +116,34 @@ def test_the_calibration_spread_table_gives_each_figures_median_and_range() -> N
     assert "| elementwise/forward | 0.600 | 0.500-0.800 | 50% |" in table
     assert f"| {spread.UPDATE_SHARE} | 0.650 | 0.600-0.700 | 15% |" in table
     assert "memory/forward" not in table  # a family no repeat measured
+
+
+def test_every_set_has_its_rows_on_one_page_and_every_page_has_its_markers() -> None:
+    pages = report.sets_by_page()
+    assert [key for keys in pages.values() for key in keys] == [key for key, _, _ in report.SETS]
+    assert pages["validation-heldout-sets.md"][-1] == "seventh"
+    assert pages["validation-heldout-sets-2.md"][0] == "eighth"
+    for name, _ in report.SETS_PAGES:
+        text = (report.DOCS / name).read_text()
+        assert text.count("<!-- heldout_report:sets -->") == 1, name
+
+
+def test_each_page_gets_only_its_own_sets(tmp_path, monkeypatch) -> None:
+    for name, _ in report.SETS_PAGES:
+        (tmp_path / name).write_text("<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n")
+    for name in ("validation-heldout.md", "validation-heldout-phases.md"):
+        markers = ("run", "summary") if name == "validation-heldout.md" else ("phases",)
+        (tmp_path / name).write_text(
+            "".join(f"<!-- heldout_report:{m} -->\n<!-- /heldout_report -->\n" for m in markers)
+        )
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for key in ("first", "twelfth"):
+        document = {**DOCUMENT, "machine": "host", "commit": "abc", "summary": {}}
+        (runs / f"{key}.json").write_text(json.dumps(document))
+    monkeypatch.setattr(report, "DOCS", tmp_path)
+    monkeypatch.setattr("sys.argv", ["heldout_report", str(runs)])
+    report.main()
+    first, later = ((tmp_path / name).read_text() for name, _ in report.SETS_PAGES)
+    assert "### The first set" in first and "### The twelfth set" not in first
+    assert "### The twelfth set" in later and "### The first set" not in later
