@@ -1,5 +1,6 @@
-"""Held-out validation of the performance model: third-party models (transformers' ``hf:`` workloads)
-that no calibration and no rule of the model was chosen on.
+"""Held-out validation of the performance model: third-party models (transformers' ``hf:`` workloads,
+and networks built in code as a user's own modules: own_models.py) that no calibration and no rule of
+the model was chosen on.
 
 For each model x batch size B, in one process at this process's thread count:
 
@@ -916,7 +917,10 @@ def main() -> None:
         "shapes_again": SHAPES_AGAIN_MODELS,
     }
     if chosen in (["fourteenth"], ["fifteenth"]):
-        from own_models import register_all  # beside this script (the script's folder is on the path)
+        try:
+            from own_models import register_all  # beside this script, run as one
+        except ImportError:
+            from benchmarks.own_models import register_all  # run as a module of the checkout
 
         register_all()
     models = sets[chosen[0]] if chosen else MODELS + (TIMM_MODELS if timm_available() else ())

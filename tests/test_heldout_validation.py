@@ -219,3 +219,13 @@ def test_memory_only_predicts_each_row_from_other_batches_against_the_profilers_
         assert row["measured_bytes"] > 0
         assert abs(row["predicted_bytes"] / row["measured_bytes"] - 1) <= 0.10
         assert row["memory_error"] == pytest.approx(row["predicted_bytes"] / row["measured_bytes"] - 1)
+
+
+def test_every_model_of_the_own_module_sets_is_one_the_benchmark_builds() -> None:
+    import benchmarks.own_models as own
+
+    built = {model.name for model in own.MODELS}
+    for models in (heldout.FOURTEENTH_MODELS, heldout.FIFTEENTH_MODELS):
+        names = {name for name, _, _, _ in models if not name.startswith("hf:")}
+        assert names and names <= built
+    assert len(built) == len(own.MODELS)  # no name twice

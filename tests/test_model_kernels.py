@@ -115,7 +115,7 @@ def _sleepy_graph(counted: int) -> StepGraph:
 def test_a_row_replayed_on_this_host_takes_the_replays_time(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    kernels.forget_replays()
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))  # measured now, not taken from a cache
     here = _machine(replay_device="cpu")
     roofline = 2e6 / 1e12 + 2 * (1e-6 + 1e-3)  # FLOPs at peak, dispatch and the family's fixed cost
@@ -133,7 +133,7 @@ def test_a_row_replayed_on_this_host_takes_the_replays_time(
         here.with_axis("tflops", 2).replay_device == "" and here.with_axis("nodes", 2).replay_device == "cpu"
     )
     # Measured once: the second prediction reads the replay from the cache on disk.
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    kernels.forget_replays()
     monkeypatch.setattr(kernels, "time_call", lambda *a, **k: pytest.fail("replayed again"))
     assert op_times(_sleepy_graph(2), here)["seconds"].iloc[0] == pytest.approx(replayed)
     # Re-measured where asked (validate's rounds): once within, not from the disk cache.
@@ -167,7 +167,7 @@ def test_a_replays_page_faults_are_counted_and_left_to_the_steps_own_count(
     replay = kernels.time_call(call, "cpu")
     pages = 2**26 // 4096
     assert pages / 512 <= replay.faults <= pages + 64  # 4 KiB pages, or 2 MiB ones where THP maps them
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    kernels.forget_replays()
     monkeypatch.setattr(kernels, "time_call", lambda *a, **k: replay)
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
     kept = [{"call": call, "rows": [["m", "forward", "aten.convolution", 2]]}]
@@ -264,7 +264,7 @@ def test_an_interpolated_description_takes_its_sources_replays_interpolated(
     seconds at 4 exactly (what the exact description at 4 takes from its own replays), and not the
     roofline; off, or for a what-if machine, the roofline as before. Rows replayed in one source only
     keep the roofline."""
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    kernels.forget_replays()
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
 
     def affine(call: dict, device: str = "cpu") -> kernels.Replay:
@@ -316,7 +316,7 @@ def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
     (thousands of times the toy roofline of a 16x16 product) is taken as the rows' seconds; 1 ns a call
     (faster than the roofline) leaves the roofline. So does a machine whose matmul curve starts at the
     smallest product's FLOPs, a GPU machine, and the option off (the default)."""
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    kernels.forget_replays()
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "time_call", lambda call, device="cpu": kernels.Replay(injected_s, 0.0))
     torch.manual_seed(0)
@@ -417,7 +417,7 @@ def _attention_graph() -> StepGraph:
 def test_attention_rows_take_their_replay_only_where_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(kernels, "_TIMED", {})
+    kernels.forget_replays()
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "time_call", lambda *a, **k: kernels.Replay(0.25, 0.0))  # a known 250 ms
     here = _machine(replay_device="cpu")
@@ -430,3 +430,32 @@ def test_attention_rows_take_their_replay_only_where_asked(
     assert op_times(_attention_graph(), _machine(replay_device="cuda"), asked)["compute_s"].iloc[
         0
     ] == pytest.approx(roofline)
+
+
+def test_an_interpolated_description_prices_attention_by_its_sources_replays(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Attention replayed at an injected 1 ms + 2 ms a sample: described at 6 and 3 and interpolated
+    to 4, its rows take the replays' seconds at 4 exactly, as the description at 4 does, where asked;
+    by default they keep their FLOPs' price (microseconds on the toy machine)."""
+    kernels.forget_replays()
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(
+        kernels,
+        "time_call",
+        lambda call, device="cpu": kernels.Replay(1e-3 + 2e-3 * call["args"][0]["shape"][0], 0.0),
+    )
+    model = _Attention()
+    described = {n: describe_model(model, torch.randn(n, 2, 8, 4), count_faults=False) for n in (6, 3, 4)}
+    between = described[6].at_batch(described[3], 4)
+    assert between.kernels == [] and [s["batch"] for s in between.kernels_between] == [6, 3]
+    here = _machine(replay_device="cpu")
+
+    def attention(graph: StepGraph, **options: bool) -> dict:
+        times = op_times(graph, here, ComputeOptions(**options))
+        return times[times["op"].isin(kernels.ATTENTION_OPS)].set_index("phase")["compute_s"].to_dict()
+
+    exact = attention(described[4], replay_attention=True)
+    assert exact == pytest.approx({"forward": 1e-3 + 8e-3, "backward": 1e-3 + 8e-3})
+    assert attention(between, replay_attention=True) == pytest.approx(exact)
+    assert max(attention(between).values()) < 1e-4

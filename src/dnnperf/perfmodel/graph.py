@@ -125,8 +125,9 @@ class StepGraph:
     #: and the forward cost it is balanced by (``layer_costs``), so that a prediction cuts the stages
     #: where dnnperf's pipeline does. Empty for a user's model and in older descriptions.
     pipeline_layers: list[dict[str, Any]] = field(default_factory=list)
-    #: The step's distinct convolution calls as plain data, each with the rows that made it and how
-    #: often (perfmodel/kernels.py): replayed for workspace and, on this host, for time. Empty in older
+    #: The step's distinct convolution, matrix-product and CPU attention calls as plain data, each with
+    #: the rows that made it and how often (perfmodel/kernels.py): replayed for workspace and, on this
+    #: host, for time. Empty in older
     #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
     kernels: list[dict[str, Any]] = field(default_factory=list)
     #: An interpolated description's two sources' kernels: [{"batch": B, "kernels": [...]}, ...], so
@@ -806,7 +807,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-24"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-25"],
         sort_keys=True,
         default=str,
     )

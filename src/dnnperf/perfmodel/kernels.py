@@ -1,5 +1,5 @@
-"""Library kernels replayed in isolation: a description's distinct convolution and matrix-product calls,
-as plain data, run again on random operands of the same shapes, strides and dtypes.
+"""Library kernels replayed in isolation: a description's distinct convolution, matrix-product and CPU
+attention calls, as plain data, run again on random operands of the same shapes, strides and dtypes.
 
 Two parts of the model stand on these replays:
 
@@ -11,7 +11,8 @@ Two parts of the model stand on these replays:
   So on a machine that *is* this host's device (a calibrated profile: ``Machine.replay_device``), each
   distinct convolution call of the step is timed once in isolation and its median replaces the
   roofline of the rows whose every call was replayed. On a CPU, where asked, each distinct small
-  matrix product is too, and its rows take the slower of replay and roofline (:data:`MATRIX_OPS`).
+  matrix product is too, and its rows take the slower of replay and roofline (:data:`MATRIX_OPS`),
+  and so is each call of the fused attention kernel (:data:`ATTENTION_OPS`).
 
 A replay evicts the core's private caches before each timed call and leaves the last level alone: in a
 step, a convolution's operands were last touched some layers earlier, and the small presets' working
@@ -107,7 +108,10 @@ def _operand(value: Any, device: torch.device) -> Any:
     # The storage the strides reach (an expanded gradient has stride 0: one element per row).
     span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) if all(shape) else 0
     storage = torch.empty(span, dtype=dtype, device=device)
-    storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
+    if dtype == torch.bool:  # a boolean mask lets every position through, as most of a real one does
+        storage = storage.fill_(True)
+    else:
+        storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
     return storage.as_strided(shape, stride)
 
 
@@ -208,7 +212,9 @@ class KernelCalls:
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
         if info.name not in REPLAYED_OPS:
             return
-        found = signature(info.name, call.args, call.kwargs)
+        # The overload packet is replayed (resolve: its default overload), so an ``out=`` is left out.
+        named = {name: value for name, value in call.kwargs.items() if name != "out"}
+        found = signature(info.name, call.args, named)
         if found is None:
             return
         key = repr(found)
@@ -329,6 +335,11 @@ def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> R
 _TIMED: dict[str, Replay] = {}
 #: Whether replays are measured again rather than read from the disk cache (see :func:`remeasured`).
 _REMEASURE = False
+
+
+def forget_replays() -> None:
+    """Drop this process's replay results: the next prediction reads the disk cache (or measures) anew."""
+    _TIMED.clear()
 
 
 @contextmanager
