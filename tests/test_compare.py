@@ -1,4 +1,4 @@
-"""compare against known truths: an injected 20% slowdown of one layer is flagged (and measured as the
+"""compare against known truths: an injected 30% slowdown of one layer is flagged (and measured as the
 injected time) and is the layer that changed most, a whole-run drift is the common factor and not a
 change of any part, and the rule itself on known samples."""
 
@@ -21,7 +21,11 @@ from dnnperf.workloads import get_workload, registry
 from dnnperf.workloads.base import Workload
 
 LAYER = "conv2"  # basic_cnn's slowest forward at the small preset: 5-8% of the step
-SLOWDOWN = 0.20
+#: The injected slowdown. compare flags a part whose change beyond the run's common factor is at least
+#: CompareSettings.min_relative (15%); a run accepted with a common drift of up to MAX_DRIFT (10%)
+#: leaves 1.3 / 1.1 - 1 = 18% of a 30% change, and would leave 9% of a 20% one (a clean clone's CI
+#: run: conv2's forward +22% against a common factor of 1.07, not flagged).
+SLOWDOWN = 0.30
 
 
 class Spin:
@@ -39,7 +43,7 @@ class Spin:
 
 
 ATTEMPTS = 5
-#: A 20% change of a part that is 5-10% of the step cannot be told from a machine whose whole run
+#: A 30% change of a part that is 5-10% of the step cannot be told from a machine whose whole run
 #: drifted by a third between runs (the parts drift unevenly): such attempts are measured again.
 MAX_DRIFT = 0.10
 #: Nor from a machine on which compare flags parts of two identical runs: on this shared host a new
@@ -49,7 +53,7 @@ MAX_DRIFT = 0.10
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """basic_cnn in a row: A, a repeat of A, and B with conv2's forward 20% slower. Measured again
+    """basic_cnn in a row: A, a repeat of A, and B with conv2's forward 30% slower. Measured again
     (at most five times) while compare would call the runs inconclusive (a run whose process waited
     for a core measured the scheduler) or the whole step drifted by more than MAX_DRIFT between runs."""
     torch.set_num_threads(1)
@@ -90,7 +94,7 @@ def runs(tmp_path_factory) -> dict:
             shares = [cpu_share(r, r.points[0]) for r in (a, repeat, b)]
             moved = max(drift(a, r) for r in (repeat, b))
             # Parts that moved between two identical runs (compare's own verdict), or in B beside the
-            # injected layer: this attempt's machine could not tell a 20% change from its own.
+            # injected layer: this attempt's machine could not tell a 30% change from its own.
             unstable = flagged(compare_runs(a, repeat)) + [
                 f for f in flagged(compare_runs(a, b)) if f not in ((LAYER, "forward"), ("forward", ""))
             ]
