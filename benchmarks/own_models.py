@@ -58,9 +58,7 @@ def _denoiser_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def _conditioned_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     noisy, steps, noise = _noised(batch["image"])
-    # A text encoder's output the cross-attention reads: 8 tokens of the model's context width.
-    context = torch.randn(noisy.shape[0], 8, model.config.cross_attention_dim, device=noisy.device)
-    return nn.functional.mse_loss(model(noisy, steps, encoder_hidden_states=context).sample, noise)
+    return nn.functional.mse_loss(model(noisy, steps, encoder_hidden_states=_caption(noisy)).sample, noise)
 
 
 def _class_conditioned_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -174,7 +172,7 @@ def _conditioned_unet() -> nn.Module:
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
         layers_per_block=1,
         norm_num_groups=8,
-        cross_attention_dim=64,
+        cross_attention_dim=CAPTION_WIDTH,
         attention_head_dim=8,
     )
 
@@ -194,37 +192,30 @@ def _dit() -> nn.Module:
     )
 
 
+#: The two convolutional autoencoders' shared shape: two stages of 32 and 64 channels, 4 latent channels.
+AUTOENCODER = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
+    "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
+    "block_out_channels": (32, 64),
+    "layers_per_block": 1,
+    "latent_channels": 4,
+    "norm_num_groups": 8,
+    "sample_size": VAE_IMAGE_SIZE,
+}
+
+
 def _vae() -> nn.Module:
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=VAE_IMAGE_SIZE,
-    )
+    return AutoencoderKL(**AUTOENCODER)
 
 
 def _vq() -> nn.Module:
     from diffusers import VQModel
 
-    return VQModel(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        latent_channels=4,
-        num_vq_embeddings=256,
-        norm_num_groups=8,
-        sample_size=VAE_IMAGE_SIZE,
-    )
+    return VQModel(**AUTOENCODER, num_vq_embeddings=256)
 
 
 def _decoder() -> nn.Module:

@@ -127,8 +127,8 @@ class StepGraph:
     pipeline_layers: list[dict[str, Any]] = field(default_factory=list)
     #: The step's distinct convolution, matrix-product and CPU attention calls as plain data, each with
     #: the rows that made it and how often (perfmodel/kernels.py): replayed for workspace and, on this
-    #: host, for time. Empty in older
-    #: descriptions, shapes-only ones and interpolated ones (their shapes are not the step's).
+    #: host, for time. Empty in older descriptions, shapes-only ones and interpolated ones (their shapes
+    #: are not the step's).
     kernels: list[dict[str, Any]] = field(default_factory=list)
     #: An interpolated description's two sources' kernels: [{"batch": B, "kernels": [...]}, ...], so
     #: that on this host a row replayed in both takes the replays' seconds interpolated to its batch
