@@ -116,6 +116,15 @@ SETS = (
         "`benchmarks/own_models.py`.",
     ),
     (
+        "sixteenth",
+        "sixteenth set",
+        "Eight models (`SIXTEENTH_MODELS`, `--sixteenth`), fixed (each model's build checked) before any "
+        "of them was predicted, to judge the replays of the CPU's fused attention kernel again: every one "
+        "runs it, four at 4-16 dimensions a head. Built in code from diffusers (a ControlNet beside a "
+        "frozen U-Net, an image-embedding prior), torchtune (a decoder) and x-transformers (an encoder) "
+        "by `benchmarks/own_models.py`, and transformers' gemma3_text, glm4, cohere2 and mixtral.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

@@ -1,8 +1,8 @@
 """Networks a user brings as their own ``nn.Module``: models of diffusers, x-transformers, torchtune
 and fair-esm, built from configurations in code (random weights, nothing downloaded), each with the
 training loss its library documents, registered as workloads for the held-out validation
-(``heldout_validation.py --fourteenth``, ``--fifteenth``). None of these libraries is a dependency of
-dnnperf: ``pip install -e .[heldout]``.
+(``heldout_validation.py --fourteenth``, ``--fifteenth``, ``--sixteenth``). None of these libraries is
+a dependency of dnnperf: ``pip install -e .[heldout]``.
 
 Every model has one preset, ``small``: a few blocks of width 32-320 at 32-64 pixels, 1,024 samples or
 128 tokens, steps of tens to hundreds of milliseconds on one CPU thread, as the suite's ``small``
@@ -39,6 +39,9 @@ SERIES_FEATURES = IMAGE_SIZE
 PROTEIN_TOKENS = 33
 #: Diffusion steps of the noise schedule the denoisers are trained on.
 DIFFUSION_STEPS = 1000
+#: The prior's embedding width and its caption's tokens.
+PRIOR_WIDTH = 256
+PRIOR_TOKENS = 77
 
 
 def _noised(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -131,6 +134,30 @@ def _protein_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 def _series_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     series = batch["image"].flatten(1, 2)  # (batch, channels x rows, columns): a step's features a row
     return nn.functional.mse_loss(model(series[:, :-1]), series[:, 1:])
+
+
+def _controlled_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    return nn.functional.mse_loss(model(noisy, steps, _caption(noisy), batch["image"]), noise)
+
+
+def _prior_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """DALL-E 2's prior: the image embedding (here an image's first ``PRIOR_WIDTH`` values) denoised
+    from its noised self, given the caption's tokens and pooled embedding."""
+    embedding = batch["image"].flatten(1)[:, :PRIOR_WIDTH]
+    steps = torch.randint(0, DIFFUSION_STEPS, (embedding.shape[0],), device=embedding.device)
+    noisy = embedding + torch.randn_like(embedding)
+    caption = torch.randn(embedding.shape[0], PRIOR_TOKENS, PRIOR_WIDTH, device=embedding.device)
+    output = model(noisy, steps, proj_embedding=caption.mean(1), encoder_hidden_states=caption)
+    return nn.functional.mse_loss(output.predicted_image_embedding, embedding)
+
+
+def _masked_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    tokens = batch["tokens"]
+    masked = torch.rand(tokens.shape, device=tokens.device) < 0.15
+    masked[:, 0] = True  # at least one position a sequence
+    logits = model(torch.where(masked, torch.zeros_like(tokens), tokens))
+    return nn.functional.cross_entropy(logits[masked], tokens[masked])
 
 
 @dataclass(frozen=True)
@@ -341,6 +368,69 @@ def _esm2() -> nn.Module:
     return ESM2(num_layers=6, embed_dim=320, attention_heads=20, alphabet="ESM-1b")
 
 
+class ControlledUNet(nn.Module):
+    """A ControlNet trained beside a frozen denoising U-Net, as ControlNet is trained: the control
+    network reads the clean image as its condition and adds its features to the U-Net's skips."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from diffusers import ControlNetModel
+
+        self.unet = _conditioned_unet().requires_grad_(False)
+        self.controlnet = ControlNetModel.from_unet(self.unet, conditioning_embedding_out_channels=(16,))
+
+    def forward(
+        self, noisy: torch.Tensor, steps: torch.Tensor, caption: torch.Tensor, condition: torch.Tensor
+    ) -> torch.Tensor:
+        skips, middle = self.controlnet(
+            noisy, steps, encoder_hidden_states=caption, controlnet_cond=condition, return_dict=False
+        )
+        return self.unet(
+            noisy,
+            steps,
+            encoder_hidden_states=caption,
+            down_block_additional_residuals=skips,
+            mid_block_additional_residual=middle,
+        ).sample
+
+
+def _prior() -> nn.Module:
+    from diffusers import PriorTransformer
+
+    return PriorTransformer(
+        num_attention_heads=8,
+        attention_head_dim=32,
+        num_layers=4,
+        embedding_dim=PRIOR_WIDTH,
+        num_embeddings=PRIOR_TOKENS,
+    )
+
+
+def _gemma() -> nn.Module:
+    from torchtune.models.gemma import gemma
+
+    return gemma(
+        vocab_size=VOCABULARY,
+        num_layers=4,
+        num_heads=8,
+        head_dim=16,
+        num_kv_heads=1,
+        embed_dim=256,
+        intermediate_dim=1024,
+        max_seq_len=TOKENS,
+    )
+
+
+def _narrow_encoder() -> nn.Module:
+    from x_transformers import Encoder, TransformerWrapper
+
+    return TransformerWrapper(
+        num_tokens=VOCABULARY,
+        max_seq_len=TOKENS,
+        attn_layers=Encoder(dim=128, depth=4, heads=16, attn_dim_head=8, attn_flash=True),
+    )
+
+
 def _continuous() -> nn.Module:
     from x_transformers import ContinuousTransformerWrapper, Encoder
 
@@ -479,6 +569,38 @@ MODELS = (
         _continuous,
         _series_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-controlnet",
+        "diffusers ControlNetModel beside a frozen UNet2DConditionModel",
+        ControlledUNet,
+        _controlled_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-prior",
+        "diffusers PriorTransformer (image-embedding prior, causal attention over the caption)",
+        _prior,
+        _prior_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torchtune-gemma",
+        "torchtune gemma builder (multi-query attention, 16 dimensions a head)",
+        _gemma,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "xt-narrow-encoder",
+        "x-transformers encoder, masked LM, 16 heads of 8 dimensions, fused attention",
+        _narrow_encoder,
+        _masked_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
         adam=True,
     ),
 )
