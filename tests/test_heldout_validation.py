@@ -9,9 +9,19 @@ import time
 import benchmarks.heldout_validation as heldout
 import pytest
 import torch
-from benchmarks.heldout_validation import DOCS, IN_SAMPLE, error_summary, markdown, summaries, table_errors
+from benchmarks.heldout_validation import (
+    DOCS,
+    IN_SAMPLE,
+    MODEL,
+    error_summary,
+    markdown,
+    predict_variants,
+    summaries,
+    table_errors,
+)
 
-from dnnperf.workloads.base import no_stages
+from dnnperf.perfmodel.machine import Machine
+from dnnperf.workloads.base import SupervisedTask, no_stages
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
@@ -229,3 +239,46 @@ def test_every_model_of_the_own_module_sets_is_one_the_benchmark_builds() -> Non
         names = {name for name, _, _, _ in models if not name.startswith("hf:")}
         assert names and names <= built
     assert len(built) == len(own.MODELS)  # no name twice
+
+
+class _TwoAttentions(torch.nn.Module):
+    """Two self-attentions through ``scaled_dot_product_attention`` without dropout: on the CPU, two
+    calls of the fused kernel forward and two of its backward a step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in (self.first, self.second):
+            heads = layer(x).view(x.shape[0], 8, 2, 8).transpose(1, 2)  # 2 heads of 8 over 8 tokens
+            x = (
+                torch.nn.functional.scaled_dot_product_attention(heads, heads, heads)
+                .transpose(1, 2)
+                .flatten(2)
+            )
+        return x
+
+
+TOY = Machine(
+    name="toy",
+    peak_flops={"float32": 1e12},
+    memory_bandwidth=1e11,
+    memory_bytes=1e9,
+    link_bandwidth=1e9,
+    link_latency=1e-5,
+    intra_bandwidth=1e10,
+    intra_latency=1e-6,
+    dispatch_s=1e-6,
+)
+
+
+def test_a_row_counts_the_fused_attention_calls_its_step_makes():
+    model = _TwoAttentions()
+    task = SupervisedTask(
+        model, lambda m, b: m(b["x"]).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    example = {"x": torch.randn(6, 8, 16)}
+    predictions, _, _, attention_calls = predict_variants(task, example, {MODEL: TOY}, 4)
+    assert attention_calls == 4  # two forward, two backward
+    assert predictions[MODEL].step_s > 0

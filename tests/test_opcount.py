@@ -103,6 +103,34 @@ def test_linear(input_grad):
     assert flops(counter, ROOT_MODULE, "backward", ("reduction",)) == batch * d_out
 
 
+class _Experts(nn.Module):
+    """Four experts' matrices, each row of the input through its expert's (``torch._grouped_mm``, as
+    transformers' mixture-of-experts layers call it), or through a loop of plain products. The output
+    squared: a gradient of stride 0 (``sum``'s) is one the CPU's grouped product refuses."""
+
+    def __init__(self, grouped: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 48, 32))
+        self.grouped = grouped
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ends = [10, 30, 45, 64]  # rows 0-9 to the first expert, 10-29 to the second, ...
+        if self.grouped:
+            offsets = torch.tensor(ends, dtype=torch.int32)
+            return torch._grouped_mm(x, self.weight.transpose(-2, -1), offs=offsets).square()
+        starts = [0, *ends[:-1]]
+        return torch.cat([x[s:e] @ w.t() for s, e, w in zip(starts, ends, self.weight, strict=True)]).square()
+
+
+def test_grouped_products_count_the_flops_of_the_loop_of_products_they_replace():
+    x = torch.randn(64, 32, requires_grad=True)
+    grouped = forward_and_backward(_Experts(grouped=True), x)
+    looped = forward_and_backward(_Experts(grouped=False), x)
+    for phase in ("forward", "backward"):
+        assert flops(grouped, ROOT_MODULE, phase, MATMUL) == flops(looped, ROOT_MODULE, phase, MATMUL) > 0
+    assert flops(grouped, ROOT_MODULE, "forward", MATMUL) == 2 * 64 * 32 * 48  # each row through one expert
+
+
 def rnn_products(gates: int, batch: int, steps: int, d_in: int, hidden: int, layers: int) -> list[int]:
     """Forward multiply-add FLOPs per (layer, direction) of a bidirectional RNN: every weight matrix on
     every token, 2 * B * T * gates * (input + hidden) * hidden."""

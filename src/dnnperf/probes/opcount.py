@@ -27,9 +27,11 @@ family                count
 matmul, convolution,  ``torch.utils.flop_counter.flop_registry`` (2 FLOPs per multiply-add; bias
 attention             additions not counted) for mm, addmm, bmm, baddbmm, _scaled_mm, convolution
                       and the fused attention kernels of CUDA. Added here: mv/addmv/dot (2 per
-                      multiply-add), the CPU flash attention kernel (QKᵀ and PV forward; the five
-                      products of the backward, recomputed scores included, as torch counts its
-                      own kernels; causal masks not discounted) and ``convolution_backward`` as
+                      multiply-add), ``_grouped_mm`` (a mixture of experts' products: 2 per
+                      multiply-add of each row through its group's matrix), the CPU flash
+                      attention kernel (QKᵀ and PV forward; the five products of the backward,
+                      recomputed scores included, as torch counts its own kernels; causal masks
+                      not discounted) and ``convolution_backward`` as
                       one forward's worth per gradient computed (grad input, grad weight), which
                       equals torch's formula except for grouped convolutions, whose weight
                       gradient torch counts ``groups`` times over.
@@ -310,6 +312,16 @@ def _dot(call: OpCall) -> int:
     return 2 * call.args[0].numel()
 
 
+def _grouped_mm(call: OpCall) -> int:
+    """Products of groups (a mixture of experts' layers, each token through its expert's matrix): 2 per
+    multiply-add, each output element a dot product over the shared dimension, which the groups split
+    where both operands are 2-D (the weights' gradient: one matrix a group)."""
+    a, b, out = call.args[0], call.args[1], call.out
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * (out.numel() // out.shape[0]) * a.shape[-1]
+    return 2 * out.numel() * a.shape[-1]
+
+
 def _addmm_activation(call: OpCall) -> int:
     m, k = call.arg("mat1").shape
     return 2 * m * k * call.arg("mat2").shape[1]
@@ -562,6 +574,7 @@ _NAMED_FORMULAS: dict[str, tuple[str, Formula]] = {
     "vdot": ("matmul", _dot),
     "_addmm_activation": ("matmul", _addmm_activation),
     "addbmm": ("matmul", _addbmm),
+    "_grouped_mm": ("matmul", _grouped_mm),
     "convolution_backward": ("convolution", _convolution_backward),
     "_scaled_dot_product_flash_attention_for_cpu": ("attention", _flash_cpu_forward),
     "_scaled_dot_product_flash_attention_for_cpu_backward": ("attention", _flash_cpu_backward),
