@@ -16,7 +16,7 @@ from dnnperf.perfmodel import collective_calibration as cc
 from dnnperf.perfmodel import collectives
 from dnnperf.perfmodel.machine import GLOO_SEGMENT, Machine
 from dnnperf.perfmodel.predict import link_for, reduce_scatter_link
-from test_model_formulas import _machine as toy_machine
+from test_model_formulas import toy_machine
 
 
 def _known(alpha: float, bandwidth: float, gamma: float, noise: float = 0.0) -> pd.DataFrame:

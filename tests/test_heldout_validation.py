@@ -20,8 +20,8 @@ from benchmarks.heldout_validation import (
     table_errors,
 )
 
-from dnnperf.perfmodel.machine import Machine
 from dnnperf.workloads.base import SupervisedTask, no_stages
+from test_model_formulas import toy_machine
 
 pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers)
 
@@ -260,25 +260,12 @@ class _TwoAttentions(torch.nn.Module):
         return x
 
 
-TOY = Machine(
-    name="toy",
-    peak_flops={"float32": 1e12},
-    memory_bandwidth=1e11,
-    memory_bytes=1e9,
-    link_bandwidth=1e9,
-    link_latency=1e-5,
-    intra_bandwidth=1e10,
-    intra_latency=1e-6,
-    dispatch_s=1e-6,
-)
-
-
 def test_a_row_counts_the_fused_attention_calls_its_step_makes():
     model = _TwoAttentions()
     task = SupervisedTask(
         model, lambda m, b: m(b["x"]).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1)
     )
     example = {"x": torch.randn(6, 8, 16)}
-    predictions, _, _, attention_calls = predict_variants(task, example, {MODEL: TOY}, 4)
+    predictions, _, _, attention_calls = predict_variants(task, example, {MODEL: toy_machine()}, 4)
     assert attention_calls == 4  # two forward, two backward
     assert predictions[MODEL].step_s > 0

@@ -108,7 +108,7 @@ def test_partition_balances_contiguous_stages_and_refuses_too_many() -> None:
         s.partition([1, 2, 3], 4)
 
 
-def _machine(**changes: object) -> Machine:
+def toy_machine(**changes: object) -> Machine:
     base = dict(
         name="toy",
         peak_flops={"float32": 1e12},
@@ -138,7 +138,7 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
         }
     )
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
-    machine = _machine(efficiency={"matmul/forward": 0.5, "matmul/backward": 0.25})
+    machine = toy_machine(efficiency={"matmul/forward": 0.5, "matmul/backward": 0.25})
     times = op_times(graph, machine, ComputeOptions("max"))
     # mm: max(2e9 / 1e12, 1e8 / 1e11) / 0.5 = 4 ms + 2 calls x 1 us; add: max(1 us, 3 ms) + 4 us;
     # view: nothing
@@ -146,11 +146,13 @@ def test_roofline_max_or_sum_plus_overhead_per_call() -> None:
     summed = op_times(graph, machine, ComputeOptions(overhead=False))  # the default: the sum
     assert summed["seconds"].tolist() == pytest.approx([(2e-3 + 1e-3) / 0.5, 3e-3 + 1e-6, 0.0])
     # An operator's own efficiency comes before its family's and phase's, which comes before the family's.
-    machine = _machine(efficiency={"matmul/forward/aten.mm": 0.8, "matmul/forward": 0.5, "elementwise": 0.25})
+    machine = toy_machine(
+        efficiency={"matmul/forward/aten.mm": 0.8, "matmul/forward": 0.5, "elementwise": 0.25}
+    )
     times = op_times(graph, machine, ComputeOptions("max", overhead=False))
     assert times["seconds"].tolist() == pytest.approx([2e-3 / 0.8, 3e-3 / 0.25, 0.0])
     # A family's fixed cost per call joins the dispatch overhead of each of its calls, in its phase only.
-    machine = _machine(call_s={"matmul/forward": 3e-6, "elementwise/backward": 1.0})
+    machine = toy_machine(call_s={"matmul/forward": 3e-6, "elementwise/backward": 1.0})
     times = op_times(graph, machine)
     assert times["overhead_s"].tolist() == pytest.approx([2 * (1e-6 + 3e-6), 4 * 1e-6, 0.0])
     assert op_times(graph, machine, ComputeOptions(overhead=False))["overhead_s"].sum() == 0
@@ -170,7 +172,7 @@ def test_each_phase_pays_its_own_call_cost_and_the_update_a_share_of_its_bytes()
         }
     )
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
-    machine = _machine(phase_call_s={"forward": 4e-6, "update": 2e-6}, update_byte_share=0.5)
+    machine = toy_machine(phase_call_s={"forward": 4e-6, "update": 2e-6}, update_byte_share=0.5)
     times = op_times(graph, machine)
     # 1e8 bytes at 1e11 bytes/s: 1 ms, the update's at half its bytes; each call its phase's cost,
     # backward the machine's dispatch_s (it has none of its own); a view no call cost at all.
@@ -192,7 +194,7 @@ def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> N
     columns = ["phase", "op", "family", "bytes", "calls"]
     ops = pd.DataFrame(rows, columns=columns).assign(module="m", dtype="float32", flops=0.0)
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
-    machine = _machine(cold_product_call_s=10e-6, cold_product_byte_s=1e-11)
+    machine = toy_machine(cold_product_call_s=10e-6, cold_product_byte_s=1e-11)
     times = op_times(graph, machine, ComputeOptions(overhead=False))  # the default: on
     # 1e8 bytes at 1e11 bytes/s: 1 ms; the products of forward and backward 10 us a call and
     # 0.01 ns a byte on top (3 x 10 us + 1 ms; 5 x 10 us + 2 ms); the update's product and the add none.
@@ -214,7 +216,7 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     )
     gaps = {"forward": [5e-3, 400.0], "backward": [1e-3, 500.0], "update": [9e-3, 100.0]}
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0, gaps=gaps)
-    here = _machine(replay_device="cpu", gap_call_s={"forward": 5e-6, "backward": 4e-6, "update": 1e-6})
+    here = toy_machine(replay_device="cpu", gap_call_s={"forward": 5e-6, "backward": 4e-6, "update": 1e-6})
     plain = step_time(graph, here)  # the default: off
     charged = step_time(graph, here, ComputeOptions(host_gaps=True))
     # Forward: 5 ms between 400 calls, 2 ms of them at 5 us a call: 3 ms more. Backward: 1 ms between
@@ -328,7 +330,7 @@ def _forward_backward_update(matmul_flops: float) -> pd.DataFrame:
 def test_an_asynchronous_step_overlaps_host_and_device() -> None:
     ops = _forward_backward_update(1e9)  # 1 ms and 2 ms at 1 TFLOP/s
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 1_000_000)  # a 1 MB batch
-    machine = _machine(dispatch_s=20e-6, asynchronous=True, kernel_s=2e-6, host_bandwidth=1e10)
+    machine = toy_machine(dispatch_s=20e-6, asynchronous=True, kernel_s=2e-6, host_bandwidth=1e10)
     step = step_time(graph, machine)
     # The copy: issued at 20 us, 100 us on the device. The host issues mm at 40 us; the device runs it
     # from 120 us for 1 ms + 2 us; backward's mm follows back to back (2 ms + 2 us), then the update's
@@ -356,7 +358,7 @@ def test_the_host_seconds_a_description_measured_replace_the_calls_costs_phase_b
     measured = {"forward": 30e-3, "backward": 7e-3}  # the update's issue not measured
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0, issue_s=measured)
     # A slow host (5 ms a kernel call, views 1 ms): each kernel waits for its issue.
-    host = _machine(dispatch_s=5e-3, asynchronous=True, host_call_s={"free/forward": 1e-3})
+    host = toy_machine(dispatch_s=5e-3, asynchronous=True, host_call_s={"free/forward": 1e-3})
     by_calls = step_time(graph, host)
     # The copy (5 ms), forward 5 + 3 x 1 ms, backward 5 ms, update 5 ms, then the update's 10 us kernel.
     assert by_calls.total_s == pytest.approx(5e-3 + 8e-3 + 5e-3 + 5e-3 + 10e-6)
@@ -415,12 +417,12 @@ def test_zero_operands_cost_what_the_machine_says_per_zero() -> None:
         }
     )
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
-    machine = _machine(zero_operand_s={"aten.sqrt": 4e-9})
+    machine = toy_machine(zero_operand_s={"aten.sqrt": 4e-9})
     plain = op_times(graph, machine, ComputeOptions(zero_operands=False))["compute_s"]
     charged = op_times(graph, machine)["compute_s"]
     # 500,000 zeros at 4 ns each, on the square root only (the add is not slow on zeros here).
     assert (charged - plain).tolist() == pytest.approx([2e-3, 0.0])
-    assert op_times(graph, _machine())["compute_s"].tolist() == pytest.approx(plain.tolist())
+    assert op_times(graph, toy_machine())["compute_s"].tolist() == pytest.approx(plain.tolist())
 
 
 def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
@@ -474,13 +476,13 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        _machine(**change)
+        toy_machine(**change)
 
 
 def test_described_machine_needs_every_field() -> None:
     described = {
         k: v
-        for k, v in dataclasses.asdict(_machine()).items()
+        for k, v in dataclasses.asdict(toy_machine()).items()
         if k not in ("compute_curves", "bandwidth_curve", "replay_device", "stream_device")
     }
     with pytest.raises(UsageError, match="lacks link_bandwidth"):
@@ -530,7 +532,7 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
     )
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
     efficiency = {"elementwise/forward/aten.gelu[tanh]": 0.25, "random/forward": 0.05}
-    machine = _machine(
+    machine = toy_machine(
         bandwidth_curve=Curve((1e6, 1e8), (1e12, 1e11)), memory_bandwidth=1e11, efficiency=efficiency
     )
     seconds = op_times(graph, machine, ComputeOptions(overhead=False))["seconds"].to_numpy()
@@ -616,7 +618,7 @@ def test_a_replayed_kernel_is_not_charged_a_kernels_floor_again(monkeypatch: pyt
         }
     )
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
-    machine = _machine(dispatch_s=0.0, asynchronous=True, kernel_s=5e-6)
+    machine = toy_machine(dispatch_s=0.0, asynchronous=True, kernel_s=5e-6)
     times = ops.assign(compute_s=[100e-6, 10e-6], overhead_s=[0.0, 0.0], replayed=[True, False])
     step = compute.queued_step(graph, machine, times, ComputeOptions())
     assert step.total_s == pytest.approx(100e-6 + 10e-6 + 5e-6)  # the floor on the roofline row only
@@ -632,7 +634,7 @@ def test_a_gpus_dispatch_gives_back_the_microbenchmarks_own_views(monkeypatch: p
 
 
 def test_a_what_if_keeps_the_devices_operator_stream_but_replays_nothing() -> None:
-    gpu = _machine(replay_device="cuda:0", stream_device="cuda:0", asynchronous=True)
+    gpu = toy_machine(replay_device="cuda:0", stream_device="cuda:0", asynchronous=True)
     for axis, value in (("tflops", 10.0), ("memory_gbs", 500.0)):
         changed = gpu.with_axis(axis, value)
         assert changed.replay_device == "" and changed.stream_device == "cuda:0" and changed.asynchronous

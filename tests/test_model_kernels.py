@@ -20,7 +20,7 @@ from dnnperf.perfmodel import kernels
 from dnnperf.perfmodel.compute import ComputeOptions, op_times
 from dnnperf.perfmodel.graph import StepGraph, describe_model
 from dnnperf.perfmodel.machine import Curve, Machine
-from test_model_formulas import _machine as toy_machine
+from test_model_formulas import toy_machine
 
 SLEEP_S = 0.004
 #: What each of ``_sleepy``'s sleeps really took: on a loaded machine a 4 ms sleep can wake
