@@ -125,6 +125,15 @@ SETS = (
         "by `benchmarks/own_models.py`, and transformers' gemma3_text, glm4, cohere2 and mixtral.",
     ),
     (
+        "seventeenth",
+        "seventeenth set",
+        "Eight models (`SEVENTEENTH_MODELS`, `--seventeenth`), fixed (each model's build checked) before "
+        "any of them was predicted, to judge the replays of the CPU's fused attention kernel by the rows "
+        "that run it: every one does, three at 8-16 dimensions a head. Built in code from diffusers (two "
+        "diffusion transformers) and x-transformers (a decoder) by `benchmarks/own_models.py`, and "
+        "transformers' apertus, lfm2 and three mixtures of experts (phimoe, granitemoe, flex_olmo).",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

@@ -1,8 +1,8 @@
 """Networks a user brings as their own ``nn.Module``: models of diffusers, x-transformers, torchtune
 and fair-esm, built from configurations in code (random weights, nothing downloaded), each with the
 training loss its library documents, registered as workloads for the held-out validation
-(``heldout_validation.py --fourteenth``, ``--fifteenth``, ``--sixteenth``). None of these libraries is
-a dependency of dnnperf: ``pip install -e .[heldout]``.
+(``heldout_validation.py --fourteenth`` to ``--seventeenth``). None of these libraries is a dependency
+of dnnperf: ``pip install -e .[heldout]``.
 
 Every model has one preset, ``small``: a few blocks of width 32-320 at 32-64 pixels, 1,024 samples or
 128 tokens, steps of tens to hundreds of milliseconds on one CPU thread, as the suite's ``small``
@@ -158,6 +158,35 @@ def _masked_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     masked[:, 0] = True  # at least one position a sequence
     logits = model(torch.where(masked, torch.zeros_like(tokens), tokens))
     return nn.functional.cross_entropy(logits[masked], tokens[masked])
+
+
+def _flow_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Rectified flow, as Flux is trained: the velocity from image to noise at a random time, predicted
+    from the image's 2x2 patches as tokens, each with its (0, row, column) position."""
+    images = batch["image"]
+    b, c, h, w = images.shape
+    patches = images.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w // 4, c * 4)
+    times = torch.rand(b, device=images.device)
+    noise = torch.randn_like(patches)
+    noisy = (1 - times.view(-1, 1, 1)) * patches + times.view(-1, 1, 1) * noise
+    rows, columns = torch.meshgrid(torch.arange(h // 2), torch.arange(w // 2), indexing="ij")
+    positions = torch.stack([torch.zeros_like(rows), rows, columns], dim=-1).flatten(0, 1).to(images)
+    caption = _caption(images)
+    output = model(
+        noisy,
+        encoder_hidden_states=caption,
+        pooled_projections=caption.mean(1),
+        timestep=times,
+        img_ids=positions,
+        txt_ids=torch.zeros(caption.shape[1], 3, device=images.device),
+    )
+    return nn.functional.mse_loss(output.sample, noise - patches)
+
+
+def _aura_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    noisy, steps, noise = _noised(batch["image"])
+    output = model(noisy, encoder_hidden_states=_caption(noisy), timestep=steps)
+    return nn.functional.mse_loss(output.sample, noise)
 
 
 @dataclass(frozen=True)
@@ -431,6 +460,48 @@ def _narrow_encoder() -> nn.Module:
     )
 
 
+def _flux() -> nn.Module:
+    from diffusers import FluxTransformer2DModel
+
+    return FluxTransformer2DModel(
+        in_channels=12,
+        num_layers=2,
+        num_single_layers=4,
+        attention_head_dim=16,
+        num_attention_heads=8,
+        joint_attention_dim=CAPTION_WIDTH,
+        pooled_projection_dim=CAPTION_WIDTH,
+        axes_dims_rope=(4, 6, 6),
+    )
+
+
+def _aura_flow() -> nn.Module:
+    from diffusers import AuraFlowTransformer2DModel
+
+    return AuraFlowTransformer2DModel(
+        sample_size=IMAGE_SIZE,
+        in_channels=3,
+        out_channels=3,
+        num_mmdit_layers=2,
+        num_single_dit_layers=4,
+        attention_head_dim=8,
+        num_attention_heads=16,
+        joint_attention_dim=CAPTION_WIDTH,
+        caption_projection_dim=128,
+        pos_embed_max_size=256,
+    )
+
+
+def _narrow_decoder() -> nn.Module:
+    from x_transformers import Decoder, TransformerWrapper
+
+    return TransformerWrapper(
+        num_tokens=VOCABULARY,
+        max_seq_len=TOKENS,
+        attn_layers=Decoder(dim=256, depth=4, heads=16, attn_dim_head=16, attn_flash=True, ff_glu=True),
+    )
+
+
 def _continuous() -> nn.Module:
     from x_transformers import ContinuousTransformerWrapper, Encoder
 
@@ -600,6 +671,30 @@ MODELS = (
         "x-transformers encoder, masked LM, 16 heads of 8 dimensions, fused attention",
         _narrow_encoder,
         _masked_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-flux",
+        "diffusers FluxTransformer2DModel (rectified flow, joint and single-stream blocks)",
+        _flux,
+        _flow_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "diffusers-auraflow",
+        "diffusers AuraFlowTransformer2DModel (joint and single-stream blocks, 8 dimensions a head)",
+        _aura_flow,
+        _aura_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "xt-narrow-decoder",
+        "x-transformers decoder, 16 heads of 16 dimensions, fused attention, GLU feed-forward",
+        _narrow_decoder,
+        _next_token_loss,
         LanguageModelFormat(VOCABULARY, TOKENS),
         adam=True,
     ),

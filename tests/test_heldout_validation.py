@@ -235,7 +235,12 @@ def test_every_model_of_the_own_module_sets_is_one_the_benchmark_builds() -> Non
     import benchmarks.own_models as own
 
     built = {model.name for model in own.MODELS}
-    for models in (heldout.FOURTEENTH_MODELS, heldout.FIFTEENTH_MODELS, heldout.SIXTEENTH_MODELS):
+    for models in (
+        heldout.FOURTEENTH_MODELS,
+        heldout.FIFTEENTH_MODELS,
+        heldout.SIXTEENTH_MODELS,
+        heldout.SEVENTEENTH_MODELS,
+    ):
         names = {name for name, _, _, _ in models if not name.startswith("hf:")}
         assert names and names <= built
     assert len(built) == len(own.MODELS)  # no name twice
