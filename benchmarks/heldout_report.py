@@ -276,6 +276,57 @@ def phases(documents: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The variants of the CPU's fused attention kernel replayed and priced by its products' FLOPs
+#: (heldout_validation.ATTENTION_REPLAYED, ATTENTION_AS_PRODUCTS): a set run before the model replayed
+#: it has the first beside the model, a set run after the second.
+REPLAYED, AS_PRODUCTS = "attention replayed", "attention as products"
+#: A row whose |error| grows by more than this with the replays counts against them (the seventeenth
+#: set's rule).
+GROWN = 0.05
+
+
+def attention_errors(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A row's error with the fused attention kernel priced by its products' FLOPs and replayed; None
+    where its set ran neither variant."""
+    variants = row["variant_errors"]
+    if AS_PRODUCTS in variants:
+        return variants[AS_PRODUCTS], row["step_error"]
+    if REPLAYED in variants:
+        return row["step_error"], variants[REPLAYED]
+    return None
+
+
+def attention(documents: dict[str, dict[str, Any]]) -> str:
+    """The fused attention kernel priced by its products' FLOPs against replayed, on each set that ran
+    a variant of it: the set's median, max and signed error, and over the rows that run the kernel
+    (where the set recorded them) the median |error| and the rows whose |error| grew by more than
+    ``GROWN`` with the replays."""
+    lines = [
+        "| set | rows | attention as products | attention replayed | rows running the kernel | their median "
+        "abs error, as products / replayed | rows grown over 5 points |",
+        "|---|---:|---|---|---:|---|---:|",
+    ]
+    for key, title, _ in SETS:
+        found = [attention_errors(r) for r in documents.get(key, {}).get("rows", [])]
+        pairs = [p for p in found if p is not None]
+        if not pairs or len(pairs) < len(found):
+            continue
+        rows = documents[key]["rows"]
+        cells = [title, str(len(rows)), triple([p[0] for p in pairs]), triple([p[1] for p in pairs])]
+        fused = [p for r, p in zip(rows, pairs, strict=True) if r.get("fused_attention_calls", 0) > 0]
+        if "fused_attention_calls" not in rows[0]:
+            cells += ["not recorded", "-", "-"]
+        elif not fused:
+            cells += ["0", "-", "-"]
+        else:
+            before = statistics.median(abs(p[0]) for p in fused)
+            after = statistics.median(abs(p[1]) for p in fused)
+            grown = sum(abs(p[1]) - abs(p[0]) > GROWN for p in fused)
+            cells += [str(len(fused)), f"{before:.2%} / {after:.2%}", str(grown)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
@@ -317,6 +368,7 @@ def main() -> None:
     page = DOCS / "validation-heldout.md"
     text = replace_between(page.read_text(), "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
+    text = replace_between(text, "attention", attention(documents))
     write_text_atomic(page, text)
     for name, keys in sets_by_page().items():
         sections = [

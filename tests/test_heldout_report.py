@@ -132,7 +132,7 @@ def test_each_page_gets_only_its_own_sets(tmp_path, monkeypatch) -> None:
     for name, _ in report.SETS_PAGES:
         (tmp_path / name).write_text("<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n")
     for name in ("validation-heldout.md", "validation-heldout-phases.md"):
-        markers = ("run", "summary") if name == "validation-heldout.md" else ("phases",)
+        markers = ("run", "summary", "attention") if name == "validation-heldout.md" else ("phases",)
         (tmp_path / name).write_text(
             "".join(f"<!-- heldout_report:{m} -->\n<!-- /heldout_report -->\n" for m in markers)
         )
@@ -147,3 +147,41 @@ def test_each_page_gets_only_its_own_sets(tmp_path, monkeypatch) -> None:
     first, later = ((tmp_path / name).read_text() for name, _ in report.SETS_PAGES)
     assert "### The first set" in first and "### The twelfth set" not in first
     assert "### The twelfth set" in later and "### The first set" not in later
+
+
+def test_the_attention_table_judges_the_replays_on_the_rows_that_run_the_kernel() -> None:
+    """Three rows, two running the fused kernel: their |errors| 10% and 2% become 4% and 8% with the
+    replays (median 6% against 6%, one grown by 6 points); the row without the kernel is left out of
+    those figures."""
+    rows = []
+    for name, error, replayed, calls in (
+        ("a", -0.10, -0.04, 2.0),
+        ("b", 0.02, 0.08, 2.0),
+        ("c", 0.30, 0.30, 0.0),
+    ):
+        r = row(name, error, 0.0, (0.01, 0.02, 0.005))
+        r["variant_errors"][report.REPLAYED] = replayed
+        r["fused_attention_calls"] = calls
+        rows.append(r)
+    # A later set, run with the replays the model's: the same figures from the other variant.
+    later = []
+    for r in rows:
+        flipped = json.loads(json.dumps(r))
+        flipped["step_error"] = r["variant_errors"][report.REPLAYED]
+        flipped["variant_errors"] = {report.AS_PRODUCTS: r["step_error"]}
+        later.append(flipped)
+    table = report.attention({"sixteenth": {"rows": rows}, "first": DOCUMENT, "eighteenth": {"rows": later}})
+    lines = table.splitlines()
+    assert len(lines) == 3  # the first set ran no such variant; there is no eighteenth set (SETS)
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == [
+        "sixteenth set",
+        "3",
+        "10.0%, 30.0%, +2.0%",
+        "8.0%, 30.0%, +8.0%",
+        "2",
+        "6.00% / 6.00%",
+        "1",
+    ]
+    later_table = report.attention({"seventeenth": {"rows": later}})
+    assert later_table.splitlines()[2].replace("seventeenth", "sixteenth") == lines[2]

@@ -414,7 +414,7 @@ def _attention_graph() -> StepGraph:
     return dataclasses.replace(graph, kernels=[{"call": call, "rows": [["m", "forward", op, 3]]}])
 
 
-def test_attention_rows_take_their_replay_only_where_asked(
+def test_attention_rows_take_their_replay_unless_asked_not_to(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     kernels.forget_replays()
@@ -422,22 +422,22 @@ def test_attention_rows_take_their_replay_only_where_asked(
     monkeypatch.setattr(kernels, "time_call", lambda *a, **k: kernels.Replay(0.25, 0.0))  # a known 250 ms
     here = _machine(replay_device="cpu")
     roofline = 3e6 / 1e12  # the products' FLOPs at the toy machine's peak
-    asked = ComputeOptions(replay_attention=True)
-    assert op_times(_attention_graph(), here, asked)["compute_s"].iloc[0] == pytest.approx(3 * 0.25)
-    assert op_times(_attention_graph(), here)["compute_s"].iloc[0] == pytest.approx(roofline)
+    assert op_times(_attention_graph(), here)["compute_s"].iloc[0] == pytest.approx(3 * 0.25)
+    products = ComputeOptions(replay_attention=False)
+    assert op_times(_attention_graph(), here, products)["compute_s"].iloc[0] == pytest.approx(roofline)
     # Another machine than this host's CPU prices the row by its FLOPs.
-    assert op_times(_attention_graph(), _machine(), asked)["compute_s"].iloc[0] == pytest.approx(roofline)
-    assert op_times(_attention_graph(), _machine(replay_device="cuda"), asked)["compute_s"].iloc[
-        0
-    ] == pytest.approx(roofline)
+    assert op_times(_attention_graph(), _machine())["compute_s"].iloc[0] == pytest.approx(roofline)
+    assert op_times(_attention_graph(), _machine(replay_device="cuda"))["compute_s"].iloc[0] == pytest.approx(
+        roofline
+    )
 
 
 def test_an_interpolated_description_prices_attention_by_its_sources_replays(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Attention replayed at an injected 1 ms + 2 ms a sample: described at 6 and 3 and interpolated
-    to 4, its rows take the replays' seconds at 4 exactly, as the description at 4 does, where asked;
-    by default they keep their FLOPs' price (microseconds on the toy machine)."""
+    to 4, its rows take the replays' seconds at 4 exactly, as the description at 4 does; asked not to
+    replay, they keep their FLOPs' price (microseconds on the toy machine)."""
     kernels.forget_replays()
     monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(
@@ -455,7 +455,7 @@ def test_an_interpolated_description_prices_attention_by_its_sources_replays(
         times = op_times(graph, here, ComputeOptions(**options))
         return times[times["op"].isin(kernels.ATTENTION_OPS)].set_index("phase")["compute_s"].to_dict()
 
-    exact = attention(described[4], replay_attention=True)
+    exact = attention(described[4])
     assert exact == pytest.approx({"forward": 1e-3 + 8e-3, "backward": 1e-3 + 8e-3})
-    assert attention(between, replay_attention=True) == pytest.approx(exact)
-    assert max(attention(between).values()) < 1e-4
+    assert attention(between) == pytest.approx(exact)
+    assert max(attention(between, replay_attention=False).values()) < 1e-4

@@ -52,8 +52,8 @@ CONVOLUTION_OPS = ("aten.convolution", "aten.convolution_backward")
 #: isolation than in a step. So a product's replay only ever raises its price (compute.op_times).
 #: Not on a GPU: not validated there.
 MATRIX_OPS = ("aten.mm", "aten.bmm", "aten.addmm")
-#: The CPU's fused attention kernel, forward and backward: where asked
-#: (``ComputeOptions.replay_attention``), replayed for time on a CPU. Its FLOPs (the two products)
+#: The CPU's fused attention kernel, forward and backward: replayed for time on a CPU (unless
+#: ``ComputeOptions.replay_attention`` is off). Its FLOPs (the two products)
 #: leave out the online softmax over every score, whose cost per score grows as the head narrows:
 #: 2 x 8 heads x 1,024 tokens here took 0.38 ns a score forward beyond its products at 64 dimensions
 #: a head and 1.8 ns at 4, so a denoising U-Net's attention of 4 dimensions a head was priced at a
