@@ -122,11 +122,17 @@ def _signal_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.mse_loss(model(signal, steps).sample, target)
 
 
+def _masked(tokens: torch.Tensor, mask_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the tokens with 15% of the positions, at least one a sequence, set to ``mask_token``; those
+    positions), as a masked language model trains."""
+    masked = torch.rand(tokens.shape, device=tokens.device) < 0.15
+    masked[:, 0] = True
+    return torch.where(masked, torch.full_like(tokens, mask_token), tokens), masked
+
+
 def _protein_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     tokens = batch["tokens"]
-    masked = torch.rand(tokens.shape, device=tokens.device) < 0.15
-    masked[:, 0] = True  # at least one position a sequence
-    inputs = torch.where(masked, torch.full_like(tokens, PROTEIN_TOKENS - 1), tokens)
+    inputs, masked = _masked(tokens, PROTEIN_TOKENS - 1)
     logits = model(inputs)["logits"]
     return nn.functional.cross_entropy(logits[masked], tokens[masked])
 
@@ -154,9 +160,8 @@ def _prior_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def _masked_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     tokens = batch["tokens"]
-    masked = torch.rand(tokens.shape, device=tokens.device) < 0.15
-    masked[:, 0] = True  # at least one position a sequence
-    logits = model(torch.where(masked, torch.zeros_like(tokens), tokens))
+    inputs, masked = _masked(tokens, 0)
+    logits = model(inputs)
     return nn.functional.cross_entropy(logits[masked], tokens[masked])
 
 
