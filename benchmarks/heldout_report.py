@@ -8,6 +8,11 @@ flag, the others are named by their flag: ``fresh``, ..., ``shapes-again``) and 
 the pages between ``<!-- heldout_report:NAME -->`` and ``<!-- /heldout_report -->``: the run's
 machine and times, the summary table, each set's rows and the phases table. The prose around them is
 the pages' own.
+
+    python benchmarks/heldout_report.py DIR --host-page validation-heldout-second-host.md
+
+writes another host's sets instead into that one page, between the same markers (``run``,
+``summary``, ``sets`` and ``phases``).
 """
 
 from __future__ import annotations
@@ -344,6 +349,16 @@ def run_line(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
+    """A page of another host's sets (``--host-page``): ``text`` with its run line, summary, every
+    set's rows and the phases table written from ``documents``."""
+    sections = [set_section(title, what, documents[key]) for key, title, what in SETS if key in documents]
+    text = replace_between(text, "run", run_line(documents))
+    text = replace_between(text, "summary", summary(documents))
+    text = replace_between(text, "sets", "\n\n".join(sections))
+    return replace_between(text, "phases", phases(documents))
+
+
 def replace_between(text: str, name: str, content: str) -> str:
     """``text`` with what stands between the markers of ``name`` replaced by ``content``."""
     pattern = re.compile(
@@ -357,6 +372,7 @@ def replace_between(text: str, name: str, content: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="where the sets' JSON files are (<set>.json)")
+    parser.add_argument("--host-page", help="another host's runs: the page (in docs/) they go to, whole")
     args = parser.parse_args()
     documents = {
         key: json.loads((args.directory / f"{key}.json").read_text())
@@ -365,6 +381,12 @@ def main() -> None:
     }
     if not documents:
         parser.error(f"no set's JSON in {args.directory} (first.json, fresh.json, ...)")
+    if args.host_page:
+        page = DOCS / args.host_page
+        if not page.is_file():
+            parser.error(f"no page {page}")
+        write_text_atomic(page, host_page(page.read_text(), documents))
+        return
     page = DOCS / "validation-heldout.md"
     text = replace_between(page.read_text(), "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))

@@ -128,6 +128,16 @@ def test_every_set_has_its_rows_on_one_page_and_every_page_has_its_markers() -> 
         assert text.count("<!-- heldout_report:sets -->") == 1, name
 
 
+def first_and_twelfth(tmp_path, machine: str):
+    """A folder of two sets' JSON files (DOCUMENT's rows, run on ``machine``), as heldout_report reads."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for key in ("first", "twelfth"):
+        document = {**DOCUMENT, "machine": machine, "commit": "abc", "summary": {}}
+        (runs / f"{key}.json").write_text(json.dumps(document))
+    return runs
+
+
 def test_each_page_gets_only_its_own_sets(tmp_path, monkeypatch) -> None:
     for name, _ in report.SETS_PAGES:
         (tmp_path / name).write_text("<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n")
@@ -136,11 +146,7 @@ def test_each_page_gets_only_its_own_sets(tmp_path, monkeypatch) -> None:
         (tmp_path / name).write_text(
             "".join(f"<!-- heldout_report:{m} -->\n<!-- /heldout_report -->\n" for m in markers)
         )
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    for key in ("first", "twelfth"):
-        document = {**DOCUMENT, "machine": "host", "commit": "abc", "summary": {}}
-        (runs / f"{key}.json").write_text(json.dumps(document))
+    runs = first_and_twelfth(tmp_path, "host")
     monkeypatch.setattr(report, "DOCS", tmp_path)
     monkeypatch.setattr("sys.argv", ["heldout_report", str(runs)])
     report.main()
@@ -185,3 +191,23 @@ def test_the_attention_table_judges_the_replays_on_the_rows_that_run_the_kernel(
     ]
     later_table = report.attention({"seventeenth": {"rows": later}})
     assert later_table.splitlines()[2].replace("seventeenth", "sixteenth") == lines[2]
+
+
+def test_another_hosts_sets_go_to_their_own_page_and_nowhere_else(tmp_path, monkeypatch) -> None:
+    markers = ("run", "summary", "sets", "phases")
+    (tmp_path / "host.md").write_text(
+        "# Host\n" + "".join(f"<!-- heldout_report:{m} -->\n<!-- /heldout_report -->\n" for m in markers)
+    )
+    runs = first_and_twelfth(tmp_path, "other host")
+    monkeypatch.setattr(report, "DOCS", tmp_path)
+    monkeypatch.setattr("sys.argv", ["heldout_report", str(runs), "--host-page", "host.md"])
+    report.main()
+    page = (tmp_path / "host.md").read_text()
+    # Both sets' rows on the one page, whichever page of sets they have on the first host.
+    assert "### The first set" in page and "### The twelfth set" in page
+    assert page.count("| first set (3 models) | 3 |") == 1 and "| twelfth set | 3 |" in page
+    assert "other host; the sets one after another" in page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.md", "runs"]  # no other page written
+    monkeypatch.setattr("sys.argv", ["heldout_report", str(runs), "--host-page", "missing.md"])
+    with pytest.raises(SystemExit):
+        report.main()
