@@ -44,10 +44,10 @@ from typing import Any
 import torch
 
 from dnnperf import environment
-from dnnperf.calibration.timing import time_samples
+from dnnperf.calibration.timing import bytes_text, time_samples
 from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
-from dnnperf.hardware import bytes_moved, matmul_flops, read_profile
+from dnnperf.hardware import bytes_moved, cpu_caches, matmul_flops, read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
 from dnnperf.perfmodel.compute import ComputeOptions, op_times
 from dnnperf.perfmodel.graph import ScalableGraph, describe_model
@@ -615,7 +615,9 @@ def host_speed(device: str, repeats: int = 20) -> dict[str, float]:
 
 def device_name(device: str) -> str:
     """The processor (and GPU, where the run used one) the figures were measured on."""
-    cpu = f"{environment.cpu_model()} ({platform.machine()}), {torch.get_num_threads()} thread(s)"
+    caches = ", ".join(f"{c.name} {bytes_text(c.size_bytes)}" for c in cpu_caches(1) if c.name != "L1d")
+    identity = ", ".join(filter(None, [platform.machine(), environment.cpu_revision(), caches]))
+    cpu = f"{environment.cpu_model()} ({identity}), {torch.get_num_threads()} thread(s)"
     if device == "cuda":
         return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), host {cpu}"
     return cpu

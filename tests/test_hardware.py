@@ -630,3 +630,20 @@ def test_dram_probes_add_samples_of_the_smallest_dram_size_between_sweeps() -> N
     assert probed.calls == calls and len(probed.seconds) >= probes + plan.memory_sweeps * per_sweep
     # No cache sizes known: no size is known to be DRAM, nothing is probed.
     assert MemorySweeps(CPU, plan, Tracker(None, 1.0)).probe_size is None
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="Linux's /proc/cpuinfo")
+def test_the_cpu_revision_is_lscpus_family_model_and_stepping() -> None:
+    from dnnperf import environment
+
+    try:
+        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no lscpu")
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    wanted = [fields.get(name, "").strip() for name in ("CPU family", "Model", "Stepping")]
+    if not all(w.isdigit() for w in wanted):
+        assert environment.cpu_revision() is None or "family" in environment.cpu_revision()
+        return
+    assert environment.cpu_revision() == "family {} model {} stepping {}".format(*wanted)
+    assert environment.machine()["cpu_revision"] == environment.cpu_revision()

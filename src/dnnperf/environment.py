@@ -17,16 +17,32 @@ import torch
 from dnnperf.version import __version__
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform reports."""
+def _cpuinfo(field: str) -> str | None:
+    """The first CPU's ``field`` in /proc/cpuinfo (Linux), or None."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                name, _, value = line.partition(":")
+                if name.strip() == field:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform reports."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_revision() -> str | None:
+    """An x86 CPU's family, model and stepping (/proc/cpuinfo, Linux), which tell apart processors of
+    one marketing name (a VM often reports only "AMD EPYC"); None elsewhere."""
+    fields = [_cpuinfo(f) for f in ("cpu family", "model", "stepping")]
+    if not all(fields):
+        return None
+    family, model, stepping = fields
+    return f"family {family} model {model} stepping {stepping}"
 
 
 def gpu_info() -> list[dict[str, Any]]:
@@ -55,6 +71,7 @@ def machine() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
         "cpu_model": cpu_model(),
+        "cpu_revision": cpu_revision(),
         "architecture": platform.machine(),
         "cores_physical": psutil.cpu_count(logical=False),
         "cores_logical": psutil.cpu_count(logical=True),
