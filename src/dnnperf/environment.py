@@ -17,28 +17,31 @@ import torch
 from dnnperf.version import __version__
 
 
-def _cpuinfo(field: str) -> str | None:
-    """The first CPU's ``field`` in /proc/cpuinfo (Linux), or None."""
+def _cpuinfo() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo (Linux); empty elsewhere."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
+                if not line.strip():
+                    break  # the first CPU's block ends at a blank line
                 name, _, value = line.partition(":")
-                if name.strip() == field:
-                    return value.strip()
+                fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return None
+    return fields
 
 
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else what platform reports."""
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_revision() -> str | None:
     """An x86 CPU's family, model and stepping (/proc/cpuinfo, Linux), which tell apart processors of
     one marketing name (a VM often reports only "AMD EPYC"); None elsewhere."""
-    fields = [_cpuinfo(f) for f in ("cpu family", "model", "stepping")]
+    info = _cpuinfo()
+    fields = [info.get(f) for f in ("cpu family", "model", "stepping")]
     if not all(fields):
         return None
     family, model, stepping = fields
