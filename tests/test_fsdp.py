@@ -44,6 +44,7 @@ def zero1_record(tmp_path_factory: pytest.TempPathFactory) -> RunRecord:
     return profile(tmp_path_factory.mktemp("zero1"), "zero1", "--memory")
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("strategy", ["fsdp", "zero1"])
 def test_two_sharded_ranks_train_the_single_process_model(strategy, fsdp_record, zero1_record):
     """The truth: basic_cnn (no batch norm, no dropout) trained in this process on the whole global
@@ -54,6 +55,7 @@ def test_two_sharded_ranks_train_the_single_process_model(strategy, fsdp_record,
     assert record.points[0].loss == pytest.approx(losses, rel=1e-5)
 
 
+@pytest.mark.concurrent
 def test_fsdp_ranks_side_by_side_with_the_exchange(fsdp_record):
     settings = fsdp_record.settings["distributed"]
     assert settings["strategy"] == "fsdp" and settings["reshard_after_forward"] is True
@@ -66,6 +68,7 @@ def test_fsdp_ranks_side_by_side_with_the_exchange(fsdp_record):
             assert sum(values[step] for values in rank.stages.values()) == pytest.approx(wall, rel=1e-6)
 
 
+@pytest.mark.concurrent
 def test_zero1_splits_the_optimizer_state_and_keeps_a_replica(zero1_record):
     """The truth: basic_cnn's SGD with momentum keeps one buffer per parameter, so the whole state is
     the parameters' bytes; ZeroRedundancyOptimizer gives each rank whole parameters' state, so the
@@ -80,6 +83,7 @@ def test_zero1_splits_the_optimizer_state_and_keeps_a_replica(zero1_record):
         assert rank.memory.category_max["gradients"] == parameter_bytes
 
 
+@pytest.mark.concurrent
 def test_fsdp_ranks_memory_is_their_shards(fsdp_record):
     """The truth: every parameter of basic_cnn has an even dim 0 (8, 16, 64, 10), so FSDP2 on 2 ranks
     gives each rank exactly half of every parameter, of its gradient and of its SGD momentum buffer,
@@ -133,6 +137,7 @@ dist.destroy_process_group()
 )
 
 
+@pytest.mark.concurrent
 def test_fsdp_ranks_hold_their_shards_to_the_byte(tmp_path):
     """3 ranks, so that dim 0 of basic_cnn's tensors (8, 16, 64, 10) does not divide. The truth,
     computed here from the single-process model: FSDP2 shards every parameter on dim 0 with padding, so
@@ -245,6 +250,7 @@ dist.destroy_process_group()
 )
 
 
+@pytest.mark.concurrent
 def test_fsdp_collective_buffers_released_on_gloos_thread_are_not_held_to_the_steps_end(tmp_path):
     """The truth: an FSDP step holds nothing after it but parameters, gradients and optimizer state
     (FSDP frees its all-gathered parameters and its collective buffers within the step), so no
@@ -266,6 +272,7 @@ def test_fsdp_collective_buffers_released_on_gloos_thread_are_not_held_to_the_st
         assert seen["unattributed"] == [0] * 12
 
 
+@pytest.mark.concurrent
 def test_fsdp_units_are_the_repeated_blocks_without_tied_weights():
     """By hand from the models: gpt2's transformer layers and its position embedding (an Embedding like
     the token embedding, which is tied to lm_head and so stays with the root); resnet18's basic blocks
@@ -295,16 +302,19 @@ def refused(tmp_path_factory):
     return {tuple(r.args[1:]): r for r in run_cli_batch(argvs, env=env)}
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize(("args", "needles"), BAD_INPUT)
 def test_bad_sharded_input_is_one_line(args, needles, refused):
     assert_one_line_error(refused[("profile", "basic_cnn", *args)], *needles)
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("argv", OWN_STEP)
 def test_sharding_refuses_a_workload_with_its_own_step(argv, refused):
     assert_one_line_error(refused[argv], "wgan_gp", "own step", argv[-1])
 
 
+@pytest.mark.concurrent
 def test_zero1_keeps_the_workloads_optimizer_and_its_hyper_parameters(tmp_path):
     """gpt2's AdamW (lr 1e-3, betas 0.9/0.95, weight decay 0.1, as the workload builds it): its groups
     carry a key AdamW's constructor refuses (decoupled_weight_decay), which zero1 must not pass on.

@@ -137,6 +137,7 @@ def test_the_count_is_the_median_of_fresh_processes(monkeypatch) -> None:
     assert [c[-3:] for c in calls] == [["basic_cnn", "tiny", "2,4"]] * 3
 
 
+@pytest.mark.concurrent  # counts, not times
 def test_each_batch_size_is_counted_in_a_process_of_its_own_and_a_failure_is_one_line(monkeypatch) -> None:
     from dnnperf.errors import DnnperfError
 

@@ -161,6 +161,7 @@ def test_interpolated_batch_equals_the_counted_one() -> None:
     assert guessed.module_io == eight.module_io
 
 
+@pytest.mark.concurrent  # bounds no busy host crosses: a roofline 1e15 B/s away, one of seconds
 def test_zoo_efficiencies_fall_with_a_machine_too_fast_and_clip_at_one() -> None:
     from dnnperf.perfmodel.calibrate import family_efficiency
 

@@ -909,17 +909,18 @@ def _zoo_rows(
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
     per call, the timed rows (each layer the fastest of ``ZOO_PASSES`` passes of ``repeats`` /
-    ``ZOO_PASSES`` calls, rounded up), a GPU's kernel floor and host costs per call (both 0/empty on a
-    CPU)."""
+    ``ZOO_PASSES`` calls, rounded up; fewer repeats than passes: one call a pass), a GPU's kernel
+    floor and host costs per call (both 0/empty on a CPU)."""
     torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
     host_call: dict[str, float] = {}
-    per_pass = -(-repeats // ZOO_PASSES)
+    passes = min(ZOO_PASSES, repeats)
+    per_pass = -(-repeats // passes)
     with current(device):
         layers = _zoo_on(device)
         timed = fastest_passes(
-            layers, lambda layer, shape: timed_rows(layer, shape, per_pass, device), progress=progress
+            layers, lambda layer, shape: timed_rows(layer, shape, per_pass, device), passes, progress
         )
         frames = []
         for (layer, _), frame in zip(layers, timed, strict=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,11 +80,14 @@ def gpu_of_this_host(profile: HardwareProfile) -> str:
     return device
 
 
-def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], dict[str, float]]:
+def calibrated_machines(
+    profile: HardwareProfile, strategies: Collection[str] = ()
+) -> tuple[dict[str, Machine], dict[str, float]]:
     """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures.
     On a GPU's profile the host's own costs (page faults, zero operands, DDP, FSDP and split regions, which
     the CPU's kernels pay) are left out, and a "synchronous" variant adds host and device instead of
-    overlapping them."""
+    overlapping them. FSDP's host work, the one calibration of 2 ranks (12 s of a 60 s calibration on
+    2 cores), is measured only where ``strategies`` has fsdp, the one strategy that pays it."""
     if profile.threads != torch.get_num_threads():
         raise UsageError(
             f"the hardware profile was calibrated with {profile.threads} threads and this process has "
@@ -97,7 +100,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
     zero_operand = {} if gpu else measure_zero_operand_cost()
     split_region = 0.0 if gpu else measure_split_region_cost()
     ddp = (0.0, 0.0) if gpu else measure_ddp_cost()
-    fsdp = NO_FSDP_COST if gpu else measure_fsdp_cost()
+    fsdp = measure_fsdp_cost() if "fsdp" in strategies and not gpu else NO_FSDP_COST
     zoo = zoo_calibration(from_profile(profile))
     efficiency, curves, call_s = zoo.efficiency, zoo.curves, zoo.call_s
     # A CPU's host costs by phase, and the update's per-call cost and share of its counted bytes
@@ -150,7 +153,7 @@ def calibrated_machines(profile: HardwareProfile) -> tuple[dict[str, Machine], d
         "split_region_s": split_region,
         "ddp_step_s": ddp[0],
         "ddp_param_s": ddp[1],
-        **{f"fsdp_{name}": cost for name, cost in fsdp._asdict().items()},
+        **({f"fsdp_{name}": cost for name, cost in fsdp._asdict().items()} if "fsdp" in strategies else {}),
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
         "cold_product_call_s": cold_product[0],
