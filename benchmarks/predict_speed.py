@@ -122,9 +122,10 @@ def main() -> None:
         if not profile.is_file():
             raise SystemExit(f"no hardware profile at {profile}: run `OMP_NUM_THREADS=1 dnnperf hw` first")
         seconds = measure(profile, args.rounds)
+        identity = ", ".join(filter(None, [platform.machine(), environment.cpu_revision()]))
         document = {
             "seconds": seconds,
-            "machine": f"{environment.cpu_model()} ({platform.machine()}), {os.cpu_count()} cores",
+            "machine": f"{environment.cpu_model()} ({identity}), {os.cpu_count()} cores",
             "torch": torch.__version__,
             "commit": environment.source_commit(),
             "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

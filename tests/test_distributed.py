@@ -55,6 +55,7 @@ def dp_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"document": document, "params": params, "runs": root / "runs", "scratch": scratch}
 
 
+@pytest.mark.concurrent
 def test_a_distributed_profile_writes_its_report_beside_the_record(dp_run):
     """As a single-process profile does: the HTML report, named in the JSON, beside the record, with
     the ranks side by side."""
@@ -64,6 +65,7 @@ def test_a_distributed_profile_writes_its_report_beside_the_record(dp_run):
     assert "Ranks" in report.read_text()
 
 
+@pytest.mark.concurrent
 def test_a_run_leaves_nothing_in_the_temporary_directory(dp_run):
     """Neither dnnperf's rank directory nor torchrun's torchelastic_* directory outlives the run. (Any
     process that builds a torch optimizer imports torch._dynamo, which makes its compile cache,
@@ -72,6 +74,7 @@ def test_a_run_leaves_nothing_in_the_temporary_directory(dp_run):
     assert left == []
 
 
+@pytest.mark.concurrent
 def test_dp_two_ranks_end_with_single_process_parameters(dp_run):
     truth, losses = single_process("basic_cnn", WARMUP + STEPS, BATCH)
     with np.load(dp_run["params"], allow_pickle=False) as saved:
@@ -83,6 +86,7 @@ def test_dp_two_ranks_end_with_single_process_parameters(dp_run):
     np.testing.assert_allclose(record["points"][0]["loss"], losses, rtol=1e-5)
 
 
+@pytest.mark.concurrent
 def test_dp_record_has_every_rank_and_every_gradient_byte(dp_run):
     record = RunRecord.from_dict(dp_run["document"]["record"])
     assert record.status == "complete"
@@ -108,6 +112,7 @@ def test_dp_record_has_every_rank_and_every_gradient_byte(dp_run):
     assert ranks.ranks[0].wall_s == record.points[0].step_s
 
 
+@pytest.mark.concurrent
 def test_every_ranks_tracked_step_holds_a_whole_replica(dp_run):
     """--memory on 2 dp ranks: each rank's tracked step, gathered on rank 0, holds the whole model's
     parameters and gradients (a replica each) and its own shard of the batch."""
@@ -150,6 +155,7 @@ def test_rank_analyses_against_hand_made_breakdown():
     assert "rank 0 skew s" not in buckets.columns  # rank 0 recorded no split
 
 
+@pytest.mark.concurrent
 def test_ranks_section_round_trip_and_validation(dp_run):
     document = dp_run["document"]["record"]
     again = RunRecord.from_dict(json.loads(json.dumps(document))).to_dict()
@@ -190,6 +196,7 @@ def test_json_bytes_round_trip():
         encode({"x": float("nan")})
 
 
+@pytest.mark.concurrent
 def test_show_prints_ranks_side_by_side(dp_run):
     path = next(Path(dp_run["runs"]).glob("*.json"))
     result = run_cli("show", str(path))
@@ -225,11 +232,13 @@ def refused(tmp_path_factory):
     return {tuple(r.args[1:]): r for r in run_cli_batch(argvs, env=env)}
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize(("args", "needles"), BAD_INPUT)
 def test_bad_distributed_input_is_one_line(args, needles, refused):
     assert_one_line_error(refused[("profile", "basic_cnn", *args)], *needles)
 
 
+@pytest.mark.concurrent
 def test_dp_refuses_a_workload_with_its_own_step(refused):
     assert_one_line_error(refused[OWN_STEP], "wgan_gp", "own step")
 
@@ -437,6 +446,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.concurrent
 @pytest.mark.parametrize("cap", ["default", "25"])
 def test_ddp_buckets_are_the_ones_the_model_predicts(tmp_path, cap):
     """The performance model buckets gradients as DDP does by default (a 1 MiB first bucket, then 25

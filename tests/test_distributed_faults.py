@@ -76,6 +76,7 @@ def _kept_record(runs: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.concurrent  # what it bounds (a minute to stop) no busy host comes near
 def test_killed_rank_stops_the_run_names_it_and_leaves_nothing(tmp_path):
     runs = tmp_path / "runs"
     cli = _start(runs)

@@ -828,15 +828,16 @@ def timed_rows(
     # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
     with torch.no_grad():
         grad = torch.randn_like(layer(x))
+    for _ in range(2):  # the first calls pay for primitive creation and page faults: not counted
+        layer(x).backward(grad)
+    synchronize(device)
     counter = OpCounter(layer, timed=True, device=device, lead=device_lead(device))  # kernels, not launches
     tables = []
     with counter:
-        for i in range(repeats + 2):
+        for _ in range(repeats):
             layer(x).backward(grad)
             synchronize(device)  # the events resolve once the device has run them
-            table = counter.take_step()
-            if i >= 2:  # the first calls pay for primitive creation and page faults
-                tables.append(table)
+            tables.append(counter.take_step())
     rows = [{**operator_row(r), "measured": r.seconds} for table in tables for r in table]
     frame = pd.DataFrame(rows)
     keys = ["phase", "module", "op", "family", "dtype", "kind"]
