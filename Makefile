@@ -26,8 +26,8 @@ demo: install
 # Two passes: every timed test first, alone, on a machine no other test has loaded yet (as they ran
 # when the suite was one pass), then the tests that time nothing, sharing the cores: three workers on
 # CI's 2 cores, since many of these tests wait on processes of their own (ranks, watched commands,
-# signals); on 2 cores the shared pass took 10.3 min with three against 11.2 with two. Plain `pytest`
-# runs everything alone.
+# signals): the shared pass took 10.3-11.2 min with three, 10.9-11.2 with two, on one 2-core host.
+# Plain `pytest` runs everything alone.
 TEST_WORKERS ?= 3
 
 # The report's browser test renders it in Debian's chromium: installed here when missing (quietly, once).
