@@ -146,6 +146,11 @@ def calibrated_machines(
             for v, m in machines.items()
         }
         machines["synchronous"] = dataclasses.replace(machines["model"], asynchronous=False)
+    elif "fsdp" not in strategies:  # a prediction of fsdp refuses it, as calibrated_machine's does
+        machines = {
+            v: dataclasses.replace(m, sources={**m.sources, "fsdp": NOT_CALIBRATED})
+            for v, m in machines.items()
+        }
     return machines, {
         "op_overhead_s": overhead,
         "dispatch_s": profile.dispatch_overhead_us * 1e-6,
