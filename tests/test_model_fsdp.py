@@ -215,3 +215,47 @@ def test_fsdp_gathers_every_group_twice_and_reduces_it_once(workload):
     console.print(prediction_table([fsdp, kept], {}))
     shown = [line.split("│")[1].strip() for line in console.export_text().splitlines() if "│" in line]
     assert shown == ["fsdp", "fsdp kept after forward"]
+
+
+def test_validation_calibrates_fsdp_only_when_asked_and_its_machines_say_so(monkeypatch):
+    """Every microbenchmark of calibrated_machines stubbed; FSDP's the truth counted: measured once
+    where asked, its figures then on every machine and in the headline figures; not asked, never
+    measured, no figure, and each machine refuses an fsdp prediction (as calibrated_machine's do)."""
+    from dnnperf import calibration
+    from dnnperf.errors import UsageError
+    from dnnperf.perfmodel import validate
+    from dnnperf.perfmodel.calibrate import ZooCalibration
+    from dnnperf.perfmodel.fsdp_calibration import FsdpCost
+    from dnnperf.perfmodel.machine import NOT_CALIBRATED
+
+    measured = FsdpCost(3e-3, 1e-3, 1e-4, 1e-5)
+    calls = []
+    stubs = {
+        "measure_op_overhead": lambda **_: 5e-6,
+        "measure_page_fault_cost": lambda: 1e-7,
+        "measure_zero_operand_cost": lambda: {},
+        "measure_split_region_cost": lambda: 0.0,
+        "measure_ddp_cost": lambda: (0.0, 0.0),
+        "measure_fsdp_cost": lambda: calls.append("fsdp") or measured,
+        "zoo_calibration": lambda machine: ZooCalibration({}, {}, {}, 0.0),
+        "measure_phase_call_cost": lambda: {},
+        "measure_update_cost": lambda machine: (1e-6, 1.0),
+        "measure_cold_product_cost": lambda: (0.0, 0.0),
+        "measure_gap_call_cost": lambda: {},
+    }
+    for name, stub in stubs.items():
+        monkeypatch.setattr(validate, name, stub)
+    profile = calibration.calibrate("cpu", quick=True)
+
+    machines, figures = validate.calibrated_machines(profile, fsdp=True)
+    assert calls == ["fsdp"] and figures["fsdp_step_s"] == measured.step_s
+    assert {(m.fsdp_step_s, m.fsdp_update_call_s) for m in machines.values()} == {(3e-3, 1e-5)}
+    assert all(m.sources.get("fsdp") != NOT_CALIBRATED for m in machines.values())
+
+    machines, figures = validate.calibrated_machines(profile)
+    assert calls == ["fsdp"] and not any(key.startswith("fsdp_") for key in figures)
+    assert {m.sources.get("fsdp") for m in machines.values()} == {NOT_CALIBRATED}
+    refusing = dataclasses.replace(_machine(2), sources=machines["model"].sources)
+    with pytest.raises(UsageError, match="without FSDP's host work"):
+        predict("basic_cnn", refusing, 8, "fsdp", preset="tiny", exact=False)
+    assert predict("basic_cnn", refusing, 8, "dp", preset="tiny", exact=False).step_s > 0

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.concurrent  # nothing here is timed (pyproject: markers
 @pytest.mark.timeout(1200)
 def test_every_paper_reproduces_at_smoke_size(tmp_path):
     # Two lanes at once (the suite's time on 2 cores), each with its summary and runs directory and
-    # about half the work alone on this 2-core host: the parallelism paper (its calibration and 2-rank
-    # validation, about 65 s) then tbd's (14 s), beside the other three in turn (73 s).
+    # about half the work: the parallelism paper (its calibration and 2-rank validation) then tbd's,
+    # beside the other three in turn. The whole test took 89 s alone on a 2-core host.
     lanes = {"a": ["parallelism", "tbd"], "b": [key for key in PAPERS if key not in ("parallelism", "tbd")]}
     outputs = {lane: tmp_path / f"reproductions-{lane}.md" for lane in lanes}
     runs_dirs = {lane: tmp_path / f"runs-{lane}" for lane in lanes}

@@ -622,7 +622,7 @@ def _validate_distributed(
         if profile is None:
             raise UsageError("validate needs a calibrated profile: run `OMP_NUM_THREADS=1 dnnperf hw` first")
         warn_if_busy(profile, out)
-        machines, figures = calibrated_machines(profile, strategies)
+        machines, figures = calibrated_machines(profile, fsdp="fsdp" in strategies)
     finally:
         torch.set_num_threads(threads)
     # The calibrated model machine, every term of it (split regions and DDP's host work included: the

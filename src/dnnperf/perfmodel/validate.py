@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,13 +81,14 @@ def gpu_of_this_host(profile: HardwareProfile) -> str:
 
 
 def calibrated_machines(
-    profile: HardwareProfile, strategies: Collection[str] = ()
+    profile: HardwareProfile, fsdp: bool = False
 ) -> tuple[dict[str, Machine], dict[str, float]]:
     """One machine per variant, from fresh microbenchmarks; and the calibration's headline figures.
     On a GPU's profile the host's own costs (page faults, zero operands, DDP, FSDP and split regions, which
     the CPU's kernels pay) are left out, and a "synchronous" variant adds host and device instead of
     overlapping them. FSDP's host work, the one calibration of 2 ranks (12 s of a 60 s calibration on
-    2 cores), is measured only where ``strategies`` has fsdp, the one strategy that pays it."""
+    2 cores), is measured only where ``fsdp``, as :func:`calibrated_machine` does; without it a CPU's
+    machines refuse to predict fsdp."""
     if profile.threads != torch.get_num_threads():
         raise UsageError(
             f"the hardware profile was calibrated with {profile.threads} threads and this process has "
@@ -100,7 +101,7 @@ def calibrated_machines(
     zero_operand = {} if gpu else measure_zero_operand_cost()
     split_region = 0.0 if gpu else measure_split_region_cost()
     ddp = (0.0, 0.0) if gpu else measure_ddp_cost()
-    fsdp = measure_fsdp_cost() if "fsdp" in strategies and not gpu else NO_FSDP_COST
+    fsdp_cost = measure_fsdp_cost() if fsdp and not gpu else NO_FSDP_COST
     zoo = zoo_calibration(from_profile(profile))
     efficiency, curves, call_s = zoo.efficiency, zoo.curves, zoo.call_s
     # A CPU's host costs by phase, and the update's per-call cost and share of its counted bytes
@@ -128,7 +129,7 @@ def calibrated_machines(
             zero_operand_s=zero_operand,
             split_region_s=split_region,
             ddp_s=ddp,
-            fsdp_s=fsdp,
+            fsdp_s=fsdp_cost,
             kernel_s=zoo.kernel_s,
             host_call_s=zoo.host_call_s,
             phase_call_s={} if v == "hw dispatch" else phase_call,
@@ -146,7 +147,7 @@ def calibrated_machines(
             for v, m in machines.items()
         }
         machines["synchronous"] = dataclasses.replace(machines["model"], asynchronous=False)
-    elif "fsdp" not in strategies:  # a prediction of fsdp refuses it, as calibrated_machine's does
+    elif not fsdp:
         machines = {
             v: dataclasses.replace(m, sources={**m.sources, "fsdp": NOT_CALIBRATED})
             for v, m in machines.items()
@@ -158,7 +159,7 @@ def calibrated_machines(
         "split_region_s": split_region,
         "ddp_step_s": ddp[0],
         "ddp_param_s": ddp[1],
-        **({f"fsdp_{name}": cost for name, cost in fsdp._asdict().items()} if "fsdp" in strategies else {}),
+        **({f"fsdp_{name}": cost for name, cost in fsdp_cost._asdict().items()} if fsdp else {}),
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
         "cold_product_call_s": cold_product[0],
