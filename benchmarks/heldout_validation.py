@@ -309,6 +309,24 @@ SEVENTEENTH_MODELS = (
     ("hf:granitemoe", "small", (2, 3), "decoder, causal LM (mixture of experts, scaled residuals)"),
     ("hf:flex_olmo", "small", (2, 3), "decoder, causal LM (mixture of experts, OLMo blocks)"),
 )
+#: An eighteenth set, fixed (and each model's build checked) before any of it was predicted: networks
+#: written in torch.nn as a user writes their own (benchmarks/own_models.py), most of whose products
+#: have few rows (MLPs on a batch of 4-16, a few latents or tokens), to judge the price of products of
+#: few rows (``ComputeOptions(few_rows_products=True)``, proposed after the third set's hf:levit;
+#: variant "products of any rows" without it). Its rule, written before the run: the price goes on
+#: by default if, on this set, the median |error| of the rows it changes (their prediction moved by
+#: more than 2%) is smaller with it than without, and no such row's |error| grows with it by more
+#: than 5 points.
+EIGHTEENTH_MODELS = (
+    ("torch-mlp", "small", (4, 8), "MLP classifier, 3 hidden layers (torch.nn)"),
+    ("torch-wide-deep", "small", (8, 16), "wide linear model beside a deep MLP (torch.nn)"),
+    ("torch-actor-critic", "small", (4, 8), "policy and value heads on an MLP trunk (torch.nn)"),
+    ("torch-latent-attention", "small", (4, 8), "8 latents cross-attending to 64 patches (torch.nn)"),
+    ("torch-cnn-mlp", "small", (4, 8), "convolutions and pools, then an MLP (torch.nn)"),
+    ("torch-token-mixer", "small", (4, 8), "MLP-Mixer over 16 patches (torch.nn)"),
+    ("torch-causal-lm", "small", (2, 4), "transformer layers under a causal mask, 128 tokens (torch.nn)"),
+    ("torch-mlp-autoencoder", "small", (4, 8), "dense autoencoder through a 64-wide code (torch.nn)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -373,6 +391,7 @@ HOST_GAPS = "host gaps"
 FIXED_GAPS = "host gaps, fixed part"
 ATTENTION_REPLAYED = "attention replayed"
 ATTENTION_AS_PRODUCTS = "attention as products"
+ANY_ROWS = "products of any rows"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -390,6 +409,7 @@ VARIANTS = (
     FIXED_GAPS,
     ATTENTION_REPLAYED,
     ATTENTION_AS_PRODUCTS,
+    ANY_ROWS,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -407,6 +427,7 @@ OPTIONS = {
     FIXED_GAPS: ComputeOptions(host_gaps=True, fixed_gaps=True),
     ATTENTION_REPLAYED: ComputeOptions(replay_attention=True),
     ATTENTION_AS_PRODUCTS: ComputeOptions(replay_attention=False),
+    ANY_ROWS: ComputeOptions(few_rows_products=False),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -650,6 +671,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[FIXED_GAPS] = model
         every[ATTENTION_REPLAYED] = model
         every[ATTENTION_AS_PRODUCTS] = model
+        every[ANY_ROWS] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
@@ -907,6 +929,11 @@ def main() -> None:
         help="the seventeenth held-out set (SEVENTEENTH_MODELS; needs pip install -e .[heldout])",
     )
     parser.add_argument(
+        "--eighteenth",
+        action="store_true",
+        help="the eighteenth held-out set (EIGHTEENTH_MODELS: own modules in torch.nn)",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -948,6 +975,7 @@ def main() -> None:
             "fifteenth",
             "sixteenth",
             "seventeenth",
+            "eighteenth",
             "shapes",
             "shapes_again",
         )
@@ -972,10 +1000,11 @@ def main() -> None:
         "fifteenth": FIFTEENTH_MODELS,
         "sixteenth": SIXTEENTH_MODELS,
         "seventeenth": SEVENTEENTH_MODELS,
+        "eighteenth": EIGHTEENTH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }
-    if chosen and chosen[0] in ("fourteenth", "fifteenth", "sixteenth", "seventeenth"):
+    if chosen and chosen[0] in ("fourteenth", "fifteenth", "sixteenth", "seventeenth", "eighteenth"):
         try:
             from own_models import register_all  # beside this script, run as one
         except ImportError:

@@ -194,6 +194,167 @@ def _aura_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.mse_loss(output.sample, noise)
 
 
+class MLPClassifier(nn.Sequential):
+    """A plain multilayer perceptron over the image's flattened pixels (a tabular model's shape)."""
+
+    def __init__(self, widths: tuple[int, ...] = (1024, 1024, 512)) -> None:
+        layers: list[nn.Module] = [nn.Flatten()]
+        previous = 3 * IMAGE_SIZE * IMAGE_SIZE
+        for width in widths:
+            layers += [nn.Linear(previous, width), nn.ReLU()]
+            previous = width
+        super().__init__(*layers, nn.Linear(previous, CLASSES))
+
+
+class WideAndDeep(nn.Module):
+    """A wide linear model beside a deep MLP over the same features, their logits summed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        features = 3 * IMAGE_SIZE * IMAGE_SIZE
+        self.wide = nn.Linear(features, CLASSES)
+        self.deep = nn.Sequential(
+            nn.Linear(features, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 128),
+            nn.ReLU(), nn.Linear(128, CLASSES),
+        )  # fmt: skip
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = images.flatten(1)
+        return self.wide(features) + self.deep(features)
+
+
+class ActorCritic(nn.Module):
+    """A policy and a value head on a shared MLP trunk (a reinforcement-learning agent's network)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, 256),
+            nn.Tanh(),
+            nn.Linear(256, 256),
+            nn.Tanh(),
+        )
+        self.policy = nn.Linear(256, CLASSES)
+        self.value = nn.Linear(256, 1)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.trunk(images)
+        return self.policy(hidden), self.value(hidden).squeeze(-1)
+
+
+class LatentAttention(nn.Module):
+    """A few learned latents cross-attend to an image's patches, then attend among themselves
+    (a Perceiver's shape): 8 latents of 256 dimensions over 64 patches."""
+
+    def __init__(self, latents: int = 8, width: int = 256, blocks: int = 3) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, width, 4, stride=4)
+        self.latents = nn.Parameter(torch.randn(latents, width) * 0.02)
+        self.cross = nn.MultiheadAttention(width, 4, batch_first=True)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
+            for _ in range(blocks)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        tokens = self.patches(images).flatten(2).transpose(1, 2)
+        queries = self.latents.expand(images.shape[0], -1, -1)
+        latents = queries + self.cross(queries, tokens, tokens, need_weights=False)[0]
+        for block in self.blocks:
+            latents = block(latents)
+        return self.head(latents.mean(1))
+
+
+class ConvolutionalMLP(nn.Sequential):
+    """Three convolution-and-pool stages, then an MLP over the flattened 4x4 maps."""
+
+    def __init__(self) -> None:
+        stages: list[nn.Module] = []
+        channels = 3
+        for width in (32, 64, 128):
+            stages += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+            channels = width
+        super().__init__(
+            *stages, nn.Flatten(), nn.Linear(128 * 4 * 4, 512), nn.ReLU(), nn.Linear(512, CLASSES)
+        )
+
+
+class TokenMixer(nn.Module):
+    """An MLP-Mixer over 16 patches: each block mixes the 16 tokens (products of 16 rows' inner
+    dimension) and then the 256 channels."""
+
+    def __init__(self, width: int = 256, blocks: int = 4, tokens: int = 16) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, width, 8, stride=8)
+        self.token_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+        self.token_mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(tokens, 64), nn.GELU(), nn.Linear(64, tokens)) for _ in range(blocks)
+        )
+        self.channel_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+        self.channel_mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(blocks)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.patches(images).flatten(2).transpose(1, 2)  # (batch, tokens, width)
+        for token_norm, token_mlp, channel_norm, channel_mlp in zip(
+            self.token_norms, self.token_mlps, self.channel_norms, self.channel_mlps, strict=True
+        ):
+            x = x + token_mlp(token_norm(x).transpose(1, 2)).transpose(1, 2)
+            x = x + channel_mlp(channel_norm(x))
+        return self.head(x.mean(1))
+
+
+class CausalTransformerLM(nn.Module):
+    """torch.nn's own transformer encoder layers under a causal mask: a small language model."""
+
+    def __init__(self, width: int = 256, blocks: int = 4) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCABULARY, width)
+        self.positions = nn.Parameter(torch.randn(TOKENS, width) * 0.02)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
+            for _ in range(blocks)
+        )
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens) + self.positions[: tokens.shape[1]]
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
+        for block in self.blocks:
+            x = block(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+class MLPAutoencoder(nn.Module):
+    """An autoencoder of dense layers over the flattened image, through a 64-wide code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        features = 3 * IMAGE_SIZE * IMAGE_SIZE
+        self.encoder = nn.Sequential(nn.Linear(features, 512), nn.ReLU(), nn.Linear(512, 64))
+        self.decoder = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, features))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.encoder(images.flatten(1))).view_as(images)
+
+
+def _actor_critic_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # Behaviour cloning of the labelled action, and the value regressed on a return made of the label.
+    logits, value = model(batch["image"])
+    target = batch["label"].float() / CLASSES
+    return nn.functional.cross_entropy(logits, batch["label"]) + nn.functional.mse_loss(value, target)
+
+
+def _reconstruction_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch["image"]), batch["image"])
+
+
 @dataclass(frozen=True)
 class OwnModel:
     """One model: how to build it, its loss, its data and its optimizer's recipe."""
@@ -692,6 +853,70 @@ MODELS = (
         "diffusers AuraFlowTransformer2DModel (joint and single-stream blocks, 8 dimensions a head)",
         _aura_flow,
         _aura_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-mlp",
+        "torch.nn MLP classifier, 3 hidden layers",
+        MLPClassifier,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-wide-deep",
+        "torch.nn wide linear model beside a deep MLP",
+        WideAndDeep,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-actor-critic",
+        "torch.nn policy and value heads on an MLP trunk",
+        ActorCritic,
+        _actor_critic_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-latent-attention",
+        "torch.nn latents cross-attending to patches (Perceiver-like)",
+        LatentAttention,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-cnn-mlp",
+        "torch.nn convolutions and pools, then an MLP",
+        ConvolutionalMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-token-mixer",
+        "torch.nn MLP-Mixer over 16 patches",
+        TokenMixer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-causal-lm",
+        "torch.nn transformer encoder layers under a causal mask",
+        CausalTransformerLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-mlp-autoencoder",
+        "torch.nn dense autoencoder through a 64-wide code",
+        MLPAutoencoder,
+        _reconstruction_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),

@@ -354,6 +354,57 @@ def cold_product_cost(refresh: bool = False) -> tuple[float, float]:
     return float(found[0]), float(found[1])
 
 
+#: Smallest dimensions of the few-rows products (:func:`measure_product_rows_efficiency`), the
+#: many-rows reference, and the (inner, outer) widths they are timed at: generic layer widths, none
+#: taken from a validated network.
+PRODUCT_ROWS = (1, 2, 4, 8, 16, 32)
+MANY_PRODUCT_ROWS = 256
+PRODUCT_ROWS_WIDTHS = ((256, 512), (512, 1024), (1024, 256))
+
+
+def measure_product_rows_efficiency(repeats: int = 15, passes: int = 2) -> dict[str, float]:
+    """Per smallest dimension r in ``PRODUCT_ROWS``, the rate of a matrix product with r rows against
+    the same product with ``MANY_PRODUCT_ROWS`` rows, on this CPU, in (0, 1]: a linear layer's forward
+    (r rows times a weight) and its weight gradient (the r rows as the inner dimension), at each of
+    ``PRODUCT_ROWS_WIDTHS``. Each time the least of ``repeats`` calls with the operands in cache (the
+    curve's own conditions), the least of ``passes`` passes; per r the median over the shapes."""
+    torch.manual_seed(0)
+    best: dict[tuple[int, int, int, str], float] = {}
+    for _ in range(passes):
+        for k, n in PRODUCT_ROWS_WIDTHS:
+            for rows in (*PRODUCT_ROWS, MANY_PRODUCT_ROWS):
+                forward = (torch.randn(rows, k), torch.randn(k, n))
+                weight_gradient = (torch.randn(rows, k).t(), torch.randn(rows, n))
+                for form, (a, b) in (("forward", forward), ("weight gradient", weight_gradient)):
+                    timed_product(a, b)
+                    fastest = min(timed_product(a, b) for _ in range(repeats))
+                    key = (rows, k, n, form)
+                    best[key] = min(best.get(key, math.inf), fastest)
+    ratios: dict[str, float] = {}
+    for rows in PRODUCT_ROWS:
+        # Rate at r rows over the rate at many: equal shapes but for the rows, so FLOPs scale with them.
+        each = [
+            (best[(MANY_PRODUCT_ROWS, k, n, form)] / MANY_PRODUCT_ROWS) / (best[(rows, k, n, form)] / rows)
+            for k, n in PRODUCT_ROWS_WIDTHS
+            for form in ("forward", "weight gradient")
+        ]
+        ratios[str(rows)] = float(min(1.0, max(statistics.median(each), 1e-3)))
+    return ratios
+
+
+def product_rows_efficiency(refresh: bool = False) -> dict[str, float]:
+    """:func:`measure_product_rows_efficiency` of this host's CPU at the current thread count, measured
+    once and cached."""
+    key = f"product_rows/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key,
+        measure_product_rows_efficiency,
+        lambda cached: isinstance(cached, dict) and set(cached) == {str(r) for r in PRODUCT_ROWS},
+        refresh,
+    )
+    return {str(k): float(v) for k, v in found.items()}
+
+
 def timed_product(a: torch.Tensor, b: torch.Tensor) -> float:
     """Seconds of one call of a product (a function of its own so that a test can put known costs in
     its place)."""

@@ -123,6 +123,10 @@ class ComputeOptions:
     #: cold_product_call_s a call and cold_product_byte_s a counted byte on top of its price. False:
     #: every product at its price in cache (validation-heldout.md, variant "products in cache").
     cold_products: bool = True
+    #: A matrix product of few rows (its smallest dimension, ``rows``) at the machine's
+    #: product_rows_efficiency of those rows (product_rows_factor). False: at its FLOPs' rate whatever
+    #: its shape (validation-heldout.md, variant "products of any rows").
+    few_rows_products: bool = True
     #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
     #: network's (host_gap_seconds): the model's own Python. Off: judged by the twelfth held-out set
     #: (language models), it raised the set's predictions past its targets (validation-heldout.md,
@@ -160,6 +164,11 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
                 # The float32 curve, scaled to the dtype's peak where the dtype differs.
                 scale = rate[mask] / machine.peak("float32")
                 rate[mask] = curve(per_call_flops[mask]) * scale
+    if machine.product_rows_efficiency and options.few_rows_products and "rows" in ops:
+        # A product of few rows computes at a fraction of its FLOPs' rate (Machine's doc).
+        product = ops["op"].isin(PRODUCT_ROWS_OPS).to_numpy()
+        few = product_rows_factor(ops["rows"].to_numpy(float) / calls, machine.product_rows_efficiency)
+        rate = rate * np.where(product, few, 1.0)
     if machine.bandwidth_curve is not None:
         working_set = nbytes / calls
         update = phases == "update"
@@ -332,6 +341,25 @@ def few_rows_class(kind: str, rows_per_call: float) -> str:
     """The efficiency class a zoo convolution of few output rows a call calibrates ("pointwise-small",
     "dense-small" for a kind of ""); "" otherwise (it calibrates its kind's)."""
     return f"{kind or 'dense'}-small" if 0 < rows_per_call < FEW_ROWS else ""
+
+
+#: The products whose rows (their smallest dimension, opcount.product_rows) set their rate.
+PRODUCT_ROWS_OPS = ("aten.mm", "aten.addmm")
+
+
+def product_rows_factor(rows_per_call: np.ndarray, efficiency: dict[str, float]) -> np.ndarray:
+    """A matrix product's fraction of its curve's rate at ``rows_per_call`` (its smallest dimension)
+    from the machine's calibrated fractions per rows (Machine.product_rows_efficiency): log-linear
+    in the rows between two calibrated ones, the fewest's below them, 1 from twice the most (the
+    many-rows products' own rate); 1 where the rows are not recorded (0)."""
+    rows = np.asarray(rows_per_call, dtype=float)
+    points = sorted((int(r), float(e)) for r, e in efficiency.items())
+    if not points:
+        return np.ones_like(rows)
+    at = np.log([r for r, _ in points] + [2 * points[-1][0]])
+    fraction = np.log([e for _, e in points] + [1.0])
+    factor = np.exp(np.interp(np.log(np.maximum(rows, 1.0)), at, fraction))
+    return np.where(rows > 0, factor, 1.0)
 
 
 #: Phases whose gaps between calls are charged: the update's per-call cost is calibrated on

@@ -128,6 +128,12 @@ class Machine:
     #: ComputeOptions.cold_products (on by default); 0: not modelled (presets).
     cold_product_call_s: float = 0.0
     cold_product_byte_s: float = 0.0
+    #: A matrix product (``aten.mm``, ``aten.addmm``) whose smallest dimension is a few rows runs at a
+    #: fraction of the rate its FLOPs give on the curve: per smallest dimension ("1", "2", ... "32"), that
+    #: fraction, the rate of products of those rows against the same products of many rows (a
+    #: linear layer at batch 4 ran at a third here). Between two calibrated dimensions log-linear;
+    #: above the largest, 1. Absent: 1. Calibrated: calibrate.product_rows_efficiency (a CPU's).
+    product_rows_efficiency: dict[str, float] = field(default_factory=dict)
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
     #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
     call_s: dict[str, float] = field(default_factory=dict)
@@ -248,6 +254,7 @@ def validate(machine: Machine) -> None:
         "gap_call_s",
         "zero_operand_s",
         "host_call_s",
+        "product_rows_efficiency",
         "collectives",
         "sources",
     ):
@@ -291,6 +298,13 @@ def validate(machine: Machine) -> None:
     for family, value in machine.efficiency.items():
         if not (_finite_positive(value) and value <= 1):
             raise UsageError(f"{where}: efficiency[{family!r}] must be in (0, 1], got {value!r}")
+    for rows, value in machine.product_rows_efficiency.items():
+        whole = isinstance(rows, str) and rows.isdigit() and int(rows) > 0
+        if not (whole and _finite_positive(value) and value <= 1):
+            raise UsageError(
+                f"{where}: product_rows_efficiency[{rows!r}] needs a positive whole number of rows and a "
+                f"value in (0, 1], got {value!r}"
+            )
     for family, value in machine.call_s.items():
         if not (_finite_positive(value) or value == 0):
             raise UsageError(f"{where}: call_s[{family!r}] must be zero or positive, got {value!r}")
@@ -353,6 +367,7 @@ def from_profile(
     gap_call_s: dict[str, float] | None = None,
     update_byte_share: float = 1.0,
     cold_product_s: tuple[float, float] = (0.0, 0.0),
+    product_rows_efficiency: dict[str, float] | None = None,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -374,6 +389,8 @@ def from_profile(
     none.
     ``cold_product_s``: a matrix product's cost with its operands out of cache beyond its price, per
     call and per counted byte (calibrate.measure_cold_product_cost); default none.
+    ``product_rows_efficiency``: the rate of products of few rows against many, per smallest dimension
+    (calibrate.product_rows_efficiency); default none.
 
     A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
     its pinned host-to-device bandwidth for the batch's copy.
@@ -431,6 +448,7 @@ def from_profile(
         update_byte_share=update_byte_share,
         cold_product_call_s=cold_product_s[0],
         cold_product_byte_s=cold_product_s[1],
+        product_rows_efficiency=dict(product_rows_efficiency or {}),
         host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
         # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
         comm_on_compute_cores=not gpu,

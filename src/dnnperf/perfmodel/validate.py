@@ -30,6 +30,7 @@ from dnnperf.perfmodel.calibrate import (
     measure_op_overhead,
     measure_page_fault_cost,
     measure_phase_call_cost,
+    measure_product_rows_efficiency,
     measure_split_region_cost,
     measure_update_cost,
     measure_zero_operand_cost,
@@ -116,6 +117,7 @@ def calibrated_machines(
     if not gpu:
         phase_call["update"] = update_call
     cold_product = (0.0, 0.0) if gpu else measure_cold_product_cost()
+    product_rows = {} if gpu else measure_product_rows_efficiency()
     gap_call = {} if gpu else measure_gap_call_cost()
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
@@ -135,6 +137,7 @@ def calibrated_machines(
             phase_call_s={} if v == "hw dispatch" else phase_call,
             update_byte_share=update_share,
             cold_product_s=cold_product,
+            product_rows_efficiency=product_rows,
             gap_call_s=gap_call,
         )
         for v in VARIANTS
@@ -166,6 +169,7 @@ def calibrated_machines(
         "cold_product_byte_s": cold_product[1],
         **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
         **{f"gap_call_s[{phase}]": cost for phase, cost in gap_call.items()},
+        **{f"product_rows_efficiency[{rows}]": share for rows, share in product_rows.items()},
         **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
@@ -741,6 +745,7 @@ def calibrated_machine(
         op_overhead,
         page_fault_cost,
         phase_call_cost,
+        product_rows_efficiency,
         split_region_cost,
         update_cost,
         zero_operand_cost,
@@ -788,6 +793,7 @@ def calibrated_machine(
         "split_region_s": split_region_cost(),
         "ddp_s": ddp_cost(),
         "cold_product_s": cold_product_cost(),
+        "product_rows_efficiency": product_rows_efficiency(),
         "gap_call_s": gap_call_cost(),
     }
     skipped = {}

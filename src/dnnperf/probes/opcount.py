@@ -168,8 +168,9 @@ class OpRecord:
     dtype: str | None = None
     #: A convolution's shape class (:func:`convolution_kind`); "" for every other operator.
     kind: str = ""
-    #: A convolution's output rows (batch x output pixels: its matrix product's rows), summed over the
-    #: calls (:func:`convolution_rows`); 0 for every other operator.
+    #: A convolution's output rows (batch x output pixels: its matrix product's rows,
+    #: :func:`convolution_rows`), a matrix product's smallest dimension (:func:`product_rows`), summed
+    #: over the calls; 0 for every other operator.
     rows: int = 0
 
 
@@ -999,6 +1000,21 @@ def convolution_rows(name: str, call: OpCall) -> int:
     return int(out.shape[0] * math.prod(out.shape[2:]))
 
 
+def product_rows(name: str, call: OpCall) -> int:
+    """A matrix product call's smallest dimension (``aten.mm``, ``aten.addmm``): a linear layer's rows
+    at a small batch or on few tokens, or its weight gradient's inner dimension; the BLAS loses most
+    of its rate below a few dozen. 0 for every other operator."""
+    if name == "aten.mm":
+        a, b = call.args[0], call.args[1]
+    elif name == "aten.addmm":
+        a, b = call.args[1], call.args[2]
+    else:
+        return 0
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2):
+        return 0
+    return int(min(a.shape[0], a.shape[1], b.shape[1]))
+
+
 def library_of(name: str, family: str, call: OpCall) -> str:
     """Which library ran one operator call: oneDNN, MKL/OpenBLAS (CPU BLAS), cuDNN, cuBLAS, a fused
     attention kernel, or ``native`` (ATen's own kernels).
@@ -1413,7 +1429,7 @@ class OpCounter:
             totals.dtype = _dtype_of(call)
         if totals.kind is None:
             totals.kind = convolution_kind(info.name, call)
-        totals.rows += convolution_rows(info.name, call)
+        totals.rows += convolution_rows(info.name, call) or product_rows(info.name, call)
 
     def _remember_results(self, call: OpCall, module: str, info: _OpInfo) -> None:
         # Results that may get an autograd node: remember under which module they were made.
