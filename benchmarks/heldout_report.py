@@ -139,6 +139,15 @@ SETS = (
         "transformers' apertus, lfm2 and three mixtures of experts (phimoe, granitemoe, flex_olmo).",
     ),
     (
+        "eighteenth",
+        "eighteenth set",
+        "Eight models (`EIGHTEENTH_MODELS`, `--eighteenth`), fixed (each model's build checked) before "
+        "any of them was predicted, to judge the price of matrix products of few rows: networks written "
+        "in torch.nn as a user writes their own (`benchmarks/own_models.py`): an MLP classifier, a wide "
+        "and deep model, an actor-critic, latents cross-attending to patches, convolutions then an MLP, "
+        "an MLP-Mixer over 16 patches, a causal transformer and a dense autoencoder.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
@@ -332,6 +341,54 @@ def attention(documents: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The model with and without the price of products of few rows (heldout_validation.FEW_ROWS_AT_RATE,
+#: ANY_ROWS): a set run while the model priced them has the second beside the model, a later set the
+#: first.
+AT_RATE, ANY_ROWS = "products of few rows at their rate", "products of any rows"
+#: A row whose prediction the price moves by more than this is one it changes (the eighteenth set's rule).
+CHANGED = 0.02
+
+
+def few_rows_errors(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A row's error with every product at its FLOPs' rate and with products of few rows at their
+    rows' rate; None where its set ran neither variant."""
+    variants = row["variant_errors"]
+    if ANY_ROWS in variants and AT_RATE not in variants:
+        return variants[ANY_ROWS], row["step_error"]
+    if AT_RATE in variants:
+        return row["step_error"], variants[AT_RATE]
+    return None
+
+
+def few_rows(documents: dict[str, dict[str, Any]]) -> str:
+    """Products of few rows priced at their rows' rate against at their FLOPs' on each set that ran
+    a variant of it: the set's median, max and signed error each way, and over the rows whose
+    prediction it moves by more than ``CHANGED`` their median |error| each way and those whose |error|
+    grew by more than ``GROWN`` with the price."""
+    lines = [
+        "| set | rows | products of any rows | products of few rows at their rate | rows it changes | "
+        "their median abs error, any rows / few rows | rows grown over 5 points |",
+        "|---|---:|---|---|---:|---|---:|",
+    ]
+    for key, title, _ in SETS:
+        found = [few_rows_errors(r) for r in documents.get(key, {}).get("rows", [])]
+        pairs = [p for p in found if p is not None]
+        if not pairs or len(pairs) < len(found):
+            continue
+        # Both errors are against the same measured step: their ratio is the predictions'.
+        changed = [(a, b) for a, b in pairs if abs((1 + b) / (1 + a) - 1) > CHANGED]
+        cells = [title, str(len(pairs)), triple([a for a, _ in pairs]), triple([b for _, b in pairs])]
+        if changed:
+            before = statistics.median(abs(a) for a, _ in changed)
+            after = statistics.median(abs(b) for _, b in changed)
+            grown = sum(abs(b) - abs(a) > GROWN for a, b in changed)
+            cells += [str(len(changed)), f"{before:.2%} / {after:.2%}", str(grown)]
+        else:
+            cells += ["0", "-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
@@ -356,6 +413,8 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
     text = replace_between(text, "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
     text = replace_between(text, "sets", "\n\n".join(sections))
+    if "<!-- heldout_report:few-rows -->" in text:
+        text = replace_between(text, "few-rows", few_rows(documents))
     return replace_between(text, "phases", phases(documents))
 
 

@@ -392,6 +392,7 @@ FIXED_GAPS = "host gaps, fixed part"
 ATTENTION_REPLAYED = "attention replayed"
 ATTENTION_AS_PRODUCTS = "attention as products"
 ANY_ROWS = "products of any rows"
+FEW_ROWS_AT_RATE = "products of few rows at their rate"
 VARIANTS = (
     MODEL,
     "hw dispatch",
@@ -410,6 +411,7 @@ VARIANTS = (
     ATTENTION_REPLAYED,
     ATTENTION_AS_PRODUCTS,
     ANY_ROWS,
+    FEW_ROWS_AT_RATE,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -428,6 +430,7 @@ OPTIONS = {
     ATTENTION_REPLAYED: ComputeOptions(replay_attention=True),
     ATTENTION_AS_PRODUCTS: ComputeOptions(replay_attention=False),
     ANY_ROWS: ComputeOptions(few_rows_products=False),
+    FEW_ROWS_AT_RATE: ComputeOptions(few_rows_products=True),
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -672,6 +675,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[ATTENTION_REPLAYED] = model
         every[ATTENTION_AS_PRODUCTS] = model
         every[ANY_ROWS] = model
+        every[FEW_ROWS_AT_RATE] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

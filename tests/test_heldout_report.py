@@ -176,9 +176,9 @@ def test_the_attention_table_judges_the_replays_on_the_rows_that_run_the_kernel(
         flipped["step_error"] = r["variant_errors"][report.REPLAYED]
         flipped["variant_errors"] = {report.AS_PRODUCTS: r["step_error"]}
         later.append(flipped)
-    table = report.attention({"sixteenth": {"rows": rows}, "first": DOCUMENT, "eighteenth": {"rows": later}})
+    table = report.attention({"sixteenth": {"rows": rows}, "first": DOCUMENT, "nineteenth": {"rows": later}})
     lines = table.splitlines()
-    assert len(lines) == 3  # the first set ran no such variant; there is no eighteenth set (SETS)
+    assert len(lines) == 3  # the first set ran no such variant; there is no nineteenth set (SETS)
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == [
         "sixteenth set",
@@ -191,6 +191,40 @@ def test_the_attention_table_judges_the_replays_on_the_rows_that_run_the_kernel(
     ]
     later_table = report.attention({"seventeenth": {"rows": later}})
     assert later_table.splitlines()[2].replace("seventeenth", "sixteenth") == lines[2]
+
+
+def test_the_few_rows_table_judges_the_price_on_the_rows_it_changes() -> None:
+    """Three rows against the same measured steps: the price moves the first two predictions by
+    12.5% and 16% (|errors| 20% and 5% become 10% and 10.4%: median 12.5% against 10.2%, the second
+    grown by 5.4 points) and the third by 1%, under the 2% that counts as a change: it stays out of
+    those two figures."""
+    rows = []
+    for name, any_rows, few in (("a", -0.20, -0.10), ("b", -0.05, 0.104), ("c", 0.10, 0.111)):
+        r = row(name, few, 0.0, (0.01, 0.02, 0.005))
+        r["variant_errors"][report.ANY_ROWS] = any_rows
+        rows.append(r)
+    table = report.few_rows({"eighteenth": {"rows": rows}, "first": DOCUMENT})
+    lines = table.splitlines()
+    assert len(lines) == 3  # the first set ran no such variant
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == [
+        "eighteenth set",
+        "3",
+        "10.0%, 20.0%, -5.0%",
+        "10.4%, 11.1%, +10.4%",
+        "2",
+        "12.50% / 10.20%",
+        "1",
+    ]
+    # A later set, run with every product at its FLOPs' rate the model's: the same figures from the
+    # other variant.
+    later = []
+    for r in rows:
+        flipped = json.loads(json.dumps(r))
+        flipped["step_error"] = r["variant_errors"][report.ANY_ROWS]
+        flipped["variant_errors"] = {report.AT_RATE: r["step_error"], report.ANY_ROWS: flipped["step_error"]}
+        later.append(flipped)
+    assert report.few_rows({"eighteenth": {"rows": later}}).splitlines()[2] == lines[2]
 
 
 def test_another_hosts_sets_go_to_their_own_page_and_nowhere_else(tmp_path, monkeypatch) -> None:

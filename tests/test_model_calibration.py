@@ -68,6 +68,21 @@ def test_known_cold_costs_come_out_of_the_pairs(monkeypatch: pytest.MonkeyPatch)
     )
 
 
+def test_known_rates_of_few_rows_come_out_as_their_fractions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each product's seconds replaced by known ones: its FLOPs at 50 GFLOP/s times a known fraction
+    # for its smallest dimension, the same for the forward and the weight gradient's form. The
+    # calibration gives back those fractions against the many-rows products' rate.
+    fraction = {1: 0.1, 2: 0.15, 4: 0.3, 8: 0.45, 16: 0.7, 32: 0.85, calibrate.MANY_PRODUCT_ROWS: 1.0}
+
+    def known(a: torch.Tensor, b: torch.Tensor) -> float:
+        rows = min(a.shape[0], a.shape[1], b.shape[1])
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1] / (50e9 * fraction[rows])
+
+    monkeypatch.setattr(calibrate, "timed_product", known)
+    found = calibrate.measure_product_rows_efficiency(repeats=2, passes=1)
+    assert found == pytest.approx({str(r): f for r, f in fraction.items() if r in calibrate.PRODUCT_ROWS})
+
+
 def test_python_injected_between_calls_is_charged_as_the_gap_between_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -205,6 +205,43 @@ def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> N
     assert hot["compute_s"].tolist() == pytest.approx([1e-3, 2e-3, 1e-3, 1e-3])
 
 
+def test_a_product_of_few_rows_computes_at_the_machines_fraction_for_its_smallest_dimension() -> None:
+    rows = [  # op, family, counted rows (each call's smallest dimension, summed), calls
+        ("aten.mm", "matmul", 8.0, 2.0),  # 4 rows a call: a calibrated point
+        ("aten.addmm", "matmul", 6.0, 1.0),  # 6: between 4 and 8
+        ("aten.mm", "matmul", 3 * 64.0, 3.0),  # 64: twice the most calibrated, the many-rows rate
+        ("aten.mm", "matmul", 1.0, 1.0),  # 1: below the fewest, the fewest's
+        ("aten.mm", "matmul", 0.0, 1.0),  # rows not recorded (an older description)
+        ("aten.bmm", "matmul", 4.0, 1.0),  # a batched product: not priced by its rows
+        ("aten.convolution", "convolution", 4.0, 1.0),  # a convolution's rows: its own classes
+    ]
+    columns = ["op", "family", "rows", "calls"]
+    ops = pd.DataFrame(rows, columns=columns).assign(
+        phase="forward", module="m", dtype="float32", flops=1e9, bytes=0.0
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = toy_machine(product_rows_efficiency={"4": 0.25, "8": 0.5, "32": 0.8})
+    priced = ComputeOptions(overhead=False, few_rows_products=True)
+    times = op_times(graph, machine, priced)
+    # 1e9 FLOPs at 1e12 FLOP/s: 1 ms at the full rate. Between two calibrated rows the fraction is
+    # log-linear in the rows: at 6, 0.25 x (0.5 / 0.25) ** (log(6 / 4) / log(8 / 4)).
+    between = 0.25 * 2 ** (math.log(1.5) / math.log(2))
+    assert times["compute_s"].tolist() == pytest.approx(
+        [1e-3 / 0.25, 1e-3 / between, 1e-3, 1e-3 / 0.25, 1e-3, 1e-3, 1e-3]
+    )
+    # From 32 rows (0.8) to 64 (1.0), log-linear too: at 45 rows, 0.8 x 1.25 ** (log(45/32) / log 2).
+    one_row = ops.iloc[[0]].assign(rows=45.0, calls=1.0)
+    at_45 = op_times(StepGraph("toy", 1, one_row, 0, {}, 0, 0, 0), machine, priced)
+    assert at_45["compute_s"].iloc[0] == pytest.approx(
+        1e-3 / (0.8 * 1.25 ** (math.log(45 / 32) / math.log(2)))
+    )
+    # Off (the default), or a machine without the calibration: every product at its FLOPs' rate.
+    off = op_times(graph, machine, ComputeOptions(overhead=False))
+    assert off["compute_s"].tolist() == pytest.approx([1e-3] * len(rows))
+    plain = op_times(graph, toy_machine(), priced)
+    assert plain["compute_s"].tolist() == pytest.approx([1e-3] * len(rows))
+
+
 def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_it_was_described_on() -> None:
     rows = [
         ("forward", "aten.add", "elementwise", 1e8, 2.0),
@@ -472,6 +509,13 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"name": 5}, "name must be a non-empty string, got 5"),
         ({"name": " "}, "name must be a non-empty string"),
         ({"cold_product_byte_s": -1e-11}, "cold_product_byte_s must be zero or a positive number"),
+        ({"product_rows_efficiency": [1]}, "product_rows_efficiency must be an object"),
+        (
+            {"product_rows_efficiency": {"four": 0.5}},
+            r"product_rows_efficiency\['four'\] needs a positive whole",
+        ),
+        ({"product_rows_efficiency": {"0": 0.5}}, r"product_rows_efficiency\['0'\] needs a positive whole"),
+        ({"product_rows_efficiency": {"4": 1.5}}, r"product_rows_efficiency\['4'\] .* got 1.5"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

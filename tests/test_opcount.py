@@ -520,6 +520,29 @@ def test_a_convolutions_rows_are_its_batch_times_output_pixels():
     assert all(r.rows == 0 for r in counter.table() if r.family != "convolution")
 
 
+def test_a_products_rows_are_its_smallest_dimension():
+    """A linear layer's products at a batch of 3: the forward's (3 x 64 by 64 x 16) and the backward's
+    input gradient (3 x 16 by 16 x 64) and weight gradient (16 x 3 by 3 x 64) all have 3 as their
+    smallest dimension; at a batch of 100 the smallest is the layer's 16 outputs."""
+    for batch, smallest in ((3, 3), (100, 16)):
+        model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 64, bias=False))
+        counter = OpCounter(model)
+        with counter:
+            for _ in range(2):
+                model(torch.randn(batch, 64, requires_grad=True)).sum().backward()
+        found = {
+            (r.module, r.phase, r.name): (r.rows, r.calls) for r in counter.table() if r.family == "matmul"
+        }
+        # Forward: one product a call (addmm with the bias, mm without); backward: the input's and the
+        # weight's gradients (the first layer's input needs one: it requires grad), two a call.
+        assert found == {
+            ("0", "forward", "aten.addmm"): (2 * smallest, 2),
+            ("2", "forward", "aten.mm"): (2 * smallest, 2),
+            ("0", "backward", "aten.mm"): (4 * smallest, 4),
+            ("2", "backward", "aten.mm"): (4 * smallest, 4),
+        }
+
+
 def test_convolution_kinds_follow_groups_and_kernel_size():
     """Each convolution's shape class from how the layer was built: groups and kernel size."""
     built = {

@@ -784,7 +784,7 @@ def calibrated_machine(
     update_call, update_share = update_cost(
         machines.from_profile(profile, efficiency=zoo.efficiency, call_s=zoo.call_s)
     )
-    step("host costs: per call, page faults, zero operands, cold products", 0.4)
+    step("host costs: per call, page faults, zero operands, cold and few-rows products", 0.4)
     costs = {
         "op_overhead_s": op_overhead(),
         "page_fault_s": page_fault_cost(),
