@@ -55,6 +55,40 @@ def test_a_single_row_cannot_be_scaled():
         dnnperf.predict(wide_linear(), torch.randn(1, WIDTH), machine="a100-ib", batch_size=8)
 
 
+def test_a_tuple_or_list_batch_is_predicted_as_the_same_batch_in_a_dict():
+    """The commonest batch, ``(inputs, targets)``, gives the prediction the same tensors in a dict give:
+    the same rows, so the same FLOPs, bytes and memory, at the example batch and at 4x it."""
+
+    def loss_of_pair(model: nn.Module, batch) -> torch.Tensor:
+        inputs, targets = batch if not isinstance(batch, dict) else (batch["x"], batch["y"])
+        return nn.functional.mse_loss(model(inputs), targets)
+
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+    as_dict = dnnperf.predict(wide_linear(), {"x": x, "y": y}, loss_fn=loss_of_pair, machine="a100-ib")
+    for batch in ((x, y), [x, y]):
+        found = dnnperf.predict(wide_linear(), batch, loss_fn=loss_of_pair, machine="a100-ib")
+        assert found.step_s == pytest.approx(as_dict.step_s) and found.memory == as_dict.memory
+    larger = dnnperf.predict(
+        wide_linear(), (x, y), loss_fn=loss_of_pair, machine="a100-ib", batch_size=4 * BATCH
+    )
+    assert larger.memory["input"] == 2 * 4 * (4 * BATCH) * WIDTH  # both tensors, at 4x the rows
+
+
+@pytest.mark.parametrize(
+    ("batch", "needle"),
+    [
+        (torch.randn(4, WIDTH - 1), r"step of the model on the example batch failed: RuntimeError: mat1"),
+        ("not a batch", "tensor, or a dict, tuple or list of tensors.*got str"),
+        ((), "got tuple"),
+        ({"x": torch.tensor(3.0)}, "first tensor is a scalar"),
+    ],
+)
+def test_a_batch_the_model_cannot_take_is_one_line(batch, needle):
+    with pytest.raises(UsageError, match=needle) as raised:
+        dnnperf.predict(wide_linear(), batch, machine="a100-ib")
+    assert "\n" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("machine", "needle"),
     [("no-such-machine", "a100-ib"), (42, "preset's name, a Machine or None")],

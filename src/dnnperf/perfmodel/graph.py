@@ -389,13 +389,13 @@ def _storage(tensor: torch.Tensor) -> tuple[Any, int]:
     return (storage.data_ptr(), storage.device.type), storage.nbytes()
 
 
-def _tensors_in(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
+        return [t for v in value for t in tensors_in(v)]
     if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors_in(v)]
+        return [t for v in value.values() for t in tensors_in(v)]
     return []
 
 
@@ -449,7 +449,7 @@ class _MemoryWalk:
                 self.owner.setdefault(id(parameter), name or "(root)")
         # Alive before the step and after it: not activations even when saved (a weight, the batch,
         # batch norm's running statistics).
-        tensors = [*model.parameters(), *model.buffers(), *_tensors_in(inputs)]
+        tensors = [*model.parameters(), *model.buffers(), *tensors_in(inputs)]
         self.excluded = {_storage(t)[0] for t in tensors}
         self.stack: list[str] = []
         self.stage = "other"  # the stage running now
@@ -631,7 +631,7 @@ def capture(
         def region_hook(module: nn.Module, args: Any, output: Any, _region=(region, kind, count)) -> None:
             name = _region[0]
             if name not in tp_regions:
-                needing = [t for t in _tensors_in(args) if t.requires_grad]
+                needing = [t for t in tensors_in(args) if t.requires_grad]
                 tp_regions[name] = {
                     "module": name,
                     "kind": _region[1],
@@ -741,25 +741,25 @@ class ScalableGraph:
 
 def describe_model(
     model: nn.Module,
-    batch: Mapping[str, torch.Tensor] | torch.Tensor,
+    batch: Any,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     name: str = "model",
     count_faults: bool = True,
     time_gaps: bool = False,
 ) -> StepGraph:
-    """Describe one training step of a user's model on an example batch (its first dimension is the
-    batch). Default loss: the sum of the output; default optimizer: SGD with momentum. On the CPU,
-    ``count_faults`` runs twelve more plain steps to count the step's page faults (``page_faults``);
-    ``time_gaps`` seven more to time the host between their operator calls (``gaps``, which
-    ``ComputeOptions(host_gaps=True)`` charges).
+    """Describe one training step of a user's model on an example batch (a tensor, or a dict, tuple or
+    list of tensors: :func:`example_rows`). Default loss: the sum of the output (the model called on
+    the tensor, the dict's items as keywords, the tuple's as arguments); default optimizer: SGD with
+    momentum. On the CPU, ``count_faults`` runs twelve more plain steps to count the step's page
+    faults (``page_faults``); ``time_gaps`` seven more to time the host between their operator calls
+    (``gaps``, which ``ComputeOptions(host_gaps=True)`` charges).
     The steps train the model: its weights, buffers, gradients, the optimizer's state and the random
     generators are put back as they were afterwards (``dnnperf.restore``)."""
     if not isinstance(model, nn.Module):
         raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    first = batch if isinstance(batch, torch.Tensor) else next(iter(batch.values()), None)
-    if not isinstance(first, torch.Tensor) or first.dim() == 0:
-        raise UsageError("the example batch must be a tensor (or a dict of tensors) with a batch dimension")
+    rows = example_rows(batch)
+    first = tensors_in(batch)[0]
     if not any(p.requires_grad for p in model.parameters()):
         raise UsageError("the model has no trainable parameters")
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -767,7 +767,7 @@ def describe_model(
     def loss_of(m: nn.Module, b: Any) -> torch.Tensor:
         if loss_fn is not None:
             return loss_fn(m, b)
-        out = m(b) if isinstance(b, torch.Tensor) else m(**b)
+        out = m(**b) if isinstance(b, Mapping) else m(*b) if isinstance(b, (list, tuple)) else m(b)
         return sum(t.float().sum() for t in _flat(out))
 
     def step(stages: Callable[[str], Any]) -> None:
@@ -780,7 +780,13 @@ def describe_model(
             optimizer.zero_grad(set_to_none=True)
 
     with put_back(model, [optimizer]):
-        graph = capture(model, step, name, int(first.shape[0]), _nbytes(batch), [optimizer], inputs=batch)
+        try:  # the user's own step first, alone: what fails there is the model's or its batch's
+            step(no_stages)
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            failed = f"{type(error).__name__}: {first_line}"
+            raise UsageError(f"a training step of the model on the example batch failed: {failed}") from None
+        graph = capture(model, step, name, rows, _nbytes(batch), [optimizer], inputs=batch)
         if count_faults and first.device.type == "cpu":  # in this process: see perfmodel/faults.py
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
         if first.device.type == "cuda":
@@ -788,6 +794,31 @@ def describe_model(
         elif time_gaps and first.device.type == "cpu":
             graph.gaps = gap_seconds(step)
     return graph
+
+
+def example_rows(batch: Any) -> int:
+    """The size of an example batch: a tensor, or a dict, tuple or list of tensors (nested), whose first
+    tensor's first dimension is the batch; UsageError where there is none."""
+    tensors = tensors_in(batch)
+    if not tensors or tensors[0].dim() == 0:
+        raise UsageError(
+            "the example batch must be a tensor, or a dict, tuple or list of tensors, whose first "
+            f"dimension is the batch; got {type(batch).__name__}"
+            + ("" if not tensors else " whose first tensor is a scalar")
+        )
+    return int(tensors[0].shape[0])
+
+
+def first_rows(batch: Any, rows: int) -> Any:
+    """``batch`` (as :func:`example_rows` takes it) cut to its first ``rows`` examples: every tensor
+    with a batch dimension sliced, the structure kept."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:rows] if batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        return {key: first_rows(value, rows) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(first_rows(value, rows) for value in batch)
+    return batch
 
 
 def _flat(value: Any) -> list[torch.Tensor]:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from dnnperf.errors import UsageError
-from dnnperf.perfmodel.graph import ScalableGraph, describe_model
+from dnnperf.perfmodel.graph import ScalableGraph, describe_model, example_rows, first_rows, tensors_in
 from dnnperf.perfmodel.machine import Machine, preset
 from dnnperf.perfmodel.predict import Prediction
 from dnnperf.perfmodel.predict import predict as predict_graph
@@ -17,14 +17,15 @@ from dnnperf.perfmodel.predict import predict as predict_graph
 
 def predict(
     model: nn.Module,
-    batch: Mapping[str, torch.Tensor] | torch.Tensor,
+    batch: Any,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     machine: str | Machine | None = None,
     batch_size: int | None = None,
     strategy: str = "single",
 ) -> Prediction:
-    """Predict one training step of ``model`` on ``batch`` (its first dimension is the batch): step time
+    """Predict one training step of ``model`` on ``batch`` (a tensor, or a dict, tuple or list of
+    tensors, as ``loss_fn(model, batch)`` takes it; their first dimension is the batch): step time
     (``.step_s``, with ``.compute_s``, ``.communication_s``, ``.bubble_s``, ``.other_s`` and, per phase,
     ``.detail["phases_s"]``) and the peak memory per device (``.memory_bytes``, its parts in
     ``.memory``).
@@ -34,11 +35,9 @@ def predict(
     predict at (default: the example batch's; dp: the global batch), from a second description at half
     the example batch (FLOPs, bytes and activations are affine in the batch). Loss and optimizer as in
     :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back."""
-    first = batch if isinstance(batch, torch.Tensor) else next(iter(batch.values()), None)
-    if not isinstance(first, torch.Tensor) or first.dim() == 0:
-        raise UsageError("the example batch must be a tensor (or a dict of tensors) with a batch dimension")
-    resolved = resolve_machine(machine, first.device, fsdp=strategy == "fsdp")
-    example = len(first)
+    example = example_rows(batch)
+    device = next(t.device for t in tensors_in(batch))
+    resolved = resolve_machine(machine, device, fsdp=strategy == "fsdp")
     graph = describe_model(model, batch, loss_fn=loss_fn, optimizer=optimizer)
     if batch_size is None:
         return predict_graph(graph, resolved, example, strategy)
@@ -50,7 +49,7 @@ def predict(
 def scalable(
     graph: Any,
     model: nn.Module,
-    batch: Mapping[str, torch.Tensor] | torch.Tensor,
+    batch: Any,
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> ScalableGraph:
@@ -60,22 +59,12 @@ def scalable(
     batch gives the step at any batch size (its host gaps timed if ``graph``'s were)."""
     half = describe_model(
         model,
-        _first_rows(batch, _rows(batch) // 2),
+        first_rows(batch, example_rows(batch) // 2),
         loss_fn=loss_fn,
         optimizer=optimizer,
         time_gaps=bool(graph.gaps),
     )
     return ScalableGraph(graph, half)
-
-
-def _rows(batch: Mapping[str, torch.Tensor] | torch.Tensor) -> int:
-    return len(batch if isinstance(batch, torch.Tensor) else next(iter(batch.values())))
-
-
-def _first_rows(batch: Mapping[str, torch.Tensor] | torch.Tensor, rows: int) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[:rows]
-    return {key: value[:rows] for key, value in batch.items()}
 
 
 def resolve_machine(machine: str | Machine | None, device: torch.device, fsdp: bool = False) -> Machine:

@@ -759,8 +759,8 @@ def calibrated_machine(
     profile = hardware.load_profile(resolved)
     if profile is None:
         raise UsageError(
-            f"--machine hw needs a calibrated profile of {resolved.type}: run `dnnperf hw --device "
-            f"{resolved.type}` first"
+            f"no calibrated profile of this host's {resolved.type} (--machine hw, or machine=None in "
+            f"Python, predicts with it): run `dnnperf hw --device {resolved.type}` first"
         )
     base = machines.from_profile(profile)
     if profile.device_type == "cuda":
