@@ -344,6 +344,137 @@ class MLPAutoencoder(nn.Module):
         return self.decoder(self.encoder(images.flatten(1))).view_as(images)
 
 
+class DeepRegressor(nn.Sequential):
+    """Six hidden layers of 256 over the flattened image: a regression MLP."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = [nn.Flatten()]
+        previous = 3 * IMAGE_SIZE * IMAGE_SIZE
+        for _ in range(6):
+            layers += [nn.Linear(previous, 256), nn.SiLU()]
+            previous = 256
+        super().__init__(*layers, nn.Linear(previous, 1))
+
+
+class SiameseMLP(nn.Module):
+    """One MLP embeds both halves of an image; a head scores the pair from their difference and
+    product (a Siamese network's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        half = 3 * IMAGE_SIZE * IMAGE_SIZE // 2
+        self.embed = nn.Sequential(nn.Linear(half, 512), nn.ReLU(), nn.Linear(512, 128))
+        self.head = nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        left, right = images.flatten(1).chunk(2, dim=1)
+        a, b = self.embed(left), self.embed(right)
+        return self.head(torch.cat([(a - b).abs(), a * b], dim=1)).squeeze(-1)
+
+
+class MLPVariationalAutoencoder(nn.Module):
+    """A variational autoencoder of dense layers: a 32-wide Gaussian code, sampled by reparameterising."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        features = 3 * IMAGE_SIZE * IMAGE_SIZE
+        self.encoder = nn.Sequential(nn.Linear(features, 400), nn.ReLU())
+        self.mean, self.log_variance = nn.Linear(400, 32), nn.Linear(400, 32)
+        self.decoder = nn.Sequential(nn.Linear(32, 400), nn.ReLU(), nn.Linear(400, features))
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.encoder(images.flatten(1))
+        mean, log_variance = self.mean(hidden), self.log_variance(hidden)
+        code = mean + torch.randn_like(mean) * (0.5 * log_variance).exp()
+        return self.decoder(code).view_as(images), mean, log_variance
+
+
+class CellLoop(nn.Module):
+    """A recurrent cell (``nn.GRUCell`` or ``nn.LSTMCell``) stepped by hand over the image's 32 rows,
+    then a classifier on the last state: a loop a user writes for a custom recurrence."""
+
+    def __init__(self, cell: str, hidden: int = 256) -> None:
+        super().__init__()
+        features = 3 * IMAGE_SIZE
+        self.lstm = cell == "lstm"
+        self.cell = nn.LSTMCell(features, hidden) if self.lstm else nn.GRUCell(features, hidden)
+        self.head = nn.Linear(hidden, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        rows = images.permute(0, 2, 1, 3).flatten(2)  # (batch, image rows, channels x columns)
+        state = rows.new_zeros(rows.shape[0], self.cell.hidden_size)
+        memory = torch.zeros_like(state)
+        for t in range(rows.shape[1]):
+            if self.lstm:
+                state, memory = self.cell(rows[:, t], (state, memory))
+            else:
+                state = self.cell(rows[:, t], state)
+        return self.head(state)
+
+
+class DeepSets(nn.Module):
+    """A permutation-invariant set model: one MLP on each of the 64 patches of 4x4 pixels, summed, then
+    an MLP on the sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.element = nn.Sequential(nn.Linear(48, 128), nn.ReLU(), nn.Linear(128, 128))
+        self.pooled = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, CLASSES))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        patches = nn.functional.unfold(images, 4, stride=4).transpose(1, 2)  # (batch, 64, 48)
+        return self.pooled(self.element(patches).sum(1))
+
+
+class Convolutional1D(nn.Sequential):
+    """1-D convolutions over a signal (the image's pixels laid end to end), pooled, then an MLP."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in (32, 64, 128):
+            layers += [nn.Conv1d(channels, width, 5, padding=2), nn.ReLU(), nn.MaxPool1d(4)]
+            channels = width
+        super().__init__(
+            nn.Flatten(2), *layers, nn.Flatten(), nn.Linear(128 * 16, 256), nn.ReLU(), nn.Linear(256, CLASSES)
+        )
+
+
+class TransformerClassifier(nn.Module):
+    """torch.nn's transformer encoder over 64 patch tokens and a class token, classified from it."""
+
+    def __init__(self, width: int = 192, blocks: int = 4) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, width, 4, stride=4)
+        self.token = nn.Parameter(torch.zeros(1, 1, width))
+        self.positions = nn.Parameter(torch.randn(1, 65, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            width, 3, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        tokens = self.patches(images).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.token.expand(len(images), -1, -1), tokens], dim=1) + self.positions
+        return self.head(self.encoder(tokens)[:, 0])
+
+
+def _regression_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch["image"]).squeeze(-1), batch["label"].float() / CLASSES)
+
+
+def _pair_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # Whether the two halves come from an image of an even class: a stand-in for "same or not".
+    return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
+
+
+def _variational_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    reconstruction, mean, log_variance = model(batch["image"])
+    divergence = -0.5 * (1 + log_variance - mean.pow(2) - log_variance.exp()).sum(1).mean()
+    return nn.functional.mse_loss(reconstruction, batch["image"]) + 1e-3 * divergence
+
+
 def _actor_critic_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Behaviour cloning of the labelled action, and the value regressed on a return made of the label.
     logits, value = model(batch["image"])
@@ -917,6 +1048,70 @@ MODELS = (
         "torch.nn dense autoencoder through a 64-wide code",
         MLPAutoencoder,
         _reconstruction_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-deep-regressor",
+        "torch.nn regression MLP, 6 hidden layers of 256",
+        DeepRegressor,
+        _regression_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-siamese",
+        "torch.nn Siamese MLP scoring an image's two halves",
+        SiameseMLP,
+        _pair_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-vae",
+        "torch.nn variational autoencoder of dense layers",
+        MLPVariationalAutoencoder,
+        _variational_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gru-loop",
+        "torch.nn GRUCell stepped by hand over 32 rows",
+        lambda: CellLoop("gru"),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-lstm-loop",
+        "torch.nn LSTMCell stepped by hand over 32 rows",
+        lambda: CellLoop("lstm"),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-deep-sets",
+        "torch.nn DeepSets over 64 patches",
+        DeepSets,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-conv1d",
+        "torch.nn 1-D convolutions over a signal, then an MLP",
+        Convolutional1D,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-vit-classifier",
+        "torch.nn transformer encoder over patches and a class token",
+        TransformerClassifier,
+        _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),
