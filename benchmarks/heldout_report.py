@@ -148,6 +148,20 @@ SETS = (
         "an MLP-Mixer over 16 patches, a causal transformer and a dense autoencoder.",
     ),
     (
+        "eighteenth-again",
+        "eighteenth set again",
+        "The eighteenth set's eight models run a second time, on the host alone (`--eighteenth`).",
+    ),
+    (
+        "nineteenth",
+        "nineteenth set",
+        "Eight models (`NINETEENTH_MODELS`, `--nineteenth`), fixed (each model's build checked) before "
+        "any of them was predicted, to judge the price of matrix products of few rows again, by the "
+        "eighteenth's rule: networks written in torch.nn (`benchmarks/own_models.py`): a regression MLP, "
+        "a Siamese MLP, a variational autoencoder, a GRU cell and an LSTM cell stepped by hand, a "
+        "DeepSets model, 1-D convolutions then an MLP, and a transformer classifier.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

@@ -330,12 +330,11 @@ EIGHTEENTH_MODELS = (
 #: A nineteenth set, fixed (and each model's build checked) before any of it was predicted, to judge
 #: the price of products of few rows again: on the eighteenth set it failed its rule by one row (its
 #: |error| grew 5.6 points; 10.7 ms of its 27.0 predicted were "other", the page faults counted at its
-#: example batches) in a run whose calibration
-#: shared the host with another job, and met it in a second run on the idle host. Networks written
-#: in torch.nn, most of whose products have few rows. Its rule, written before the run, the
-#: eighteenth's: the price goes on by default if, on this set, the median |error| of the rows it
-#: changes (their prediction moved by more than 2%) is smaller with it than without, and no such
-#: row's |error| grows with it by more than 5 points.
+#: example batches) in a run whose calibration shared the host with another job, and met it in a
+#: second run on the idle host. Networks written in torch.nn, most of whose products have few rows.
+#: Its rule, written before the run, the eighteenth's: the price goes on by default if, on this set,
+#: the median |error| of the rows it changes (their prediction moved by more than 2%) is smaller with
+#: it than without, and no such row's |error| grows with it by more than 5 points.
 NINETEENTH_MODELS = (
     ("torch-deep-regressor", "small", (4, 8), "regression MLP, 6 hidden layers of 256 (torch.nn)"),
     ("torch-siamese", "small", (4, 8), "Siamese MLP scoring an image's two halves (torch.nn)"),

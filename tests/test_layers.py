@@ -340,6 +340,9 @@ def test_cli_profile_layers_and_libcompare(tmp_path):
     assert record["points"][0]["layers"]["ops"]
     result = run_cli("profile", "basic_cnn", "--layers", "--steps", "2", "--warmup", "0")
     assert result.returncode == 0 and "by layer type" in result.stdout and "convolution" in result.stdout
+    # The layer timer's own work is no layer: not ranked among them, said apart.
+    assert "(profiler)" not in result.stdout
+    assert "dnnperf's layer hooks took" in " ".join(result.stdout.split())
     missing = run_cli("profile", "basic_cnn", "--layers", "--hw", str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
     compared = run_cli("libcompare", "basic_cnn", "--repeats", "2", "--json")

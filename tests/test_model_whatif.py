@@ -142,6 +142,28 @@ def test_a_configuration_where_nothing_fits_is_a_crossing_only_where_something_d
     assert text.count("none fits") == 2 and "dp" in text
 
 
+def test_the_sweep_table_says_why_a_strategy_cannot_apply_and_no_crossover_is_one_line() -> None:
+    from rich.console import Console
+
+    from dnnperf.report.terminal import crossover_table, sweep_table
+
+    rows = []
+    for n in (1, 2, 4):
+        rows.append({"nodes": n, "strategy": "dp", "reason": None, "fits": True, "throughput": 10.0 * n})
+        reason = None if n == 1 else f"pp needs {n} stages of the model's 1 unit"
+        rows.append({"nodes": n, "strategy": "pp", "reason": reason, "fits": True, "throughput": 1.0})
+    frame = pd.DataFrame(rows)
+    console = Console(width=200, record=True)
+    console.print(sweep_table(frame, ["nodes"], "toy"))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    # Two configurations refused pp, each for its own reason: the first named, the other counted.
+    assert "pp -: pp needs 2 stages of the model's 1 unit (and 1 more)" in text
+    assert "dp -:" not in text  # dp applied everywhere
+    assert crossover_table(crossovers(frame, ["nodes"])) == (
+        "crossovers: the best strategy does not change along the sweep"
+    )
+
+
 def test_a_sweep_says_what_it_is_doing_configuration_by_configuration():
     """The truth: a sweep over 3 node counts x 2 link speeds has 6 configurations; the first describes
     the workload (counted once, then cached), each later one predicts, the fraction rising from 0."""

@@ -76,6 +76,7 @@ CATEGORIES = (
     "activation",
     "embedding",
     "other",
+    "instrumentation",
 )
 
 
@@ -141,7 +142,7 @@ def describe_modules(model: nn.Module, counted: Iterable[OpRecord] = ()) -> dict
         modules.setdefault(key, ModuleInfo(type(module).__name__, category))
     modules[NO_MODULE] = ModuleInfo("(outside the model)", "other")
     modules[UNATTRIBUTED] = ModuleInfo("(unattributed backward)", "other")
-    modules[PROFILER] = ModuleInfo("(dnnperf's layer hooks)", "other")
+    modules[PROFILER] = ModuleInfo("(dnnperf's layer hooks)", "instrumentation")
     return modules
 
 

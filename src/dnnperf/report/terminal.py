@@ -234,9 +234,12 @@ def layers_tables(
 ) -> list[Table]:
     """The per-layer analysis of one batch size: the slowest layers, layer types, libraries, coverage."""
     from dnnperf.analysis import layers
+    from dnnperf.probes.layers import PROFILER
 
     hardware = profile.hardware_profile()
     layer_rows = layers.layer_table(profile, hardware)
+    hooks = layer_rows[layer_rows["module"] == PROFILER] if "module" in layer_rows else layer_rows.iloc[:0]
+    layer_rows = layer_rows.drop(hooks.index).reset_index(drop=True)  # the timer's own work: no layer
     peak = "no hardware profile: run `dnnperf hw` for efficiency and roofline"
     if hardware is not None:
         peak = (
@@ -254,6 +257,11 @@ def layers_tables(
         peak += (
             f"\n{len(above)} layer phase(s) ran above the calibrated peak (highest: {worst['module']} "
             f"{worst['phase']}, {_percent(worst['efficiency'])}): recalibrate with `dnnperf hw`"
+        )
+    if not hooks.empty:
+        peak += (
+            f"\ndnnperf's layer hooks took {milliseconds(float(hooks['time_s'].sum()))} ms of each "
+            "instrumented step (a plain step has none): no layer's, left out of these tables"
         )
     table = Table(title=title, title_justify="left", caption=peak)
     for name, justify in (
@@ -317,10 +325,14 @@ def layers_tables(
     if stage_s:
         rows = layers.closure(profile, stage_s).to_dict("records")
         notes.append(
-            "layers vs stages: "
+            "layers (instrumented steps) vs stages (plain steps): "
             + "; ".join(
                 f"{r['phase']} {milliseconds(r['layers_s'])} of {milliseconds(r['stage_s'])} ms "
-                f"(remainder {_percent(r['remainder_share'])})"
+                + (
+                    f"(remainder {_percent(r['remainder_share'])})"
+                    if r["remainder_s"] >= 0
+                    else f"(layers over by {_percent(-r['remainder_share'])}: the instrumentation's own cost)"
+                )
                 for r in rows
             )
         )
@@ -757,6 +769,7 @@ def sweep_table(frame: Any, axes: list[str], title: str) -> Table:
     table = Table(title=f"what-if: {title} (samples/s per strategy; - cannot apply, * does not fit)")
     for column in (*axes, *strategies, "best"):
         table.add_column(column, justify="right")
+    reasons: dict[str, list[str]] = {}
     for values, group in frame.groupby(axes, sort=False):
         values = values if isinstance(values, tuple) else (values,)
         cells, best, best_rate = [], "-", 0.0
@@ -764,11 +777,19 @@ def sweep_table(frame: Any, axes: list[str], title: str) -> Table:
             row = group[group["strategy"] == strategy].iloc[0]
             if isinstance(row.get("reason"), str):
                 cells.append("-")
+                found = reasons.setdefault(strategy, [])
+                if row["reason"] not in found:
+                    found.append(row["reason"])
                 continue
             cells.append(human_count(row["throughput"]) + ("" if row["fits"] else "*"))
             if row["fits"] and row["throughput"] > best_rate:
                 best, best_rate = strategy, row["throughput"]
         table.add_row(*(f"{v:g}" for v in values), *cells, best)
+    if reasons:  # why each "-": a strategy's first reason, and how many others it gave
+        table.caption = "; ".join(
+            f"{strategy} -: {found[0]}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+            for strategy, found in reasons.items()
+        )
     return table
 
 
@@ -821,8 +842,11 @@ def validation_record_tables(result: Any) -> list[Table]:
     return tables
 
 
-def crossover_table(crossings: Any) -> Table:
-    """Where the best predicted strategy changes along an axis (model.whatif.crossovers)."""
+def crossover_table(crossings: Any) -> Table | str:
+    """Where the best predicted strategy changes along an axis (model.whatif.crossovers); a line saying
+    there is none where it never does."""
+    if len(crossings) == 0:
+        return "crossovers: the best strategy does not change along the sweep"
     table = Table(title="crossovers: where the best strategy changes")
     for column in ("axis", "held", "between", "best below", "best above"):
         table.add_column(column)
