@@ -101,7 +101,7 @@ class Variant:
     predicted_peak: int | None = None
     predicted_overhead: float | None = None
     #: [seconds from the step's start, bytes allocated] of the tracked step.
-    timeline: list[list[float]] = field(default_factory=list)
+    timeline: list[list[float]] = field(default_factory=list, repr=False)  # hundreds of points
     #: Bytes the tracked step's forward left allocated for backward (at backward's start, less the
     #: step's start): the saved activations, and what else forward holds (the loss, writes in flight).
     forward_held: int | None = None
