@@ -84,6 +84,30 @@ def test_a_transformers_models_parameters_are_the_librarys(model_type):
     assert workload_section(workload, "small")["parameters"] == sum(p.numel() for p in own.parameters())
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_a_causal_lm_named_otherwise_trains_on_next_token_cross_entropy_without_a_warning(capfd, named):
+    """GPT2LMHeadModel's class name is not one transformers maps to a loss: its loss is named for it,
+    the next token's cross-entropy (computed here from its logits), and the library warns of nothing;
+    unnamed (as the library builds it), the same loss with the library's warning."""
+    transformers = library("transformers")
+    transformers.utils.logging.warning_once.cache_clear()  # warned once a process: this test's own
+    workload = get_workload("hf:gpt2")
+    torch.manual_seed(0)
+    task = workload.build("tiny")
+    if not named:
+        task.model.loss_type = None
+    tokens = workload.data("tiny").synthesize(2, seed=0)["tokens"]
+    capfd.readouterr()
+    torch.manual_seed(1)  # the same dropout in both forwards
+    loss = task.loss_fn(task.model, {"tokens": tokens})
+    warned = "loss_type" in capfd.readouterr().err
+    torch.manual_seed(1)
+    logits = task.model(input_ids=tokens).logits
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert warned != named
+
+
 def test_gpt2_presets_match_their_analytic_counts():
     """tiny: V*H + P*H + L*(12H^2 + 13H) + 2H (tied head) with V=256, P=32, H=64, L=2; full: the
     library's defaults, GPT-2 small's published 124,439,808."""

@@ -374,9 +374,14 @@ def hf_model(config: HFConfig | HFImageConfig) -> nn.Module:
         IMAGE: transformers.AutoModelForImageClassification,
     }[config.head]
     try:
-        return auto.from_config(model_config)
+        model = auto.from_config(model_config)
     except Exception as error:
         raise UsageError(f"hf:{config.model_type}: transformers cannot build it ({error})") from None
+    if config.head == CAUSAL and getattr(model, "loss_type", "") is None:
+        # transformers names a model's loss by its class (``...ForCausalLM``) and gives a causal LM
+        # named otherwise (GPT2LMHeadModel) the same loss with a warning on every run: named here.
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def _causal_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
