@@ -5,6 +5,7 @@ The timm tests need a working timm (and its torchvision)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def test_a_transformers_models_parameters_are_the_librarys(model_type):
 
 
 @pytest.mark.parametrize("named", [True, False])
-def test_a_causal_lm_named_otherwise_trains_on_next_token_cross_entropy_without_a_warning(capfd, named):
+def test_a_causal_lm_named_otherwise_trains_on_next_token_cross_entropy_without_a_warning(named):
     """GPT2LMHeadModel's class name is not one transformers maps to a loss: its loss is named for it,
     the next token's cross-entropy (computed here from its logits), and the library warns of nothing;
     unnamed (as the library builds it), the same loss with the library's warning."""
@@ -97,10 +98,16 @@ def test_a_causal_lm_named_otherwise_trains_on_next_token_cross_entropy_without_
     if not named:
         task.model.loss_type = None
     tokens = workload.data("tiny").synthesize(2, seed=0)["tokens"]
-    capfd.readouterr()
-    torch.manual_seed(1)  # the same dropout in both forwards
-    loss = task.loss_fn(task.model, {"tokens": tokens})
-    warned = "loss_type" in capfd.readouterr().err
+    heard: list[str] = []  # the library's own logger: it does not propagate to the root's
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        torch.manual_seed(1)  # the same dropout in both forwards
+        loss = task.loss_fn(task.model, {"tokens": tokens})
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    warned = any("loss_type" in message for message in heard)
     torch.manual_seed(1)
     logits = task.model(input_ids=tokens).logits
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
