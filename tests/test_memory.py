@@ -91,6 +91,46 @@ def test_categories_equal_their_analytic_sizes(make_optimizer, state_per_paramet
     assert abs(memory.peak["unattributed"]) <= 0.05 * memory.measured_peak
 
 
+@pytest.mark.parametrize("policy", ["keep", "offload"])
+@pytest.mark.parametrize("saver_first", [True, False])
+def test_a_memory_saver_beside_the_tracker_still_saves_and_its_kept_tensors_are_activations(
+    saver_first, policy, tmp_path
+):
+    """Only the innermost saved-tensor hooks run. Whichever of the tracker and a MemorySaver is entered
+    first, a plan that keeps every unit's activations gives the analytic activations (as without a
+    saver: the ReLU's output and the model's), and a plan that offloads them still writes them out
+    during the tracked step."""
+    from dnnperf.memsave import KEEP, MemorySaver, Plan, find_units
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = {"x": torch.randn(8, 16), "y": torch.randn(8, 4)}
+    plan = Plan(policies={u.name: policy for u in find_units(model)}, min_bytes=0)
+    saver = MemorySaver(model, plan, offload_dir=tmp_path)
+
+    def step() -> None:
+        loss = nn.functional.mse_loss(model(batch["x"]), batch["y"])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    tracker = MemoryTracker(model, [optimizer], batch)
+    if saver_first:
+        with saver, tracker:
+            step()
+    else:
+        with tracker, saver:
+            step()
+    memory = tracker.result()
+    if policy == KEEP:
+        assert memory.category_max["activations"] == 8 * 32 * FLOAT + 8 * 4 * FLOAT
+        assert saver.bytes_written == 0
+    else:  # the first Linear's input is the batch (never moved): the ReLU's output goes to disk
+        assert saver.bytes_written >= 8 * 32 * FLOAT
+    saver.close()
+
+
 def test_the_resident_cross_check_trims_the_heap_only_when_asked(monkeypatch):
     import dnnperf.probes.memory as probe
 

@@ -33,6 +33,7 @@ from dnnperf.memsave.hooks import SavedTensorHook, Store, protected_storages
 from dnnperf.memsave.pinned import PinnedPool, PinnedStore
 from dnnperf.memsave.policy import find_units
 from dnnperf.memsave.recompute import Checkpointing
+from dnnperf.probes.saved import packing
 from dnnperf.results.memsave import KEEP, OFFLOAD, Plan
 
 #: The pinned pool's first size where none is asked for (it grows to what a step needs).
@@ -106,7 +107,7 @@ class MemorySaver:
                 self._handles.append(module.register_forward_hook(self._leave_unit, always_call=True))
             self._checkpointing = Checkpointing(self.model, self.units, self.plan.segments)
             self._checkpointing.apply()
-            self._context = torch.autograd.graph.saved_tensors_hooks(self._hook.pack, self._hook.unpack)
+            self._context = packing(self._hook.pack, self._hook.unpack)
             self._context.__enter__()
         except BaseException:
             self._remove(failed=True)

@@ -48,7 +48,7 @@ from torch import nn
 
 from dnnperf.devices import on_device
 from dnnperf.probes.opcount import NO_MODULE, ROOT_MODULE, tensors_of
-from dnnperf.probes.saved import observe_saved
+from dnnperf.probes.saved import listening
 from dnnperf.results.memory import CATEGORIES, StepMemory
 
 
@@ -680,7 +680,7 @@ class MemoryTracker:
             for module in self.model.modules():
                 self._hooks.append(module.register_forward_pre_hook(self._enter_module))
                 self._hooks.append(module.register_forward_hook(self._leave_module, always_call=True))
-            self._saved_hooks = observe_saved(self._on_saved)
+            self._saved_hooks = listening(self._on_saved)
             self._saved_hooks.__enter__()
             self._counters = CacheCounters().__enter__()
             self._watch_releases(before)
