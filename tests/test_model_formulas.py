@@ -516,6 +516,7 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ),
         ({"product_rows_efficiency": {"0": 0.5}}, r"product_rows_efficiency\['0'\] needs a positive whole"),
         ({"product_rows_efficiency": {"4": 1.5}}, r"product_rows_efficiency\['4'\] .* got 1.5"),
+        ({"product_rows_efficiency": {"04": 0.5}}, r"product_rows_efficiency\['04'\] needs a positive whole"),
     ],
 )
 def test_bad_machine_descriptions_are_refused(change: dict, message: str) -> None:

@@ -74,10 +74,50 @@ def test_a_tuple_or_list_batch_is_predicted_as_the_same_batch_in_a_dict():
     assert larger.memory["input"] == 2 * 4 * (4 * BATCH) * WIDTH  # both tensors, at 4x the rows
 
 
+def test_a_namedtuple_or_nested_batch_is_cut_to_half_with_its_structure():
+    """The second description's batch (half the example's rows) keeps the batch's own types: a
+    namedtuple's fields, a nested dict, a scalar left whole; the prediction at 4x the example holds
+    both inputs at that batch (4 bytes x rows x width each)."""
+    from collections import namedtuple
+
+    from dnnperf.perfmodel.graph import first_rows
+
+    Pair = namedtuple("Pair", ["inputs", "targets"])
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+    half = first_rows({"pair": Pair(x, y), "scale": torch.tensor(2.0)}, BATCH // 2)
+    assert isinstance(half["pair"], Pair) and half["pair"].inputs.shape == (BATCH // 2, WIDTH)
+    assert half["scale"].dim() == 0
+
+    def loss_of(model: nn.Module, batch) -> torch.Tensor:
+        return nn.functional.mse_loss(model(batch.inputs), batch.targets)
+
+    larger = dnnperf.predict(
+        wide_linear(), Pair(x, y), loss_fn=loss_of, machine="a100-ib", batch_size=4 * BATCH
+    )
+    assert larger.memory["input"] == 2 * 4 * (4 * BATCH) * WIDTH
+
+
+def test_a_step_that_fails_after_changing_the_model_leaves_it_as_it_was():
+    """The user's step ran the optimizer, then failed: one line naming the error, and the weights are
+    the ones before the call."""
+    model = wide_linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def failing(model: nn.Module, batch) -> torch.Tensor:
+        model(batch).sum().backward()
+        optimizer.step()
+        raise ValueError("no loss today")
+
+    with pytest.raises(UsageError, match="batch of 4 failed: ValueError: no loss today"):
+        dnnperf.predict(model, torch.randn(4, WIDTH), loss_fn=failing, optimizer=optimizer, machine="a100-ib")
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 @pytest.mark.parametrize(
     ("batch", "needle"),
     [
-        (torch.randn(4, WIDTH - 1), r"step of the model on the example batch failed: RuntimeError: mat1"),
+        (torch.randn(4, WIDTH - 1), r"step of the model on an example batch of 4 failed: RuntimeError: mat1"),
         ("not a batch", "tensor, or a dict, tuple or list of tensors.*got str"),
         ((), "got tuple"),
         ({"x": torch.tensor(3.0)}, "first tensor is a scalar"),

@@ -129,7 +129,9 @@ class ComputeOptions:
     #: median |error| of 8.8% to 4.5% and of 13.3% to 4.1%, but grew one row's by more than the 5
     #: points their rule allowed on the first and four on the second (recurrent cells stepped by hand,
     #: already over without it): validation-heldout-second-host.md, variant "products of few rows at
-    #: their rate".
+    #: their rate". An interpolated description's rows follow the batch in a line (StepGraph.at_batch):
+    #: past a product's width, where its smallest dimension stops growing, they overshoot it, so far
+    #: beyond its two descriptions' batches the price of a product of few rows falls short.
     few_rows_products: bool = False
     #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
     #: network's (host_gap_seconds): the model's own Python. Off: judged by the twelfth held-out set

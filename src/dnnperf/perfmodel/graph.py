@@ -785,7 +785,9 @@ def describe_model(
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
             first_line = (str(error).strip().splitlines() or [""])[0]
             failed = f"{type(error).__name__}: {first_line}"
-            raise UsageError(f"a training step of the model on the example batch failed: {failed}") from None
+            raise UsageError(
+                f"a training step of the model on an example batch of {rows} failed: {failed}"
+            ) from error
         graph = capture(model, step, name, rows, _nbytes(batch), [optimizer], inputs=batch)
         if count_faults and first.device.type == "cpu":  # in this process: see perfmodel/faults.py
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
@@ -815,7 +817,13 @@ def first_rows(batch: Any, rows: int) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch[:rows] if batch.dim() > 0 else batch
     if isinstance(batch, Mapping):
-        return {key: first_rows(value, rows) for key, value in batch.items()}
+        cut = {key: first_rows(value, rows) for key, value in batch.items()}
+        try:  # the mapping's own type where it takes a dict (a BatchEncoding does)
+            return type(batch)(cut)
+        except TypeError:
+            return cut
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple: its fields as arguments
+        return type(batch)(*(first_rows(value, rows) for value in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(first_rows(value, rows) for value in batch)
     return batch

@@ -131,8 +131,9 @@ class Machine:
     #: A matrix product (``aten.mm``, ``aten.addmm``) whose smallest dimension is a few rows runs at a
     #: fraction of the rate its FLOPs give on the curve: per smallest dimension ("1", "2", ... "32"), that
     #: fraction, the rate of products of those rows against the same products of many rows (a
-    #: linear layer at batch 4 ran at a third here). Between two calibrated dimensions log-linear;
-    #: above the largest, 1. Absent: 1. Calibrated: calibrate.product_rows_efficiency (a CPU's).
+    #: linear layer at batch 4 ran at a third here), which the hw curve, flat below its first size,
+    #: prices alike. Between two calibrated dimensions log-linear, up to 1 at twice the largest.
+    #: Absent: 1. Calibrated: calibrate.product_rows_efficiency (a CPU's).
     product_rows_efficiency: dict[str, float] = field(default_factory=dict)
     #: Fixed seconds per kernel call beyond ``dispatch_s``, per "family/phase" (a convolution's reorders
     #: and primitive set-up); absent: 0. Calibrated: calibrate.zoo_calibration.
@@ -299,7 +300,7 @@ def validate(machine: Machine) -> None:
         if not (_finite_positive(value) and value <= 1):
             raise UsageError(f"{where}: efficiency[{family!r}] must be in (0, 1], got {value!r}")
     for rows, value in machine.product_rows_efficiency.items():
-        whole = isinstance(rows, str) and rows.isdigit() and int(rows) > 0
+        whole = isinstance(rows, str) and rows.isdigit() and int(rows) > 0 and rows == str(int(rows))
         if not (whole and _finite_positive(value) and value <= 1):
             raise UsageError(
                 f"{where}: product_rows_efficiency[{rows!r}] needs a positive whole number of rows and a "

@@ -240,6 +240,8 @@ def layers_tables(
     layer_rows = layers.layer_table(profile, hardware)
     hooks = layer_rows[layer_rows["module"] == PROFILER] if "module" in layer_rows else layer_rows.iloc[:0]
     layer_rows = layer_rows.drop(hooks.index).reset_index(drop=True)  # the timer's own work: no layer
+    if not hooks.empty and layer_rows["time_s"].sum() > 0:  # shares of the layers' time alone
+        layer_rows["share"] = layer_rows["time_s"] / layer_rows["time_s"].sum()
     peak = "no hardware profile: run `dnnperf hw` for efficiency and roofline"
     if hardware is not None:
         peak = (
