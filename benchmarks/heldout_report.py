@@ -313,6 +313,17 @@ REPLAYED, AS_PRODUCTS = "attention replayed", "attention as products"
 GROWN = 0.05
 
 
+def judged_cells(pairs: list[tuple[float, float]]) -> list[str]:
+    """The rows a variant is judged on, each (error without, error with): how many, their median
+    |error| each way, and how many grew by more than ``GROWN`` with it."""
+    if not pairs:
+        return ["0", "-", "-"]
+    before = statistics.median(abs(a) for a, _ in pairs)
+    after = statistics.median(abs(b) for _, b in pairs)
+    grown = sum(abs(b) - abs(a) > GROWN for a, b in pairs)
+    return [str(len(pairs)), f"{before:.2%} / {after:.2%}", str(grown)]
+
+
 def attention_errors(row: dict[str, Any]) -> tuple[float, float] | None:
     """A row's error with the fused attention kernel priced by its products' FLOPs and replayed; None
     where its set ran neither variant."""
@@ -342,15 +353,8 @@ def attention(documents: dict[str, dict[str, Any]]) -> str:
         rows = documents[key]["rows"]
         cells = [title, str(len(rows)), triple([p[0] for p in pairs]), triple([p[1] for p in pairs])]
         fused = [p for r, p in zip(rows, pairs, strict=True) if r.get("fused_attention_calls", 0) > 0]
-        if "fused_attention_calls" not in rows[0]:
-            cells += ["not recorded", "-", "-"]
-        elif not fused:
-            cells += ["0", "-", "-"]
-        else:
-            before = statistics.median(abs(p[0]) for p in fused)
-            after = statistics.median(abs(p[1]) for p in fused)
-            grown = sum(abs(p[1]) - abs(p[0]) > GROWN for p in fused)
-            cells += [str(len(fused)), f"{before:.2%} / {after:.2%}", str(grown)]
+        recorded = "fused_attention_calls" in rows[0]
+        cells += judged_cells(fused) if recorded else ["not recorded", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -392,14 +396,7 @@ def few_rows(documents: dict[str, dict[str, Any]]) -> str:
         # Both errors are against the same measured step: their ratio is the predictions'.
         changed = [(a, b) for a, b in pairs if abs((1 + b) / (1 + a) - 1) > CHANGED]
         cells = [title, str(len(pairs)), triple([a for a, _ in pairs]), triple([b for _, b in pairs])]
-        if changed:
-            before = statistics.median(abs(a) for a, _ in changed)
-            after = statistics.median(abs(b) for _, b in changed)
-            grown = sum(abs(b) - abs(a) > GROWN for a, b in changed)
-            cells += [str(len(changed)), f"{before:.2%} / {after:.2%}", str(grown)]
-        else:
-            cells += ["0", "-", "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([*cells, *judged_cells(changed)]) + " |")
     return "\n".join(lines)
 
 

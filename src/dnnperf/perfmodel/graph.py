@@ -590,14 +590,17 @@ def capture(
     batch_bytes: int,
     optimizers: list[torch.optim.Optimizer] | None = None,
     inputs: Any = None,
+    warm: bool = True,
 ) -> StepGraph:
     """Run ``run_step(stages)`` (one training step; ``stages`` is its stage clock) twice and describe
     the second. ``inputs``: the batch, whose storages are not activations when saved for backward.
+    ``warm=False``: the caller ran the first step itself; describe the next.
 
     The first step is not counted: it creates the optimizer's state (Adam's ``zeros_like`` of every
     parameter twice, SGD's momentum as a clone of the gradient), which no later step repeats; counted,
     it put 9.3 ms of a 136 ms step into seq2seq's predicted update."""
-    run_step(no_stages)
+    if warm:
+        run_step(no_stages)
     layers: dict[str, Layer] = {}
     handles = []
     holders: dict[int, tuple[int, list[str]]] = {}
@@ -780,7 +783,7 @@ def describe_model(
             optimizer.zero_grad(set_to_none=True)
 
     with put_back(model, [optimizer]):
-        try:  # the user's own step first, alone: what fails there is the model's or its batch's
+        try:  # the first, uncounted step alone: what fails there is the model's or its batch's
             step(no_stages)
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
             first_line = (str(error).strip().splitlines() or [""])[0]
@@ -788,7 +791,7 @@ def describe_model(
             raise UsageError(
                 f"a training step of the model on an example batch of {rows} failed: {failed}"
             ) from error
-        graph = capture(model, step, name, rows, _nbytes(batch), [optimizer], inputs=batch)
+        graph = capture(model, step, name, rows, _nbytes(batch), [optimizer], inputs=batch, warm=False)
         if count_faults and first.device.type == "cpu":  # in this process: see perfmodel/faults.py
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
         if first.device.type == "cuda":
