@@ -162,6 +162,15 @@ SETS = (
         "DeepSets model, 1-D convolutions then an MLP, and a transformer classifier.",
     ),
     (
+        "twentieth",
+        "twentieth set",
+        "Eight models (`TWENTIETH_MODELS`, `--twentieth`), fixed (each model's build checked) before "
+        "any of them was predicted, to judge the price of the kernels a compiled function issues after "
+        "its first, by the eighteenth's rule: networks written in torch.nn (`benchmarks/own_models.py`): "
+        "a GRU, an RNN, an LSTM and a bidirectional GRU over an image's rows, a GRU language model, "
+        "convolutions then a GRU, an RNN cell stepped by hand and an MLP trained with a triplet loss.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
@@ -367,29 +376,34 @@ AT_RATE, ANY_ROWS = "products of few rows at their rate", "products of any rows"
 CHANGED = 0.02
 
 
-def few_rows_errors(row: dict[str, Any]) -> tuple[float, float] | None:
-    """A row's error with every product at its FLOPs' rate and with products of few rows at their
-    rows' rate; None where its set ran neither variant."""
+#: The model with and without the price of a compiled function's later kernels
+#: (heldout_validation.COMPILED_AT_COST, EVERY_CALL_OUTER), as AT_RATE and ANY_ROWS.
+AT_COST, EVERY_CALL = "compiled calls' later kernels at their cost", "every forward call at its phase's cost"
+
+
+def option_errors(row: dict[str, Any], off: str, on: str) -> tuple[float, float] | None:
+    """A row's error without an option of the model (variant ``off``) and with it (``on``); None
+    where its set ran neither variant (the model itself is whichever its set did not run)."""
     variants = row["variant_errors"]
-    if ANY_ROWS in variants and AT_RATE not in variants:
-        return variants[ANY_ROWS], row["step_error"]
-    if AT_RATE in variants:
-        return row["step_error"], variants[AT_RATE]
+    if off in variants and on not in variants:
+        return variants[off], row["step_error"]
+    if on in variants:
+        return row["step_error"], variants[on]
     return None
 
 
-def few_rows(documents: dict[str, dict[str, Any]]) -> str:
-    """Products of few rows priced at their rows' rate against at their FLOPs' on each set that ran
-    a variant of it: the set's median, max and signed error each way, and over the rows whose
-    prediction it moves by more than ``CHANGED`` their median |error| each way and those whose |error|
-    grew by more than ``GROWN`` with the price."""
+def option_table(documents: dict[str, dict[str, Any]], off: str, on: str, short: tuple[str, str]) -> str:
+    """An option of the model, off (variant ``off``) against on (``on``), on each set that ran a
+    variant of it: the set's median, max and signed error each way, and over the rows whose
+    prediction it moves by more than ``CHANGED`` their median |error| each way (``short`` names the
+    two) and those whose |error| grew by more than ``GROWN`` with it."""
     lines = [
-        "| set | rows | products of any rows | products of few rows at their rate | rows it changes | "
-        "their median abs error, any rows / few rows | rows grown over 5 points |",
+        f"| set | rows | {off} | {on} | rows it changes | "
+        f"their median abs error, {short[0]} / {short[1]} | rows grown over 5 points |",
         "|---|---:|---|---|---:|---|---:|",
     ]
     for key, title, _ in SETS:
-        found = [few_rows_errors(r) for r in documents.get(key, {}).get("rows", [])]
+        found = [option_errors(r, off, on) for r in documents.get(key, {}).get("rows", [])]
         pairs = [p for p in found if p is not None]
         if not pairs or len(pairs) < len(found):
             continue
@@ -398,6 +412,16 @@ def few_rows(documents: dict[str, dict[str, Any]]) -> str:
         cells = [title, str(len(pairs)), triple([a for a, _ in pairs]), triple([b for _, b in pairs])]
         lines.append("| " + " | ".join([*cells, *judged_cells(changed)]) + " |")
     return "\n".join(lines)
+
+
+def few_rows(documents: dict[str, dict[str, Any]]) -> str:
+    """Products of few rows priced at their rows' rate against at their FLOPs' (option_table)."""
+    return option_table(documents, ANY_ROWS, AT_RATE, ("any rows", "few rows"))
+
+
+def compiled_calls(documents: dict[str, dict[str, Any]]) -> str:
+    """A compiled function's later kernels at their own cost against the forward's (option_table)."""
+    return option_table(documents, EVERY_CALL, AT_COST, ("every call", "later kernels"))
 
 
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
@@ -426,6 +450,8 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
     text = replace_between(text, "sets", "\n\n".join(sections))
     if "<!-- heldout_report:few-rows -->" in text:
         text = replace_between(text, "few-rows", few_rows(documents))
+    if "<!-- heldout_report:compiled-calls -->" in text:
+        text = replace_between(text, "compiled-calls", compiled_calls(documents))
     return replace_between(text, "phases", phases(documents))
 
 

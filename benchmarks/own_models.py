@@ -390,14 +390,15 @@ class MLPVariationalAutoencoder(nn.Module):
 
 
 class CellLoop(nn.Module):
-    """A recurrent cell (``nn.GRUCell`` or ``nn.LSTMCell``) stepped by hand over the image's 32 rows,
-    then a classifier on the last state: a loop a user writes for a custom recurrence."""
+    """A recurrent cell (``nn.GRUCell``, ``nn.LSTMCell`` or ``nn.RNNCell``) stepped by hand over the
+    image's 32 rows, then a classifier on the last state: a loop a user writes for a custom recurrence."""
 
     def __init__(self, cell: str, hidden: int = 256) -> None:
         super().__init__()
         features = 3 * IMAGE_SIZE
         self.lstm = cell == "lstm"
-        self.cell = nn.LSTMCell(features, hidden) if self.lstm else nn.GRUCell(features, hidden)
+        cells = {"gru": nn.GRUCell, "lstm": nn.LSTMCell, "rnn": nn.RNNCell}
+        self.cell = cells[cell](features, hidden)
         self.head = nn.Linear(hidden, CLASSES)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -458,6 +459,74 @@ class TransformerClassifier(nn.Module):
         tokens = self.patches(images).flatten(2).transpose(1, 2)
         tokens = torch.cat([self.token.expand(len(images), -1, -1), tokens], dim=1) + self.positions
         return self.head(self.encoder(tokens)[:, 0])
+
+
+class RecurrentRows(nn.Module):
+    """A recurrent layer of torch.nn (``nn.GRU``, ``nn.RNN`` or ``nn.LSTM``) over the image's 32 rows,
+    then a classifier on its last output."""
+
+    def __init__(self, kind: str, hidden: int, layers: int, bidirectional: bool = False) -> None:
+        super().__init__()
+        recurrent = {"gru": nn.GRU, "rnn": nn.RNN, "lstm": nn.LSTM}[kind]
+        self.recurrent = recurrent(
+            3 * IMAGE_SIZE, hidden, layers, batch_first=True, bidirectional=bidirectional
+        )
+        self.head = nn.Linear(hidden * (2 if bidirectional else 1), CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        rows = images.permute(0, 2, 1, 3).flatten(2)  # (batch, image rows, channels x columns)
+        return self.head(self.recurrent(rows)[0][:, -1])
+
+
+class RecurrentLM(nn.Module):
+    """A recurrent language model: token embeddings, an ``nn.GRU``, a head over the vocabulary."""
+
+    def __init__(self, width: int = 128, hidden: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.recurrent = nn.GRU(width, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.recurrent(self.embed(tokens))[0])
+
+
+class ConvolutionalRecurrent(nn.Module):
+    """Convolutions and pools over the image, then an ``nn.GRU`` along its 8 columns of features,
+    classified from the last (a CRNN's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.recurrent = nn.GRU(64 * IMAGE_SIZE // 4, 512, batch_first=True)
+        self.head = nn.Linear(512, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        columns = self.features(images).permute(0, 3, 1, 2).flatten(2)  # (batch, columns, features)
+        return self.head(self.recurrent(columns)[0][:, -1])
+
+
+class EmbeddingMLP(nn.Sequential):
+    """An MLP embedding an image into 128 dimensions, for a metric-learning loss."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Flatten(), nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, 512), nn.ReLU(), nn.Linear(512, 128)
+        )
+
+
+def _triplet_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # Anchor, a mirrored view of it (positive) and another image of the batch (negative).
+    images = batch["image"]
+    anchor, positive, negative = model(images), model(images.flip(3)), model(images.roll(1, 0))
+    return nn.TripletMarginLoss(margin=1.0)(anchor, positive, negative)
 
 
 def _regression_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -1112,6 +1181,70 @@ MODELS = (
         "torch.nn transformer encoder over patches and a class token",
         TransformerClassifier,
         _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gru-rows",
+        "torch.nn GRU, 2 layers of 384, over 32 rows",
+        lambda: RecurrentRows("gru", 384, 2),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-rnn-rows",
+        "torch.nn RNN (tanh), 2 layers of 512, over 32 rows",
+        lambda: RecurrentRows("rnn", 512, 2),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-lstm-rows",
+        "torch.nn LSTM, 2 layers of 384, over 32 rows",
+        lambda: RecurrentRows("lstm", 384, 2),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-bigru-rows",
+        "torch.nn bidirectional GRU of 256 over 32 rows",
+        lambda: RecurrentRows("gru", 256, 1, bidirectional=True),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gru-lm",
+        "torch.nn GRU language model over 128 tokens",
+        RecurrentLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-conv-gru",
+        "torch.nn convolutions, then a GRU along the columns",
+        ConvolutionalRecurrent,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-rnncell-loop",
+        "torch.nn RNNCell stepped by hand over 32 rows",
+        lambda: CellLoop("rnn", hidden=1024),
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-triplet-mlp",
+        "torch.nn MLP embedding trained with a triplet margin loss",
+        EmbeddingMLP,
+        _triplet_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),

@@ -14,6 +14,13 @@ SPIN_S = 40e-3  # tens of times the tiny network's whole step (~1-2 ms): a loade
 # millisecond or two in any phase stays a small share of it
 
 
+def _spin(*_args: object) -> None:
+    """SPIN_S on the host (a forward hook)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < SPIN_S:
+        pass
+
+
 def _spin_in_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny network spins SPIN_S on the host once a step, in its forward: a hook on the whole
     network, between the last block's calls and the loss's sum."""
@@ -21,13 +28,7 @@ def _spin_in_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def slowed(device: torch.device | str = "cpu") -> tuple:
         model, step = tiny_step(device)
-
-        def spin(*_args: object) -> None:
-            started = time.perf_counter()
-            while time.perf_counter() - started < SPIN_S:
-                pass
-
-        model.register_forward_hook(spin)
+        model.register_forward_hook(_spin)
         return model, step
 
     monkeypatch.setattr(calibrate, "tiny_step", slowed)
@@ -96,3 +97,26 @@ def test_python_injected_between_calls_is_charged_as_the_gap_between_them(
     # The spin, spread over the forward's operator calls (views included); the backward does not take it.
     assert (slow["forward"] - plain["forward"]) * calls["forward"][1] == pytest.approx(SPIN_S, rel=0.15)
     assert (slow["backward"] - plain["backward"]) * calls["backward"][1] < 0.1 * SPIN_S
+
+
+def test_a_delay_injected_into_the_compiled_calls_forward_is_spread_over_their_inner_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.set_num_threads(1)
+    plain = calibrate.measure_inner_call_cost(repeats=9, passes=2)
+    scored_forward = calibrate._scored_forward
+
+    def slowed(scores: tuple) -> tuple:
+        model, x = scored_forward(scores)
+        if scores is calibrate._COMPOSITE_SCORES:
+            model.register_forward_hook(_spin)
+        return model, x
+
+    monkeypatch.setattr(calibrate, "_scored_forward", slowed)
+    slow = calibrate.measure_inner_call_cost(repeats=9, passes=2)
+    model, x = scored_forward(calibrate._COMPOSITE_SCORES)
+    twin, y = scored_forward(calibrate._TWIN_SCORE)
+    inner = calibrate._forward_calls(model, x)[1] - calibrate._forward_calls(twin, y)[1]
+    # The spin, once a forward of the network of compiled calls, spread over the inner calls it adds.
+    assert inner > 10 * calibrate.BLOCKS
+    assert (slow - plain) * inner == pytest.approx(SPIN_S, rel=0.15)

@@ -184,6 +184,38 @@ def test_each_phase_pays_its_own_call_cost_and_the_update_a_share_of_its_bytes()
     assert plain["overhead_s"].tolist() == pytest.approx([3e-6, 5e-6, 7e-6, 0.0])
 
 
+def test_a_compiled_functions_later_kernels_pay_the_inner_call_cost_in_the_forward_alone() -> None:
+    ops = pd.DataFrame(
+        {
+            "phase": ["forward", "forward", "backward", "forward"],
+            "module": ["m"] * 4,
+            "op": ["aten.add_", "aten.addmm", "aten.add", "aten.t"],
+            "family": ["elementwise", "matmul", "elementwise", "free"],
+            "dtype": ["float32"] * 4,
+            "flops": [0.0] * 4,
+            "bytes": [0.0] * 4,
+            "calls": [10.0, 4.0, 6.0, 8.0],
+            "inner_calls": [10.0, 1.0, 6.0, 0.0],  # the backward's as if counted: not charged so
+        }
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = toy_machine(
+        phase_call_s={"forward": 12e-6, "backward": 5e-6}, call_s={"matmul/forward": 3e-6}, inner_call_s=2e-6
+    )
+    times = op_times(graph, machine, ComputeOptions(composite_calls=True))
+    # Forward: 10 inner calls at 2 us; the product's 3 outer calls at 12 us and its inner one at 2 us,
+    # each with the family's 3 us. Backward: its phase's 5 us a call. A view: nothing.
+    assert times["overhead_s"].tolist() == pytest.approx(
+        [10 * 2e-6, 3 * (12e-6 + 3e-6) + (2e-6 + 3e-6), 6 * 5e-6, 0.0]
+    )
+    # Off (the default), or a machine without the calibration: every call at its phase's cost.
+    expected = [10 * 12e-6, 4 * (12e-6 + 3e-6), 6 * 5e-6, 0.0]
+    assert op_times(graph, machine)["overhead_s"].tolist() == pytest.approx(expected)
+    plain = dataclasses.replace(machine, inner_call_s=0.0)
+    uncalibrated = op_times(graph, plain, ComputeOptions(composite_calls=True))
+    assert uncalibrated["overhead_s"].tolist() == pytest.approx(expected)
+
+
 def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> None:
     rows = [  # phase, op, family, bytes, calls
         ("forward", "aten.mm", "matmul", 1e8, 3.0),
@@ -509,6 +541,7 @@ def test_fixed_cost_fit_recovers_a_fixed_cost_and_an_efficiency() -> None:
         ({"name": 5}, "name must be a non-empty string, got 5"),
         ({"name": " "}, "name must be a non-empty string"),
         ({"cold_product_byte_s": -1e-11}, "cold_product_byte_s must be zero or a positive number"),
+        ({"inner_call_s": -1e-6}, "inner_call_s must be zero or a positive number"),
         ({"product_rows_efficiency": [1]}, "product_rows_efficiency must be an object"),
         (
             {"product_rows_efficiency": {"four": 0.5}},

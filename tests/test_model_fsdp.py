@@ -241,6 +241,8 @@ def test_validation_calibrates_fsdp_only_when_asked_and_its_machines_say_so(monk
         "measure_phase_call_cost": lambda: {},
         "measure_update_cost": lambda machine: (1e-6, 1.0),
         "measure_cold_product_cost": lambda: (0.0, 0.0),
+        "measure_product_rows_efficiency": lambda: {},
+        "measure_inner_call_cost": lambda: 0.0,
         "measure_gap_call_cost": lambda: {},
     }
     for name, stub in stubs.items():

@@ -563,3 +563,52 @@ def test_convolution_kinds_follow_groups_and_kernel_size():
         assert found[(name, "forward")] == kind, name
         assert found[(name, "backward")] == kind, name
     assert all(r.kind == "" for r in counter.table() if r.family != "convolution")
+
+
+class _SteppedGRU(nn.Module):
+    """A GRU cell stepped by hand over a sequence: one Python call a step, compiled (``torch._VF``) or
+    written out in Python, one torch call per kernel."""
+
+    def __init__(self, compiled: bool) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(4, 4)
+        self.compiled = compiled
+
+    def step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        cell = self.cell
+        if self.compiled:
+            return torch._VF.gru_cell(x, h, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+        gi = torch.nn.functional.linear(x, cell.weight_ih, cell.bias_ih).chunk(3, 1)
+        gh = torch.nn.functional.linear(h, cell.weight_hh, cell.bias_hh).chunk(3, 1)
+        r = torch.sigmoid(gi[0] + gh[0])
+        z = torch.sigmoid(gi[1] + gh[1])
+        n = torch.tanh(gi[2] + r * gh[2])
+        return n + z * (h - n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x[:, 0]
+        for t in range(1, x.shape[1]):
+            h = self.step(x[:, t], h)
+        return h
+
+
+def test_kernels_a_compiled_call_issues_after_its_first_are_inner_calls_of_the_forward():
+    steps = 4
+    kernels, inner = {}, {}
+    for compiled in (True, False):
+        model = _SteppedGRU(compiled)
+        x = torch.randn(2, steps + 1, 4, requires_grad=True)
+        counter = OpCounter(model)
+        with counter:
+            loss = model(x).sum()
+            with counter("backward"):
+                loss.backward()
+        forward = [r for r in counter.table() if r.phase == "forward" and r.family != "free"]
+        kernels[compiled] = sum(r.calls for r in forward if r.name != "aten.sum")
+        inner[compiled] = sum(r.inner_calls for r in forward)
+        assert all(r.inner_calls == 0 for r in counter.table() if r.phase != "forward" or r.family == "free")
+    # Written out, every kernel is a torch call of its own: none is inner. Compiled, the kernels of
+    # each of the `steps` calls but its first are, whatever their number.
+    assert inner[False] == 0
+    assert kernels[True] > 2 * steps  # a dozen or so a call
+    assert inner[True] == kernels[True] - steps

@@ -215,6 +215,81 @@ def gap_call_cost(refresh: bool = False) -> dict[str, float]:
     return {str(k): float(v) for k, v in found.items()}
 
 
+class _Scored(nn.Module):
+    """A block that scores its input against its weight with one torch call (``score``), then scales
+    the input by the score: the forward of ``_scored_forward``'s networks."""
+
+    def __init__(self, score: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.score = score
+        self.weight = nn.Parameter(torch.randn(2, 4))
+        self.register_buffer("target", torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.score(x, self.weight, self.target)
+
+
+#: Compiled functions of many kernels (generic losses, none a validated network's) and a twin of one
+#: kernel, called alike: the networks differ only in the kernels those calls issue after their first.
+_COMPOSITE_SCORES = (
+    lambda x, w, t: torch.cosine_embedding_loss(x, w, t, 0.0, 1),  # 1: the mean
+    lambda x, w, t: torch.hinge_embedding_loss((x - w).sum(1), t, 1.0, 1),
+)
+_TWIN_SCORE = (lambda x, w, t: torch.dot(x[0], w[0]),)
+
+
+def _scored_forward(scores: Sequence[Callable[..., torch.Tensor]]) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Scored(scores[i % len(scores)]) for i in range(BLOCKS)])
+    return model, torch.randn(2, 4, requires_grad=True)
+
+
+def _forward_calls(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """(kernel calls, of which issued inside a compiled function after its first) of one forward."""
+    counter = OpCounter(model, count=False)
+    with counter, counter("forward"):
+        model(x).sum()
+    kernels = [r for r in counter.table() if r.family not in NO_KERNEL]
+    return sum(r.calls for r in kernels), sum(r.inner_calls for r in kernels)
+
+
+def measure_inner_call_cost(repeats: int = 30, passes: int = 3) -> float:
+    """Host seconds of a forward kernel call that a compiled function issues after its first, on this
+    CPU: the forward of a network whose blocks each call a compiled loss of a dozen or more kernels
+    against its twin whose blocks call a one-kernel function in their place, the same Python around
+    both; their difference, less the twin's per-call cost for any kernel calls of the first kind it
+    lacks, over the inner calls the first adds. Each forward the median of ``repeats`` (with grad, as
+    a step's), interleaved, the least of ``passes`` passes (a shared host's slow spell falls in one).
+    0 where the difference is not positive."""
+    (composite, x), (twin, y) = _scored_forward(_COMPOSITE_SCORES), _scored_forward(_TWIN_SCORE)
+    (calls_c, inner_c), (calls_t, inner_t) = _forward_calls(composite, x), _forward_calls(twin, y)
+    best = {"composite": math.inf, "twin": math.inf}
+    for _ in range(passes):
+        for name, model, tensor in (("composite", composite, x), ("twin", twin, y)):
+            for _ in range(3):
+                model(tensor).sum()
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                model(tensor).sum()
+                samples.append(time.perf_counter() - started)
+            best[name] = min(best[name], statistics.median(samples))
+    outer_t = calls_t - inner_t
+    per_outer = best["twin"] / outer_t
+    extra = best["composite"] - best["twin"] - (calls_c - inner_c - outer_t) * per_outer
+    return max(extra / (inner_c - inner_t), 0.0) if inner_c > inner_t else 0.0
+
+
+def inner_call_cost(refresh: bool = False) -> float:
+    """:func:`measure_inner_call_cost` of this host's CPU at the current thread count, measured once
+    and cached."""
+    key = f"inner_call/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    found = _measured_once(
+        key, measure_inner_call_cost, lambda cached: isinstance(cached, float) and cached >= 0, refresh
+    )
+    return float(found)
+
+
 #: Parameter sets the update's calibration steps an optimizer over: (tensors, elements each), from
 #: many tensors of a few elements (the per-call cost) to a few of millions (the bytes). Generic shapes:
 #: no network's.
@@ -317,18 +392,21 @@ def measure_cold_product_cost(repeats: int = 15, passes: int = 2) -> tuple[float
     pairs, a call on the operands the call before used (hot) then a call on operands not read since a
     read of twice the last-level cache pushed them out (cold, as a step finds a layer's weights a step
     after their update). The read leaves clean lines: a flush by writing would leave dirty ones, whose
-    write-back the cold calls would pay. The pairs put a slow spell of the shared host into both calls
-    of a pair; per shape the median of the pairs' differences, the least of ``passes`` passes. Fitted
-    by :func:`cold_product_fit`."""
+    write-back the cold calls would pay. One read a pass serves every shape: each shape's operands
+    are made before it, and no call reads them until their own. The pairs put a slow spell of the
+    shared host into both calls of a pair; per shape the median of the pairs' differences, the least
+    of ``passes`` passes. Fitted by :func:`cold_product_fit`."""
     torch.manual_seed(0)
     flush = torch.ones(_cold_flush_bytes() // 4)
     counted = [4.0 * (m * k + k * n + m * n) for m, k, n in PRODUCT_SHAPES]
+    operands = [
+        (torch.randn(repeats + 1, m, k), torch.randn(repeats + 1, k, n)) for m, k, n in PRODUCT_SHAPES
+    ]
     best_hot = [math.inf] * len(PRODUCT_SHAPES)
     best_excess = [math.inf] * len(PRODUCT_SHAPES)
     for _ in range(passes):
-        for i, (m, k, n) in enumerate(PRODUCT_SHAPES):
-            a, b = torch.randn(repeats + 1, m, k), torch.randn(repeats + 1, k, n)
-            flush.sum()
+        flush.sum()
+        for i, (a, b) in enumerate(operands):
             timed_product(a[0], b[0])
             hot, excess = [], []
             for j in range(1, repeats + 1):

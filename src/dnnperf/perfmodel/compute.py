@@ -133,6 +133,10 @@ class ComputeOptions:
     #: past a product's width, where its smallest dimension stops growing, they overshoot it, so far
     #: beyond its two descriptions' batches the price of a product of few rows falls short.
     few_rows_products: bool = False
+    #: A forward kernel call issued inside a compiled function after its first (``inner_calls``: a
+    #: ``GRUCell``'s, a loss's) at the machine's inner_call_s rather than the forward's per-call cost,
+    #: which carries a module's Python with each call.
+    composite_calls: bool = False
     #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
     #: network's (host_gap_seconds): the model's own Python. Off: judged by the twelfth held-out set
     #: (language models), it raised the set's predictions past its targets (validation-heldout.md,
@@ -258,6 +262,10 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     dispatch = np.full(len(ops), machine.dispatch_s)
     if options.phase_calls and machine.phase_call_s:
         dispatch = np.array([machine.phase_call_s.get(p, machine.dispatch_s) for p in phases])
+    if options.composite_calls and machine.inner_call_s and "inner_calls" in ops:
+        # Calls a compiled function issues after its first pay no Python of their own (Machine's doc).
+        inner = np.minimum(ops["inner_calls"].to_numpy(float), calls) * (phases == "forward")
+        dispatch = dispatch - inner / calls * (dispatch - machine.inner_call_s)
     overhead = calls * (dispatch + fixed) * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()
     out["replayed"] = found

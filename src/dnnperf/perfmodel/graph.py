@@ -42,7 +42,7 @@ from dnnperf.workloads.base import Workload, no_stages
 #: The batch sizes a sweep's description is interpolated from (FLOPs and bytes are affine in batch).
 BASE_BATCHES = (2, 4)
 _COLUMNS = ("phase", "module", "op", "family", "dtype", "kind")
-_NUMBERS = ("flops", "bytes", "calls", "zeros", "rows")
+_NUMBERS = ("flops", "bytes", "calls", "zeros", "rows", "inner_calls")
 
 
 @dataclass
@@ -151,6 +151,7 @@ class StepGraph:
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
         ops = self.ops if "kind" in self.ops else self.ops.assign(kind="")
+        ops = ops.assign(**{c: 0.0 for c in _NUMBERS if c not in ops})  # a graph built by hand may lack some
         document["ops"] = {c: ops[c].tolist() for c in (*_COLUMNS, *_NUMBERS)}
         return document
 
@@ -164,6 +165,8 @@ class StepGraph:
             values["ops"]["kind"] = ""
         if "rows" not in values["ops"]:  # nor their output rows
             values["ops"]["rows"] = 0.0
+        if "inner_calls" not in values["ops"]:  # nor calls inside compiled functions
+            values["ops"]["inner_calls"] = 0.0
         values["layers"] = [Layer(**layer) for layer in values["layers"]]
         values["memory_walk"] = [Segment(**segment) for segment in values.get("memory_walk", [])]
         return cls(**values)
@@ -175,9 +178,12 @@ class StepGraph:
             raise ValueError("interpolation needs two different batch sizes")
         t = (batch_size - self.batch_size) / (other.batch_size - self.batch_size)
         keys = ["phase", "module", "op"]
-        merged = self.ops.merge(other.ops[[*keys, *_NUMBERS]], on=keys, how="left", suffixes=("", "_b"))
+        numbers = [
+            c for c in _NUMBERS if c in self.ops and c in other.ops
+        ]  # a graph built by hand may lack some
+        merged = self.ops.merge(other.ops[[*keys, *numbers]], on=keys, how="left", suffixes=("", "_b"))
         ops = merged[list(self.ops.columns)].copy()
-        for column in _NUMBERS:
+        for column in numbers:
             b = merged[f"{column}_b"].fillna(merged[column]).to_numpy(float)
             a = merged[column].to_numpy(float)
             ops[column] = np.maximum(a + t * (b - a), 0.0)
@@ -579,6 +585,7 @@ def operator_row(r: OpCall) -> dict[str, Any]:
         "flops": float(r.flops or 0),
         "bytes": float(r.bytes_read + r.bytes_written),
         "calls": float(r.calls),
+        "inner_calls": float(r.inner_calls),
     }
 
 
@@ -849,7 +856,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-26"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-27"],
         sort_keys=True,
         default=str,
     )

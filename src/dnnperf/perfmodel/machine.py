@@ -34,6 +34,7 @@ _POSITIVE = (
     "update_byte_share",
 )
 _NON_NEGATIVE = (
+    "inner_call_s",
     "cold_product_call_s",
     "cold_product_byte_s",
     "link_latency",
@@ -116,6 +117,12 @@ class Machine:
     #: calls are further apart (its modules' Python) is charged the excess of its own (StepGraph.gaps).
     #: Absent: not charged. Calibrated: calibrate.gap_call_cost (a CPU's).
     gap_call_s: dict[str, float] = field(default_factory=dict)
+    #: Host seconds of a forward kernel call that a compiled function issues after its first
+    #: (OpRecord.inner_calls: a ``GRUCell``'s dozen kernels come from one Python call), in place of
+    #: the forward's ``phase_call_s``, which carries a module's Python with each call. Charged with
+    #: ComputeOptions.composite_calls; 0: not calibrated. Calibrated: calibrate.inner_call_cost (a
+    #: CPU's).
+    inner_call_s: float = 0.0
     #: The share of the optimizer update's counted bytes (each kernel's operands, read and written)
     #: that the update moves at its bandwidth: a parameter's kernels run back to back on the same few
     #: tensors, so later ones find them in cache. 1.0: as counted. Calibrated: calibrate.update_cost.
@@ -369,6 +376,7 @@ def from_profile(
     update_byte_share: float = 1.0,
     cold_product_s: tuple[float, float] = (0.0, 0.0),
     product_rows_efficiency: dict[str, float] | None = None,
+    inner_call_s: float = 0.0,
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -391,7 +399,8 @@ def from_profile(
     ``cold_product_s``: a matrix product's cost with its operands out of cache beyond its price, per
     call and per counted byte (calibrate.measure_cold_product_cost); default none.
     ``product_rows_efficiency``: the rate of products of few rows against many, per smallest dimension
-    (calibrate.product_rows_efficiency); default none.
+    (calibrate.product_rows_efficiency); default none. ``inner_call_s``: host seconds of a forward
+    kernel call a compiled function issues after its first (calibrate.inner_call_cost); default 0.
 
     A GPU's profile gives an asynchronous machine (``Machine.asynchronous``) with the GPU's memory and
     its pinned host-to-device bandwidth for the batch's copy.
@@ -450,6 +459,7 @@ def from_profile(
         cold_product_call_s=cold_product_s[0],
         cold_product_byte_s=cold_product_s[1],
         product_rows_efficiency=dict(product_rows_efficiency or {}),
+        inner_call_s=inner_call_s,
         host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
         # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
         comm_on_compute_cores=not gpu,

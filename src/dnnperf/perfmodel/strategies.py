@@ -122,11 +122,24 @@ def accumulation_ops(module_param_bytes: Mapping[str, int], micro_batches: int) 
             "calls": float(extra),
             "zeros": 0.0,
             "rows": 0.0,
+            "inner_calls": 0.0,
         }
         for module, nbytes in module_param_bytes.items()
         if nbytes > 0 and extra > 0
     ]
-    columns = ["phase", "module", "op", "family", "dtype", "flops", "bytes", "calls", "zeros", "rows"]
+    columns = [
+        "phase",
+        "module",
+        "op",
+        "family",
+        "dtype",
+        "flops",
+        "bytes",
+        "calls",
+        "zeros",
+        "rows",
+        "inner_calls",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 

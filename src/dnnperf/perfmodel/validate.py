@@ -27,6 +27,7 @@ from dnnperf.perfmodel.calibrate import (
     measure_cold_product_cost,
     measure_ddp_cost,
     measure_gap_call_cost,
+    measure_inner_call_cost,
     measure_op_overhead,
     measure_page_fault_cost,
     measure_phase_call_cost,
@@ -118,6 +119,7 @@ def calibrated_machines(
         phase_call["update"] = update_call
     cold_product = (0.0, 0.0) if gpu else measure_cold_product_cost()
     product_rows = {} if gpu else measure_product_rows_efficiency()
+    inner_call = 0.0 if gpu else measure_inner_call_cost()
     gap_call = {} if gpu else measure_gap_call_cost()
     gemm_free = {k: v for k, v in efficiency.items() if k.split("/")[0] not in ZOO_CURVE_FAMILIES}
     machines = {
@@ -138,6 +140,7 @@ def calibrated_machines(
             update_byte_share=update_share,
             cold_product_s=cold_product,
             product_rows_efficiency=product_rows,
+            inner_call_s=inner_call,
             gap_call_s=gap_call,
         )
         for v in VARIANTS
@@ -170,6 +173,7 @@ def calibrated_machines(
         **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
         **{f"gap_call_s[{phase}]": cost for phase, cost in gap_call.items()},
         **{f"product_rows_efficiency[{rows}]": share for rows, share in product_rows.items()},
+        "inner_call_s": inner_call,
         **{f"host_call_s[{key}]": cost for key, cost in zoo.host_call_s.items()},
         **{f"zero_operand_s[{op}]": cost for op, cost in zero_operand.items()},
     }
@@ -742,6 +746,7 @@ def calibrated_machine(
         dispatch_net_of_views,
         fsdp_cost,
         gap_call_cost,
+        inner_call_cost,
         op_overhead,
         page_fault_cost,
         phase_call_cost,
@@ -784,7 +789,7 @@ def calibrated_machine(
     update_call, update_share = update_cost(
         machines.from_profile(profile, efficiency=zoo.efficiency, call_s=zoo.call_s)
     )
-    step("host costs: per call, page faults, zero operands, cold and few-rows products", 0.4)
+    step("host costs: per call, inside compiled calls, page faults, zero operands, products", 0.4)
     costs = {
         "op_overhead_s": op_overhead(),
         "page_fault_s": page_fault_cost(),
@@ -794,6 +799,7 @@ def calibrated_machine(
         "ddp_s": ddp_cost(),
         "cold_product_s": cold_product_cost(),
         "product_rows_efficiency": product_rows_efficiency(),
+        "inner_call_s": inner_call_cost(),
         "gap_call_s": gap_call_cost(),
     }
     skipped = {}

@@ -93,6 +93,7 @@ the gathered rows and the indices, not the whole table.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import time
@@ -105,6 +106,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import flop_registry as _TORCH_FLOP_REGISTRY
 
 try:  # private API: the only way to see every aten operator of an eager step
@@ -172,6 +174,10 @@ class OpRecord:
     #: :func:`convolution_rows`), a matrix product's smallest dimension (:func:`product_rows`), summed
     #: over the calls; 0 for every other operator.
     rows: int = 0
+    #: Of ``calls``, the forward's kernel calls issued inside a compiled (C++) function called from
+    #: Python after that function's first kernel (:class:`CallScopes`): a ``GRUCell`` call is one
+    #: Python call of a dozen kernels. 0 in the other phases and for calls that launch no kernel.
+    inner_calls: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1126,6 +1132,30 @@ class _Totals:
     dtype: str | None = None
     kind: str | None = None
     rows: int = 0
+    inner_calls: int = 0
+
+
+class CallScopes(TorchFunctionMode):
+    """Sees each torch call a step makes from Python (functions, tensor methods) and keeps, for the
+    innermost compiled one running, how many kernels it has issued (``issued``; None outside one), so
+    that the counter can tell a call's first kernel, which pays the Python around it, from the rest,
+    which its compiled code issues back to back. A torch function written in Python (most of
+    ``torch.nn.functional``) is not a scope: the calls it makes are Python's own, though unseen here
+    (a mode is off inside its own handler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.issued: int | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if inspect.isfunction(func) or inspect.ismethod(func):
+            return func(*args, **kwargs)
+        outer, self.issued = self.issued, 0
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.issued = outer
 
 
 class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
@@ -1257,6 +1287,7 @@ class OpCounter:
         self._pending: list[tuple[Any, str, bool]] = []
         self._handles: list[Any] = []
         self._mode: CountingMode | None = None
+        self._scopes: CallScopes | None = None
 
     # -- context manager and stages ------------------------------------------------------------------
 
@@ -1270,10 +1301,14 @@ class OpCounter:
                     self._param_owner.setdefault(id(parameter), name or ROOT_MODULE)
                 self._handles.append(module.register_forward_pre_hook(self._enter_module))
                 self._handles.append(module.register_forward_hook(self._exit_module, always_call=True))
+            self._scopes = CallScopes()
+            self._scopes.__enter__()
             self._mode = CountingMode(self)
             self._mode.__enter__()
         except BaseException:
-            self._mode = None
+            if self._scopes is not None:
+                self._scopes.__exit__(None, None, None)
+            self._mode = self._scopes = None
             self._remove_hooks()
             raise
         return self
@@ -1283,7 +1318,11 @@ class OpCounter:
             if self._mode is not None:
                 self._mode.__exit__(exc_type, exc, tb)
         finally:
-            self._mode = None
+            try:
+                if self._scopes is not None:
+                    self._scopes.__exit__(exc_type, exc, tb)
+            finally:
+                self._mode = self._scopes = None
             self._remove_hooks()
             self._stack.clear()
             self._pending.clear()
@@ -1397,6 +1436,10 @@ class OpCounter:
         if totals is None:
             totals = self._totals[(module, phase, name)] = _Totals(info.family)
         totals.calls += 1
+        scopes = self._scopes
+        if phase == "forward" and info.family != "free" and scopes is not None and scopes.issued is not None:
+            totals.inner_calls += int(scopes.issued > 0)
+            scopes.issued += 1
         if isinstance(elapsed, float):
             totals.seconds += elapsed
             totals.host_seconds += elapsed
@@ -1462,6 +1505,7 @@ class OpCounter:
                 dtype=totals.dtype,
                 kind=totals.kind or "",
                 rows=totals.rows,
+                inner_calls=totals.inner_calls,
             )
             for (module, phase, name), totals in self._totals.items()
         ]
