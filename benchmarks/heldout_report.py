@@ -383,12 +383,10 @@ AT_COST, EVERY_CALL = "compiled calls' later kernels at their cost", "every forw
 
 def option_errors(row: dict[str, Any], off: str, on: str) -> tuple[float, float] | None:
     """A row's error without an option of the model (variant ``off``) and with it (``on``); None
-    where its set ran neither variant (the model itself is whichever its set did not run)."""
+    where its set ran neither variant (where it ran one, the model itself is the other)."""
     variants = row["variant_errors"]
-    if off in variants and on not in variants:
-        return variants[off], row["step_error"]
-    if on in variants:
-        return row["step_error"], variants[on]
+    if off in variants or on in variants:
+        return variants.get(off, row["step_error"]), variants.get(on, row["step_error"])
     return None
 
 

@@ -227,6 +227,32 @@ def test_the_few_rows_table_judges_the_price_on_the_rows_it_changes() -> None:
     assert report.few_rows({"eighteenth": {"rows": later}}).splitlines()[2] == lines[2]
 
 
+def test_the_compiled_calls_table_reads_both_variants_whichever_the_model_was() -> None:
+    """Two rows: the price moves the first's prediction by 10% (|error| 20% to 8%), the second's by
+    1% (no change). Run while the model left the price off (the step error is without it) or after it
+    went on (the step error is with it), the table is the same."""
+    errors = {"a": (0.20, 0.08), "b": (-0.05, -0.0405)}
+    off_runs, on_runs = [], []
+    for name, (without, with_price) in errors.items():
+        both = {report.EVERY_CALL: without, report.AT_COST: with_price}
+        for runs, model in ((off_runs, without), (on_runs, with_price)):
+            r = row(name, model, 0.0, (0.01, 0.02, 0.005))
+            r["variant_errors"].update(both)
+            runs.append(r)
+    table = report.compiled_calls({"twentieth": {"rows": off_runs}})
+    cells = [c.strip() for c in table.splitlines()[2].strip("|").split("|")]
+    assert cells == [
+        "twentieth set",
+        "2",
+        "12.5%, 20.0%, +7.5%",
+        "6.0%, 8.0%, +2.0%",
+        "1",
+        "20.00% / 8.00%",
+        "0",
+    ]
+    assert report.compiled_calls({"twentieth": {"rows": on_runs}}) == table
+
+
 def test_another_hosts_sets_go_to_their_own_page_and_nowhere_else(tmp_path, monkeypatch) -> None:
     markers = ("run", "summary", "sets", "phases")
     (tmp_path / "host.md").write_text(

@@ -202,17 +202,18 @@ def test_a_compiled_functions_later_kernels_pay_the_inner_call_cost_in_the_forwa
     machine = toy_machine(
         phase_call_s={"forward": 12e-6, "backward": 5e-6}, call_s={"matmul/forward": 3e-6}, inner_call_s=2e-6
     )
-    times = op_times(graph, machine, ComputeOptions(composite_calls=True))
+    times = op_times(graph, machine)  # the default: on
     # Forward: 10 inner calls at 2 us; the product's 3 outer calls at 12 us and its inner one at 2 us,
     # each with the family's 3 us. Backward: its phase's 5 us a call. A view: nothing.
     assert times["overhead_s"].tolist() == pytest.approx(
         [10 * 2e-6, 3 * (12e-6 + 3e-6) + (2e-6 + 3e-6), 6 * 5e-6, 0.0]
     )
-    # Off (the default), or a machine without the calibration: every call at its phase's cost.
+    # Off, or a machine without the calibration: every call at its phase's cost.
     expected = [10 * 12e-6, 4 * (12e-6 + 3e-6), 6 * 5e-6, 0.0]
-    assert op_times(graph, machine)["overhead_s"].tolist() == pytest.approx(expected)
+    off = op_times(graph, machine, ComputeOptions(composite_calls=False))
+    assert off["overhead_s"].tolist() == pytest.approx(expected)
     plain = dataclasses.replace(machine, inner_call_s=0.0)
-    uncalibrated = op_times(graph, plain, ComputeOptions(composite_calls=True))
+    uncalibrated = op_times(graph, plain)
     assert uncalibrated["overhead_s"].tolist() == pytest.approx(expected)
 
 
