@@ -104,19 +104,19 @@ def test_a_delay_injected_into_the_compiled_calls_forward_is_spread_over_their_i
 ) -> None:
     torch.set_num_threads(1)
     plain = calibrate.measure_inner_call_cost(repeats=9, passes=2)
-    scored_forward = calibrate._scored_forward
+    scored_forward = calibrate.scored_forward
 
     def slowed(scores: tuple) -> tuple:
         model, x = scored_forward(scores)
-        if scores is calibrate._COMPOSITE_SCORES:
+        if scores is calibrate.COMPOSITE_SCORES:
             model.register_forward_hook(_spin)
         return model, x
 
-    monkeypatch.setattr(calibrate, "_scored_forward", slowed)
+    monkeypatch.setattr(calibrate, "scored_forward", slowed)
     slow = calibrate.measure_inner_call_cost(repeats=9, passes=2)
-    model, x = scored_forward(calibrate._COMPOSITE_SCORES)
-    twin, y = scored_forward(calibrate._TWIN_SCORE)
-    inner = calibrate._forward_calls(model, x)[1] - calibrate._forward_calls(twin, y)[1]
+    model, x = scored_forward(calibrate.COMPOSITE_SCORES)
+    twin, y = scored_forward(calibrate.TWIN_SCORE)
+    inner = calibrate.forward_calls(model, x)[1] - calibrate.forward_calls(twin, y)[1]
     # The spin, once a forward of the network of compiled calls, spread over the inner calls it adds.
     assert inner > 10 * calibrate.BLOCKS
     assert (slow - plain) * inner == pytest.approx(SPIN_S, rel=0.15)

@@ -217,7 +217,7 @@ def gap_call_cost(refresh: bool = False) -> dict[str, float]:
 
 class _Scored(nn.Module):
     """A block that scores its input against its weight with one torch call (``score``), then scales
-    the input by the score: the forward of ``_scored_forward``'s networks."""
+    the input by the score: the forward of ``scored_forward``'s networks."""
 
     def __init__(self, score: Callable[..., torch.Tensor]) -> None:
         super().__init__()
@@ -231,20 +231,21 @@ class _Scored(nn.Module):
 
 #: Compiled functions of many kernels (generic losses, none a validated network's) and a twin of one
 #: kernel, called alike: the networks differ only in the kernels those calls issue after their first.
-_COMPOSITE_SCORES = (
+COMPOSITE_SCORES = (
     lambda x, w, t: torch.cosine_embedding_loss(x, w, t, 0.0, 1),  # 1: the mean
     lambda x, w, t: torch.hinge_embedding_loss((x - w).sum(1), t, 1.0, 1),
 )
-_TWIN_SCORE = (lambda x, w, t: torch.dot(x[0], w[0]),)
+TWIN_SCORE = (lambda x, w, t: torch.dot(x[0], w[0]),)
 
 
-def _scored_forward(scores: Sequence[Callable[..., torch.Tensor]]) -> tuple[nn.Module, torch.Tensor]:
+def scored_forward(scores: Sequence[Callable[..., torch.Tensor]]) -> tuple[nn.Module, torch.Tensor]:
+    """A network of ``BLOCKS`` blocks scoring with ``scores`` in turn, and its input."""
     torch.manual_seed(0)
     model = nn.Sequential(*[_Scored(scores[i % len(scores)]) for i in range(BLOCKS)])
     return model, torch.randn(2, 4, requires_grad=True)
 
 
-def _forward_calls(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+def forward_calls(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
     """(kernel calls, of which issued inside a compiled function after its first) of one forward."""
     counter = OpCounter(model, count=False)
     with counter, counter("forward"):
@@ -261,8 +262,8 @@ def measure_inner_call_cost(repeats: int = 30, passes: int = 3) -> float:
     lacks, over the inner calls the first adds. Each forward the median of ``repeats`` (with grad, as
     a step's), interleaved, the least of ``passes`` passes (a shared host's slow spell falls in one).
     0 where the difference is not positive."""
-    (composite, x), (twin, y) = _scored_forward(_COMPOSITE_SCORES), _scored_forward(_TWIN_SCORE)
-    (calls_c, inner_c), (calls_t, inner_t) = _forward_calls(composite, x), _forward_calls(twin, y)
+    (composite, x), (twin, y) = scored_forward(COMPOSITE_SCORES), scored_forward(TWIN_SCORE)
+    (calls_c, inner_c), (calls_t, inner_t) = forward_calls(composite, x), forward_calls(twin, y)
     best = {"composite": math.inf, "twin": math.inf}
     for _ in range(passes):
         for name, model, tensor in (("composite", composite, x), ("twin", twin, y)):
