@@ -114,9 +114,42 @@ def test_a_delay_injected_into_the_compiled_calls_forward_is_spread_over_their_i
 
     monkeypatch.setattr(calibrate, "scored_forward", slowed)
     slow = calibrate.measure_inner_call_cost(repeats=9, passes=2)
-    model, x = scored_forward(calibrate.COMPOSITE_SCORES)
-    twin, y = scored_forward(calibrate.TWIN_SCORE)
-    inner = calibrate.forward_calls(model, x)[1] - calibrate.forward_calls(twin, y)[1]
-    # The spin, once a forward of the network of compiled calls, spread over the inner calls it adds.
+    # The spin, once a forward of the network of compiled calls, spread over the inner calls it adds
+    # (counted here by hand: the compiled losses' kernels after their first, the twins' none).
+    inner = 0
+    for score, twin in zip(calibrate.COMPOSITE_SCORES, calibrate.TWIN_SCORES, strict=True):
+        x, w, t = torch.randn(2, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True), torch.ones(2)
+        inner += (_kernels_of(score, x, w, t) - _kernels_of(twin, x, w, t)) * calibrate.BLOCKS // 2
     assert inner > 10 * calibrate.BLOCKS
     assert (slow - plain) * inner == pytest.approx(SPIN_S, rel=0.15)
+
+
+def _kernels_of(score: object, x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> int:
+    """Kernels of one score, counted by a dispatch mode of the test's own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Kernels(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            # Views and allocations without initialisation launch no kernel.
+            Kernels.count += not (func.is_view or func.overloadpacket.__name__.startswith("empty"))
+            return out
+
+    with Kernels():
+        score(x, w, t)
+    return Kernels.count
+
+
+def test_each_compiled_loss_and_its_twin_run_the_same_outer_calls() -> None:
+    """The calibration takes the twin's forward off the compiled one's whole: their kernels other
+    than the compiled calls' later ones must match, or it would charge the difference to them."""
+    (composite, x), (twin, y) = (
+        calibrate.scored_forward(calibrate.COMPOSITE_SCORES),
+        calibrate.scored_forward(calibrate.TWIN_SCORES),
+    )
+    calls_c, inner_c = calibrate.forward_calls(composite, x)
+    calls_t, inner_t = calibrate.forward_calls(twin, y)
+    assert inner_t == 0 and inner_c > 10 * calibrate.BLOCKS
+    assert calls_c - inner_c == calls_t - inner_t

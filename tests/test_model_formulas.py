@@ -215,6 +215,12 @@ def test_a_compiled_functions_later_kernels_pay_the_inner_call_cost_in_the_forwa
     plain = dataclasses.replace(machine, inner_call_s=0.0)
     uncalibrated = op_times(graph, plain)
     assert uncalibrated["overhead_s"].tolist() == pytest.approx(expected)
+    # A phase cost below the inner calls' (every call at dispatch_s, 1 us): never raised by it. An
+    # asynchronous device: its host costs are its queue's, untouched here.
+    one_cost = op_times(graph, machine, ComputeOptions(phase_calls=False))
+    assert one_cost["overhead_s"].tolist() == pytest.approx([10 * 1e-6, 4 * (1e-6 + 3e-6), 6 * 1e-6, 0.0])
+    queued = dataclasses.replace(machine, asynchronous=True)
+    assert op_times(graph, queued)["overhead_s"].tolist() == pytest.approx(expected)
 
 
 def test_a_forward_or_backward_product_pays_its_operands_trip_from_memory() -> None:
@@ -742,3 +748,19 @@ def test_the_zoo_keeps_each_layers_fastest_pass_so_a_slow_spell_moves_nothing() 
     # One pass keeps whatever it measured: the slow spell stays.
     calls.clear()
     assert fastest_passes(layers, slow_at_times, passes=1)[0]["measured"].tolist() == [3e-3]
+
+
+def test_inner_calls_follow_the_batch_and_an_older_description_has_none() -> None:
+    def graph(batch: int, inner: float) -> StepGraph:
+        ops = pd.DataFrame(
+            {"phase": ["forward"], "module": ["rnn"], "op": ["aten.add_"], "family": ["elementwise"]}
+        ).assign(
+            dtype="float32", flops=0.0, bytes=0.0, calls=2 * inner, inner_calls=inner, zeros=0.0, rows=0.0
+        )
+        return StepGraph("toy", batch, ops, 0, {}, 0, 0, 0)
+
+    # 12 inner calls at batch 2, 20 at 4 (a loop over a sequence whose length follows the batch): 16 at 3.
+    assert graph(2, 12.0).at_batch(graph(4, 20.0), 3).ops["inner_calls"].tolist() == [16.0]
+    document = graph(2, 12.0).to_dict()
+    del document["ops"]["inner_calls"]
+    assert StepGraph.from_dict(document).ops["inner_calls"].tolist() == [0.0]

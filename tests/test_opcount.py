@@ -612,3 +612,18 @@ def test_kernels_a_compiled_call_issues_after_its_first_are_inner_calls_of_the_f
     assert inner[False] == 0
     assert kernels[True] > 2 * steps  # a dozen or so a call
     assert inner[True] == kernels[True] - steps
+
+
+def test_a_python_torch_function_is_no_scope_and_a_failing_call_closes_its_own():
+    logits, labels = torch.randn(3, 5, requires_grad=True), torch.tensor([0, 1, 2])
+    counter = OpCounter(nn.Module())
+    with counter:
+        # F.cross_entropy is Python: the compiled loss it calls (log-softmax, then the NLL) is unseen.
+        torch.nn.functional.cross_entropy(logits, labels)
+    rows = {r.name: (r.calls, r.inner_calls) for r in counter.table() if r.family != "free"}
+    assert rows == {"aten._log_softmax": (1, 0), "aten.nll_loss_forward": (1, 0)}
+    scopes = opcount.CallScopes()
+    with scopes:
+        with pytest.raises(RuntimeError):
+            torch.cosine_embedding_loss(logits, torch.randn(3, 5), torch.ones(2))  # 3 rows, 2 targets
+        assert scopes.issued is None  # the failed call's scope closed with it

@@ -216,8 +216,8 @@ def gap_call_cost(refresh: bool = False) -> dict[str, float]:
 
 
 class _Scored(nn.Module):
-    """A block that scores its input against its weight with one torch call (``score``), then scales
-    the input by the score: the forward of ``scored_forward``'s networks."""
+    """A block that scores its input against its weight (``score``), then scales the input by the
+    score: the forward of ``scored_forward``'s networks."""
 
     def __init__(self, score: Callable[..., torch.Tensor]) -> None:
         super().__init__()
@@ -229,13 +229,17 @@ class _Scored(nn.Module):
         return x * self.score(x, self.weight, self.target)
 
 
-#: Compiled functions of many kernels (generic losses, none a validated network's) and a twin of one
-#: kernel, called alike: the networks differ only in the kernels those calls issue after their first.
+#: Compiled losses of many kernels (generic, none a validated network's), and for each its twin: the
+#: same Python, its last call one of one kernel. The networks differ only in the kernels the compiled
+#: calls issue after their first.
 COMPOSITE_SCORES = (
     lambda x, w, t: torch.cosine_embedding_loss(x, w, t, 0.0, 1),  # 1: the mean
     lambda x, w, t: torch.hinge_embedding_loss((x - w).sum(1), t, 1.0, 1),
 )
-TWIN_SCORE = (lambda x, w, t: torch.dot(x[0], w[0]),)
+TWIN_SCORES = (
+    lambda x, w, t: torch.lerp(x, w, 0.5),
+    lambda x, w, t: torch.dot((x - w).sum(1), t),
+)
 
 
 def scored_forward(scores: Sequence[Callable[..., torch.Tensor]]) -> tuple[nn.Module, torch.Tensor]:
@@ -256,14 +260,11 @@ def forward_calls(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
 
 def measure_inner_call_cost(repeats: int = 30, passes: int = 3) -> float:
     """Host seconds of a forward kernel call that a compiled function issues after its first, on this
-    CPU: the forward of a network whose blocks each call a compiled loss of a dozen or more kernels
-    against its twin whose blocks call a one-kernel function in their place, the same Python around
-    both; their difference, less the twin's per-call cost for any kernel calls of the first kind it
-    lacks, over the inner calls the first adds. Each forward the median of ``repeats`` (with grad, as
-    a step's), interleaved, the least of ``passes`` passes (a shared host's slow spell falls in one).
-    0 where the difference is not positive."""
-    (composite, x), (twin, y) = scored_forward(COMPOSITE_SCORES), scored_forward(TWIN_SCORE)
-    (calls_c, inner_c), (calls_t, inner_t) = forward_calls(composite, x), forward_calls(twin, y)
+    CPU: the forward of the network of ``COMPOSITE_SCORES`` less its twin's (``TWIN_SCORES``), over
+    the inner calls it adds. Each forward the median of ``repeats`` (with grad, as a step's),
+    interleaved, the least of ``passes`` passes. 0 where the difference is not positive."""
+    (composite, x), (twin, y) = scored_forward(COMPOSITE_SCORES), scored_forward(TWIN_SCORES)
+    added = forward_calls(composite, x)[1] - forward_calls(twin, y)[1]
     best = {"composite": math.inf, "twin": math.inf}
     for _ in range(passes):
         for name, model, tensor in (("composite", composite, x), ("twin", twin, y)):
@@ -275,16 +276,13 @@ def measure_inner_call_cost(repeats: int = 30, passes: int = 3) -> float:
                 model(tensor).sum()
                 samples.append(time.perf_counter() - started)
             best[name] = min(best[name], statistics.median(samples))
-    outer_t = calls_t - inner_t
-    per_outer = best["twin"] / outer_t
-    extra = best["composite"] - best["twin"] - (calls_c - inner_c - outer_t) * per_outer
-    return max(extra / (inner_c - inner_t), 0.0) if inner_c > inner_t else 0.0
+    return max((best["composite"] - best["twin"]) / added, 0.0) if added > 0 else 0.0
 
 
 def inner_call_cost(refresh: bool = False) -> float:
     """:func:`measure_inner_call_cost` of this host's CPU at the current thread count, measured once
     and cached."""
-    key = f"inner_call/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
+    key = f"inner_call-2/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}"
     found = _measured_once(
         key, measure_inner_call_cost, lambda cached: isinstance(cached, float) and cached >= 0, refresh
     )

@@ -265,10 +265,11 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
     dispatch = np.full(len(ops), machine.dispatch_s)
     if options.phase_calls and machine.phase_call_s:
         dispatch = np.array([machine.phase_call_s.get(p, machine.dispatch_s) for p in phases])
-    if options.composite_calls and machine.inner_call_s and "inner_calls" in ops:
-        # Calls a compiled function issues after its first pay no Python of their own (Machine's doc).
+    if options.composite_calls and machine.inner_call_s and not machine.asynchronous and "inner_calls" in ops:
+        # Calls a compiled function issues after its first pay no Python of their own (Machine's doc);
+        # never more than the phase's cost. An asynchronous device's host costs are its queue's.
         inner = np.minimum(ops["inner_calls"].to_numpy(float), calls) * (phases == "forward")
-        dispatch = dispatch - inner / calls * (dispatch - machine.inner_call_s)
+        dispatch = dispatch - inner / calls * np.maximum(dispatch - machine.inner_call_s, 0.0)
     overhead = calls * (dispatch + fixed) * kernel if options.overhead else np.zeros(len(ops))
     out = ops.copy()
     out["replayed"] = found

@@ -1136,12 +1136,11 @@ class _Totals:
 
 
 class CallScopes(TorchFunctionMode):
-    """Sees each torch call a step makes from Python (functions, tensor methods) and keeps, for the
-    innermost compiled one running, how many kernels it has issued (``issued``; None outside one), so
-    that the counter can tell a call's first kernel, which pays the Python around it, from the rest,
-    which its compiled code issues back to back. A torch function written in Python (most of
-    ``torch.nn.functional``) is not a scope: the calls it makes are Python's own, though unseen here
-    (a mode is off inside its own handler)."""
+    """Sees each torch call a step makes from Python and keeps, for the compiled one running, how
+    many kernels it has issued (``issued``; None outside one): its first pays the Python around it,
+    the rest its compiled code issues back to back. A torch function written in Python (most of
+    ``torch.nn.functional``) is no scope, and the compiled calls it makes are unseen (a mode is off
+    inside its own handler): their kernels all count as outer ones."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1301,8 +1300,9 @@ class OpCounter:
                     self._param_owner.setdefault(id(parameter), name or ROOT_MODULE)
                 self._handles.append(module.register_forward_pre_hook(self._enter_module))
                 self._handles.append(module.register_forward_hook(self._exit_module, always_call=True))
-            self._scopes = CallScopes()
-            self._scopes.__enter__()
+            scopes = CallScopes()
+            scopes.__enter__()
+            self._scopes = scopes  # only once entered: the except below exits it
             self._mode = CountingMode(self)
             self._mode.__enter__()
         except BaseException:
