@@ -171,6 +171,17 @@ SETS = (
         "convolutions then a GRU, an RNN cell stepped by hand and an MLP trained with a triplet loss.",
     ),
     (
+        "twentieth-again",
+        "twentieth set again",
+        "The twentieth set's eight models run a second time (`--twentieth`), with the corrected calibration "
+        "of calls inside compiled functions (`4eee26d`) and the price on.",
+    ),
+    (
+        "nineteenth-again",
+        "nineteenth set again",
+        "The nineteenth set's eight models run a second time (`--nineteenth`), as the twentieth again.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
