@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
+from dnnperf.distributed.lifeline import job_processes
 from dnnperf.errors import UsageError
 from dnnperf.results.record import RecordError
 from dnnperf.results.watch import SERIES_KINDS, WatchResult
@@ -565,6 +566,30 @@ def test_a_daemon_reparented_before_its_first_sample_is_reported_and_ended(tmp_p
     daemon = int(pid_file.read_text())
     assert {o.pid: (o.name, o.fate) for o in result.outlived} == {daemon: ("sleep", "terminated")}
     assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.concurrent
+def test_a_daemon_the_first_scan_misses_is_found_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process read mid-exec shows no environment: the first scan for the watch's id is made to see
+    nothing, as then; the daemon is still reported and ended."""
+    from dnnperf.watch import run as run_module
+
+    scans = []
+
+    def first_blind(variable: str, value: str) -> list:
+        scans.append(value)
+        return [] if len(scans) == 1 else job_processes(variable, value)
+
+    monkeypatch.setattr(run_module, "job_processes", first_blind)
+    pid_file = tmp_path / "pid"
+    result = watch(
+        ["bash", "-c", f"(setsid sleep 60 & echo $! > {pid_file})"], interval_s=0.5, outlive_grace_s=0.2
+    )
+    daemon = int(pid_file.read_text())
+    assert len(scans) >= 2
+    assert {o.pid: (o.name, o.fate) for o in result.outlived} == {daemon: ("sleep", "terminated")}
 
 
 @pytest.mark.concurrent

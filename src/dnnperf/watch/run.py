@@ -49,6 +49,10 @@ from dnnperf.watch.sampler import TreeSampler
 TERMINATE_S = 5.0
 #: The environment variable, unique to one watch, that marks every process of the command's tree.
 ENV_WATCH_ID = "DNNPERF_WATCH_ID"
+#: Further scans for processes carrying the watch's id once the command has ended, and the pause
+#: before each.
+RESCANS = 1
+RESCAN_S = 0.1
 
 
 class MarksFile:
@@ -333,8 +337,11 @@ def end_leftovers(
     their own, then SIGTERM and SIGKILL what is left. ``reaped``: the command's own final counters.
     Leftovers are the tree's followed processes and any other process carrying ``watch_id`` in its
     environment (a daemon re-parented to init before a sample saw it)."""
-    for process in job_processes(ENV_WATCH_ID, watch_id):
-        sampler.follow(process)
+    for scan in range(RESCANS + 1):
+        if scan:  # a process caught in its exec may read with no environment: look again, later
+            time.sleep(RESCAN_S)
+        for process in job_processes(ENV_WATCH_ID, watch_id):
+            sampler.follow(process)
     leftovers = sampler.alive()
     if not leftovers:
         return
