@@ -627,3 +627,12 @@ def test_a_python_torch_function_is_no_scope_and_a_failing_call_closes_its_own()
         with pytest.raises(RuntimeError):
             torch.cosine_embedding_loss(logits, torch.randn(3, 5), torch.ones(2))  # 3 rows, 2 targets
         assert scopes.issued is None  # the failed call's scope closed with it
+
+
+def test_a_timed_counter_leaves_the_scopes_out_of_the_step_it_times():
+    model = _SteppedGRU(compiled=True)
+    counter = OpCounter(model, timed=True)
+    with counter:
+        model(torch.randn(2, 5, 4))
+    rows = [r for r in counter.table() if r.family != "free"]
+    assert sum(r.calls for r in rows) > 20 and all(r.inner_calls == 0 for r in rows)

@@ -45,6 +45,13 @@ _COLUMNS = ("phase", "module", "op", "family", "dtype", "kind")
 _NUMBERS = ("flops", "bytes", "calls", "zeros", "rows", "inner_calls")
 
 
+def _with_numbers(ops: pd.DataFrame) -> pd.DataFrame:
+    """``ops`` with every count of ``_NUMBERS`` it lacks at 0: a description from before that count
+    was kept, or one built by hand."""
+    missing = {c: 0.0 for c in _NUMBERS if c not in ops}
+    return ops.assign(**missing) if missing else ops
+
+
 @dataclass
 class Layer:
     """A pipeline unit (``pipeline_units``), in the order its forward first ran."""
@@ -150,23 +157,16 @@ class StepGraph:
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
-        ops = self.ops if "kind" in self.ops else self.ops.assign(kind="")
-        ops = ops.assign(**{c: 0.0 for c in _NUMBERS if c not in ops})  # a graph built by hand may lack some
+        ops = _with_numbers(self.ops if "kind" in self.ops else self.ops.assign(kind=""))
         document["ops"] = {c: ops[c].tolist() for c in (*_COLUMNS, *_NUMBERS)}
         return document
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> StepGraph:
         values = dict(document)
-        values["ops"] = pd.DataFrame(values["ops"])
-        if "zeros" not in values["ops"]:  # a description from before zeros were counted
-            values["ops"]["zeros"] = 0.0
-        if "kind" not in values["ops"]:  # nor convolutions' shape classes
+        values["ops"] = _with_numbers(pd.DataFrame(values["ops"]))
+        if "kind" not in values["ops"]:  # a description from before convolutions' shape classes
             values["ops"]["kind"] = ""
-        if "rows" not in values["ops"]:  # nor their output rows
-            values["ops"]["rows"] = 0.0
-        if "inner_calls" not in values["ops"]:  # nor calls inside compiled functions
-            values["ops"]["inner_calls"] = 0.0
         values["layers"] = [Layer(**layer) for layer in values["layers"]]
         values["memory_walk"] = [Segment(**segment) for segment in values.get("memory_walk", [])]
         return cls(**values)
@@ -178,12 +178,10 @@ class StepGraph:
             raise ValueError("interpolation needs two different batch sizes")
         t = (batch_size - self.batch_size) / (other.batch_size - self.batch_size)
         keys = ["phase", "module", "op"]
-        numbers = [
-            c for c in _NUMBERS if c in self.ops and c in other.ops
-        ]  # a graph built by hand may lack some
-        merged = self.ops.merge(other.ops[[*keys, *numbers]], on=keys, how="left", suffixes=("", "_b"))
-        ops = merged[list(self.ops.columns)].copy()
-        for column in numbers:
+        mine, theirs = _with_numbers(self.ops), _with_numbers(other.ops)
+        merged = mine.merge(theirs[[*keys, *_NUMBERS]], on=keys, how="left", suffixes=("", "_b"))
+        ops = merged[list(mine.columns)].copy()
+        for column in _NUMBERS:
             b = merged[f"{column}_b"].fillna(merged[column]).to_numpy(float)
             a = merged[column].to_numpy(float)
             ops[column] = np.maximum(a + t * (b - a), 0.0)

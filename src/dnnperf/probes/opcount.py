@@ -176,7 +176,8 @@ class OpRecord:
     rows: int = 0
     #: Of ``calls``, the forward's kernel calls issued inside a compiled (C++) function called from
     #: Python after that function's first kernel (:class:`CallScopes`): a ``GRUCell`` call is one
-    #: Python call of a dozen kernels. 0 in the other phases and for calls that launch no kernel.
+    #: Python call of a dozen kernels. 0 in the other phases, for calls that launch no kernel and
+    #: from a timed counter.
     inner_calls: int = 0
 
 
@@ -1246,7 +1247,8 @@ class OpCounter:
 
     ``count=False`` skips the FLOP formulas, bytes and libraries (a timing-only counter, a few
     microseconds per call); ``timed=True`` times every operator call (host clock on the CPU, CUDA
-    events on a GPU: pass ``device``; ``lead`` runs before each timed call there, see _EventTimer).
+    events on a GPU: pass ``device``; ``lead`` runs before each timed call there, see _EventTimer),
+    and leaves ``inner_calls`` at 0: their scopes' Python would fall in the step it times.
     :meth:`take_step` hands back one step's table and starts the next,
     so one counter can stay installed over many steps.
     """
@@ -1300,9 +1302,10 @@ class OpCounter:
                     self._param_owner.setdefault(id(parameter), name or ROOT_MODULE)
                 self._handles.append(module.register_forward_pre_hook(self._enter_module))
                 self._handles.append(module.register_forward_hook(self._exit_module, always_call=True))
-            scopes = CallScopes()
-            scopes.__enter__()
-            self._scopes = scopes  # only once entered: the except below exits it
+            if self._timer is None:
+                scopes = CallScopes()
+                scopes.__enter__()
+                self._scopes = scopes  # only once entered: the except below exits it
             self._mode = CountingMode(self)
             self._mode.__enter__()
         except BaseException:
