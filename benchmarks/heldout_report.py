@@ -182,6 +182,16 @@ SETS = (
         "The nineteenth set's eight models run a second time (`--nineteenth`), as the twentieth again.",
     ),
     (
+        "twenty-first",
+        "twenty-first set",
+        "Eight models (`TWENTY_FIRST_MODELS`, `--twenty-first`), fixed (each model's build checked) "
+        "before any of them was predicted, to judge normalization and pooling priced per element, by "
+        "the eighteenth's rule: networks written in torch.nn (`benchmarks/own_models.py`): VGG-style "
+        "stages with batch norm, a DenseNet, a residual network with group norm, an encoder-decoder "
+        "with instance norm, 1-D convolutions with batch norm, an MLP-Mixer, a network with a pyramid "
+        "of average pools and a tabular MLP with batch norm.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
@@ -392,6 +402,12 @@ CHANGED = 0.02
 AT_COST, EVERY_CALL = "compiled calls' later kernels at their cost", "every forward call at its phase's cost"
 
 
+#: The model with normalization and pooling priced through the cache's curve and per element
+#: (heldout_validation.NORMS_IN_CACHE, NORMS_PER_ELEMENT).
+NORMS_PER_ELEMENT = "normalization and pooling per element"
+NORMS_IN_CACHE = "normalization and pooling in cache"
+
+
 def option_errors(row: dict[str, Any], off: str, on: str) -> tuple[float, float] | None:
     """A row's error without an option of the model (variant ``off``) and with it (``on``); None
     where its set ran neither variant (where it ran one, the model itself is the other)."""
@@ -433,6 +449,11 @@ def compiled_calls(documents: dict[str, dict[str, Any]]) -> str:
     return option_table(documents, EVERY_CALL, AT_COST, ("every call", "later kernels"))
 
 
+def norms(documents: dict[str, dict[str, Any]]) -> str:
+    """Normalization and pooling per element against through the cache's curve (option_table)."""
+    return option_table(documents, NORMS_IN_CACHE, NORMS_PER_ELEMENT, ("in cache", "per element"))
+
+
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
@@ -461,6 +482,8 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
         text = replace_between(text, "few-rows", few_rows(documents))
     if "<!-- heldout_report:compiled-calls -->" in text:
         text = replace_between(text, "compiled-calls", compiled_calls(documents))
+    if "<!-- heldout_report:norms -->" in text:
+        text = replace_between(text, "norms", norms(documents))
     return replace_between(text, "phases", phases(documents))
 
 

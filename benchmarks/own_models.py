@@ -522,6 +522,223 @@ class EmbeddingMLP(nn.Sequential):
         )
 
 
+#: Images of the twenty-first set's larger networks (64x64: maps that leave a core's L2 early on).
+LARGE_IMAGE_SIZE = 64
+
+
+def _conv_bn(channels: int, width: int, stride: int = 1) -> list[nn.Module]:
+    return [nn.Conv2d(channels, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+
+
+class BatchNormVGG(nn.Sequential):
+    """VGG-style stages of two 3x3 convolutions with batch norm, each ended by a 2x2 max pool."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in (32, 64, 128):
+            layers += [*_conv_bn(channels, width), *_conv_bn(width, width), nn.MaxPool2d(2)]
+            channels = width
+        super().__init__(
+            *layers, nn.Flatten(), nn.Linear(128 * 4 * 4, 256), nn.ReLU(), nn.Linear(256, CLASSES)
+        )
+
+
+class DenseLayer(nn.Module):
+    """A dense block's layer: BN-ReLU-1x1 convolution, BN-ReLU-3x3 convolution, concatenated to its input."""
+
+    def __init__(self, channels: int, growth: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, 4 * growth, 1, bias=False),
+            nn.BatchNorm2d(4 * growth),
+            nn.ReLU(),
+            nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.body(x)], 1)
+
+
+class DenseNet(nn.Sequential):
+    """Three dense blocks of four layers (growth 16), joined by BN-1x1-average-pool transitions."""
+
+    def __init__(self, growth: int = 16) -> None:
+        layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, padding=1, bias=False)]
+        channels = 32
+        for block in range(3):
+            for _ in range(4):
+                layers.append(DenseLayer(channels, growth))
+                channels += growth
+            if block < 2:
+                layers += [nn.BatchNorm2d(channels), nn.Conv2d(channels, channels // 2, 1), nn.AvgPool2d(2)]
+                channels //= 2
+        layers += [nn.BatchNorm2d(channels), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        super().__init__(*layers, nn.Linear(channels, CLASSES))
+
+
+class GroupNormBlock(nn.Module):
+    """A residual block of two 3x3 convolutions with group norm (8 groups)."""
+
+    def __init__(self, channels: int, width: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, width, 3, stride, 1, bias=False),
+            nn.GroupNorm(8, width),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, 1, 1, bias=False),
+            nn.GroupNorm(8, width),
+        )
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and channels == width
+            else nn.Sequential(nn.Conv2d(channels, width, 1, stride, bias=False), nn.GroupNorm(8, width))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+class GroupNormResNet(nn.Sequential):
+    """A residual network with group norm in place of batch norm, on 64x64 images."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Conv2d(3, 32, 3, padding=1, bias=False),
+            nn.GroupNorm(8, 32),
+            nn.ReLU(),
+            GroupNormBlock(32, 32, 1),
+            GroupNormBlock(32, 64, 2),
+            GroupNormBlock(64, 64, 1),
+            GroupNormBlock(64, 128, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, CLASSES),
+        )
+
+
+class InstanceNormAutoencoder(nn.Sequential):
+    """A style-transfer-like encoder and decoder with instance norm, reconstructing 64x64 images."""
+
+    def __init__(self) -> None:
+        def down(channels: int, width: int) -> list[nn.Module]:
+            return [nn.Conv2d(channels, width, 3, 2, 1), nn.InstanceNorm2d(width, affine=True), nn.ReLU()]
+
+        def up(channels: int, width: int) -> list[nn.Module]:
+            return [
+                nn.Upsample(scale_factor=2),
+                nn.Conv2d(channels, width, 3, 1, 1),
+                nn.InstanceNorm2d(width, affine=True),
+                nn.ReLU(),
+            ]
+
+        super().__init__(
+            nn.Conv2d(3, 32, 3, 1, 1),
+            nn.InstanceNorm2d(32, affine=True),
+            nn.ReLU(),
+            *down(32, 64),
+            *down(64, 128),
+            *up(128, 64),
+            *up(64, 32),
+            nn.Conv2d(32, 3, 3, 1, 1),
+        )
+
+
+class BatchNorm1DNet(nn.Sequential):
+    """1-D convolutions with batch norm and max pools over a signal (the image's pixels end to end)."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = [nn.Flatten(2)]
+        channels = 3
+        for width in (32, 64, 128, 128):
+            layers += [nn.Conv1d(channels, width, 7, padding=3, bias=False), nn.BatchNorm1d(width), nn.ReLU()]
+            layers.append(nn.MaxPool1d(4))
+            channels = width
+        super().__init__(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(128, CLASSES))
+
+
+class MixerBlock(nn.Module):
+    """An MLP-Mixer block: layer norm, an MLP across tokens, layer norm, an MLP across channels."""
+
+    def __init__(self, tokens: int, width: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.tokens = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+        self.channels = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channels(self.norm2(x))
+
+
+class Mixer(nn.Module):
+    """An MLP-Mixer over 64 patches of 4x4, 4 blocks of width 128."""
+
+    def __init__(self, width: int = 128, blocks: int = 4) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, width, 4, stride=4)
+        self.blocks = nn.Sequential(*[MixerBlock((IMAGE_SIZE // 4) ** 2, width) for _ in range(blocks)])
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.patches(images).flatten(2).transpose(1, 2))
+        return self.head(self.norm(x).mean(1))
+
+
+class PyramidPooling(nn.Module):
+    """Average pools of 1, 2, 4 and 8 cells over a map, each through a 1x1 convolution with batch norm,
+    brought back to the map's size and concatenated to it."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(
+            nn.Sequential(
+                nn.AdaptiveAvgPool2d(cells),
+                nn.Conv2d(channels, channels // 4, 1, bias=False),
+                nn.BatchNorm2d(channels // 4),
+                nn.ReLU(),
+            )
+            for cells in (1, 2, 4, 8)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = x.shape[-2:]
+        pooled = [nn.functional.interpolate(b(x), size=size, mode="nearest") for b in self.branches]
+        return torch.cat([x, *pooled], 1)
+
+
+class PyramidPoolingNet(nn.Sequential):
+    """Two strided convolution stages with batch norm, then pyramid pooling and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            *_conv_bn(3, 64, 2),
+            *_conv_bn(64, 64),
+            nn.AvgPool2d(3, stride=1, padding=1),
+            *_conv_bn(64, 128, 2),
+            PyramidPooling(128),
+            *_conv_bn(256, 128),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, CLASSES),
+        )
+
+
+class BatchNormMLP(nn.Sequential):
+    """A tabular MLP: the image's pixels through four dense layers, each with batch norm."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = [nn.Flatten()]
+        features = 3 * IMAGE_SIZE * IMAGE_SIZE
+        for width in (1024, 1024, 512, 256):
+            layers += [nn.Linear(features, width), nn.BatchNorm1d(width), nn.ReLU()]
+            features = width
+        super().__init__(*layers, nn.Linear(features, CLASSES))
+
+
 def _triplet_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Anchor, a mirrored view of it (positive) and another image of the batch (negative).
     images = batch["image"]
@@ -1245,6 +1462,70 @@ MODELS = (
         "torch.nn MLP embedding trained with a triplet margin loss",
         EmbeddingMLP,
         _triplet_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-bn-vgg",
+        "torch.nn VGG-style stages: 3x3 convolutions with batch norm and max pools",
+        BatchNormVGG,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-densenet",
+        "torch.nn dense blocks (BN-ReLU-convolution, concatenated) with average-pool transitions",
+        DenseNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-gn-resnet",
+        "torch.nn residual blocks with group norm, 64x64 images",
+        GroupNormResNet,
+        _classifier_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-instnorm-autoencoder",
+        "torch.nn encoder and decoder with instance norm, reconstructing 64x64 images",
+        InstanceNormAutoencoder,
+        _reconstruction_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-bn1d-signal",
+        "torch.nn 1-D convolutions with batch norm and max pools over a signal",
+        BatchNorm1DNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-mixer",
+        "torch.nn MLP-Mixer over 64 patches (layer norms, token and channel MLPs)",
+        Mixer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-pyramid-pooling",
+        "torch.nn strided convolutions with batch norm, then pyramid pooling of four average pools",
+        PyramidPoolingNet,
+        _classifier_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-bn-mlp",
+        "torch.nn tabular MLP of four dense layers with batch norm",
+        BatchNormMLP,
+        _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),

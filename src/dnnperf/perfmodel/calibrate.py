@@ -1037,9 +1037,10 @@ def _zoo_rows(
     machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
-    per call, the timed rows (each layer the fastest of ``ZOO_PASSES`` passes of ``repeats`` /
-    ``ZOO_PASSES`` calls, rounded up; fewer repeats than passes: one call a pass), a GPU's kernel
-    floor and host costs per call (both 0/empty on a CPU)."""
+    per call (:func:`zoo_fit` with the model's default options), the timed rows the fit kept (each
+    layer the fastest of ``ZOO_PASSES`` passes of ``repeats`` / ``ZOO_PASSES`` calls, rounded up;
+    fewer repeats than passes: one call a pass), a GPU's kernel floor and host costs per call (both
+    0/empty on a CPU)."""
     torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
@@ -1081,12 +1082,22 @@ def _zoo_rows(
         FIXED_COST_FAMILIES
     )
     keep = ~rows["family"].isin(NO_KERNEL) & (rows["module"] != NO_MODULE) & long_enough
-    rows = rows[keep]
+    rows = rows[keep].reset_index(drop=True)
+    efficiency, fixed = zoo_fit(rows, machine)
+    return efficiency, fixed, rows, kernel_floor, host_call
+
+
+def zoo_fit(
+    rows: pd.DataFrame, machine: Machine, options: ComputeOptions | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Efficiencies and fixed costs per call (:func:`zoo_calibration`) from the zoo's timed rows
+    (``ZooCalibration.timed``), each row priced as ``options`` price it: a variant of the model that
+    prices a family another way (``ComputeOptions.norms_per_element``) needs the efficiencies that
+    make the zoo's own calls come out as timed under that pricing."""
     graph = StepGraph("zoo", 1, rows.drop(columns="measured").reset_index(drop=True), 0, {}, 0, 0, 0)
     # The zoo prices its rows as timed: in cache.
-    predicted = op_times(graph, machine, ComputeOptions(overhead=False, cold_products=False))[
-        "compute_s"
-    ].to_numpy()
+    priced = dataclasses.replace(options or ComputeOptions(), overhead=False, cold_products=False)
+    predicted = op_times(graph, machine, priced)["compute_s"].to_numpy()
     rows = rows.assign(predicted=predicted)
     fixed: dict[str, float] = {}
     fitted: dict[str, float] = {}
@@ -1124,7 +1135,7 @@ def _zoo_rows(
         if several[(family, phase)] or op in PER_ELEMENT_OPS:
             efficiency[f"{family}/{phase}/{op}"] = (p, m)
     ratios = {key: float(min(1.0, max(p / m, 1e-3))) for key, (p, m) in efficiency.items() if m > 0}
-    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed, rows, kernel_floor, host_call
+    return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed
 
 
 #: Copies of a zoo layer that one step of :func:`host_issue_rows` runs: the first call of each phase
@@ -1251,6 +1262,9 @@ class ZooCalibration:
     #: On a GPU, the host seconds per call beyond the per-call overhead, per "family/phase"
     #: (:func:`host_call_costs`); empty on a CPU, where ``call_s`` holds what the host adds.
     host_call_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The zoo's rows as timed (net of the timing floor), for :func:`zoo_fit` under other options;
+    #: None where the calibration came from the cache, which keeps only what the model uses.
+    timed: pd.DataFrame | None = None
 
 
 def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
@@ -1270,7 +1284,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
         points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
         if points:
             curves[f"{family}/{phase}"] = Curve(*dedupe(points))  # shapes of equal FLOPs: their median
-    return ZooCalibration(efficiency, curves, fixed, kernel_floor, host_call)
+    return ZooCalibration(efficiency, curves, fixed, kernel_floor, host_call, rows)
 
 
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:

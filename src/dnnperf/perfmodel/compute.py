@@ -10,7 +10,7 @@ step, none of them touched since backward, so its rows take the bandwidth at the
 (from memory, not cache), and only the calibrated share of its counted bytes
 (``Machine.update_byte_share``: a parameter's kernels run back to back and find its tensors in cache); and
 except for kernels that compute per element (``PER_ELEMENT_OPS``: random numbers, GELU, softmax,
-transcendental functions), whose
+transcendental functions; and with ``ComputeOptions.norms_per_element`` normalization and pooling), whose
 time grows with their bytes at one rate whatever fits in cache: they take the bandwidth from memory, and
 their own efficiency, calibrated on the zoo, is their rate. The roofline time is divided by the machine's
 efficiency for the operator (``"family/phase/op"`` first, then ``"family/phase"``, then ``"family"``; 1.0
@@ -79,9 +79,21 @@ PER_ELEMENT_OPS = frozenset(
 )
 
 
-def per_element(ops: pd.DataFrame) -> np.ndarray:
-    """Which rows are PER_ELEMENT kernels."""
-    return ops["family"].isin(PER_ELEMENT_FAMILIES).to_numpy() | ops["op"].isin(PER_ELEMENT_OPS).to_numpy()
+#: Families whose kernels work out statistics or a window per element (batch, group, layer and
+#: instance norms; max and average pools): on one thread of the Xeon of validation-heldout-third-host.md
+#: they took about the same time per element from 256 KiB to 9 MiB (batch norm's forward 1.25-1.63 ns,
+#: a 3x3 average pool 8.0-8.2, layer norm 1.1-1.5) while an add went from 0.10 to 0.29 ns as it left
+#: the 2 MiB L2. Priced through the
+#: cache's curve, a call smaller than the zoo's took the L2's bandwidth: hf:resnet `tiny` batch 4's
+#: batch norms forward at 0.66 ns an element against 1.7-2.0 in its step. Per element where
+#: ``ComputeOptions.norms_per_element``.
+PER_ELEMENT_NORMS = ("normalization", "pooling")
+
+
+def per_element(ops: pd.DataFrame, norms: bool = False) -> np.ndarray:
+    """Which rows are PER_ELEMENT kernels (with ``norms``, every row of PER_ELEMENT_NORMS too)."""
+    families = PER_ELEMENT_FAMILIES + PER_ELEMENT_NORMS if norms else PER_ELEMENT_FAMILIES
+    return ops["family"].isin(families).to_numpy() | ops["op"].isin(PER_ELEMENT_OPS).to_numpy()
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,10 @@ class ComputeOptions:
     #: worse by more than 5 points (validation-heldout.md).
     replay_attention: bool = True
     per_element: bool = True
+    #: With ``per_element``, normalization and pooling priced per element too (PER_ELEMENT_NORMS),
+    #: their efficiencies fitted on the zoo that way (calibrate.zoo_fit). Off until a held-out set
+    #: judges it (validation-heldout-third-host.md).
+    norms_per_element: bool = False
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
     measured_issue: bool = True
@@ -189,7 +205,8 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
             working_set = np.where(update, nbytes[update].sum(), working_set)
         bandwidth = machine.bandwidth_curve(working_set)
         if options.per_element:
-            bandwidth = np.where(per_element(ops), machine.memory_bandwidth, bandwidth)
+            at_memory = per_element(ops, options.norms_per_element)
+            bandwidth = np.where(at_memory, machine.memory_bandwidth, bandwidth)
     else:
         bandwidth = np.full(len(ops), machine.memory_bandwidth)
     compute = flops / rate

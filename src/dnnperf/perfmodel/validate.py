@@ -36,6 +36,7 @@ from dnnperf.perfmodel.calibrate import (
     measure_update_cost,
     measure_zero_operand_cost,
     zoo_calibration,
+    zoo_fit,
 )
 from dnnperf.perfmodel.collectives import OPERATIONS, operations
 from dnnperf.perfmodel.compute import ComputeOptions, step_time
@@ -49,7 +50,8 @@ from dnnperf.perfmodel.machine import NOT_CALIBRATED, Machine, from_profile
 #: from the training-step microbenchmark, hw's bare dispatch, or none; page faults or none; the
 #: update's bandwidth from memory or in cache; convolutions' fixed cost per call or none; per-family
 #: efficiencies from the layer zoo against hw's curves, none, or the zoo's own convolution/matmul
-#: curves. Every variant shares one calibration (fitted against the model's sum).
+#: curves; normalization and pooling per element or through the cache's curve. Every variant shares
+#: one calibration (fitted against the model's sum; the last two's efficiencies under their pricing).
 VARIANTS = {
     "model": ComputeOptions("sum", True),
     "max": ComputeOptions("max", True),
@@ -66,8 +68,13 @@ VARIANTS = {
     "no zero operands": ComputeOptions(zero_operands=False),
     "per-element ops in cache": ComputeOptions(per_element=False),
     "no replayed kernels": ComputeOptions(replay_kernels=False),
+    "normalization and pooling per element": ComputeOptions(norms_per_element=True),
+    "normalization and pooling in cache": ComputeOptions(norms_per_element=False),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
+#: The variants that price normalization and pooling per element or through the cache's curve
+#: (ComputeOptions.norms_per_element): :func:`calibrated_machines` fits each its own efficiencies.
+NORM_PRICINGS = ("normalization and pooling per element", "normalization and pooling in cache")
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -145,6 +152,13 @@ def calibrated_machines(
         )
         for v in VARIANTS
     }
+    # The model with normalization and pooling priced each way (ComputeOptions.norms_per_element),
+    # each with the efficiencies the zoo's own calls come out at under that pricing.
+    # (A zoo read from the cache has no timed rows: its variants keep the model's efficiencies.)
+    timed = zoo.timed
+    for variant in NORM_PRICINGS if timed is not None else ():
+        fitted, fixed_s = zoo_fit(timed, from_profile(profile), VARIANTS[variant])
+        machines[variant] = dataclasses.replace(machines["model"], efficiency=fitted, call_s=fixed_s)
     if gpu:
         # Views are charged their own host cost on a GPU: the overhead's share of them comes off.
         dispatch = dispatch_net_of_views(overhead, zoo.host_call_s, device)
