@@ -192,6 +192,17 @@ SETS = (
         "of average pools and a tabular MLP with batch norm.",
     ),
     (
+        "twenty-second",
+        "twenty-second set",
+        "Eight models (`TWENTY_SECOND_MODELS`, `--twenty-second`), fixed (each model's build checked) "
+        "before any of them was predicted, to judge normalization and pooling priced per element at "
+        "their rate beyond the L2, by the eighteenth's rule: networks written in torch.nn "
+        "(`benchmarks/own_models.py`): "
+        "inception blocks, a U-Net with group norm, ConvNeXt-like blocks, a wide residual network, a "
+        "DCGAN discriminator, SqueezeNet-like fire modules, a residual MLP with layer norms and 3-D "
+        "convolutions with 3-D batch norm.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
@@ -406,6 +417,8 @@ AT_COST, EVERY_CALL = "compiled calls' later kernels at their cost", "every forw
 #: (heldout_validation.NORMS_IN_CACHE, NORMS_PER_ELEMENT).
 NORMS_PER_ELEMENT = "normalization and pooling per element"
 NORMS_IN_CACHE = "normalization and pooling in cache"
+#: And per element at the rate of the zoo's calls beyond the L2 (heldout_validation.NORMS_OUT_OF_CACHE).
+NORMS_OUT_OF_CACHE = "normalization and pooling out of cache"
 
 
 def option_errors(row: dict[str, Any], off: str, on: str) -> tuple[float, float] | None:
@@ -454,6 +467,11 @@ def norms(documents: dict[str, dict[str, Any]]) -> str:
     return option_table(documents, NORMS_IN_CACHE, NORMS_PER_ELEMENT, ("in cache", "per element"))
 
 
+def norms_out_of_cache(documents: dict[str, dict[str, Any]]) -> str:
+    """Normalization and pooling per element at the rate beyond the L2 against in cache (option_table)."""
+    return option_table(documents, NORMS_IN_CACHE, NORMS_OUT_OF_CACHE, ("in cache", "out of cache"))
+
+
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
@@ -484,6 +502,8 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
         text = replace_between(text, "compiled-calls", compiled_calls(documents))
     if "<!-- heldout_report:norms -->" in text:
         text = replace_between(text, "norms", norms(documents))
+    if "<!-- heldout_report:norms-out -->" in text:
+        text = replace_between(text, "norms-out", norms_out_of_cache(documents))
     return replace_between(text, "phases", phases(documents))
 
 

@@ -739,6 +739,253 @@ class BatchNormMLP(nn.Sequential):
         super().__init__(*layers, nn.Linear(features, CLASSES))
 
 
+class InceptionBlock(nn.Module):
+    """Parallel 1x1, 3x3 and 5x5 convolutions and a 3x3 max pool, each with batch norm, concatenated."""
+
+    def __init__(self, channels: int, width: int) -> None:
+        super().__init__()
+
+        def branch(*layers: nn.Module) -> nn.Sequential:
+            return nn.Sequential(*layers, nn.BatchNorm2d(width), nn.ReLU())
+
+        self.branches = nn.ModuleList(
+            [
+                branch(nn.Conv2d(channels, width, 1, bias=False)),
+                branch(
+                    nn.Conv2d(channels, width, 1, bias=False),
+                    nn.Conv2d(width, width, 3, padding=1, bias=False),
+                ),
+                branch(
+                    nn.Conv2d(channels, width, 1, bias=False),
+                    nn.Conv2d(width, width, 5, padding=2, bias=False),
+                ),
+                branch(nn.MaxPool2d(3, stride=1, padding=1), nn.Conv2d(channels, width, 1, bias=False)),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([b(x) for b in self.branches], 1)
+
+
+class InceptionNet(nn.Sequential):
+    """A stem, then inception blocks with max pools between them."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            *_conv_bn(3, 32),
+            InceptionBlock(32, 16),
+            nn.MaxPool2d(2),
+            InceptionBlock(64, 32),
+            nn.MaxPool2d(2),
+            InceptionBlock(128, 32),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, CLASSES),
+        )
+
+
+class GroupNormUNet(nn.Module):
+    """A two-level U-Net with group norm (4 groups), max pools down and upsampling up, 64x64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        def block(channels: int, width: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(channels, width, 3, padding=1),
+                nn.GroupNorm(4, width),
+                nn.SiLU(),
+                nn.Conv2d(width, width, 3, padding=1),
+                nn.GroupNorm(4, width),
+                nn.SiLU(),
+            )
+
+        self.down1, self.down2, self.middle = block(3, 32), block(32, 64), block(64, 128)
+        self.up2, self.up1 = block(128 + 64, 64), block(64 + 32, 32)
+        self.out = nn.Conv2d(32, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = self.down1(x)
+        second = self.down2(nn.functional.max_pool2d(first, 2))
+        middle = self.middle(nn.functional.max_pool2d(second, 2))
+        up = self.up2(torch.cat([nn.functional.interpolate(middle, scale_factor=2.0), second], 1))
+        return self.out(self.up1(torch.cat([nn.functional.interpolate(up, scale_factor=2.0), first], 1)))
+
+
+class ChannelsLastNorm(nn.LayerNorm):
+    """Layer norm over the channels of an (N, C, H, W) map."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtLikeBlock(nn.Module):
+    """A depthwise 7x7 convolution, a layer norm over channels and an inverted MLP, residual."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(width, width, 7, padding=3, groups=width),
+            ChannelsLastNorm(width),
+            nn.Conv2d(width, 4 * width, 1),
+            nn.GELU(),
+            nn.Conv2d(4 * width, width, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+class ConvNeXtLike(nn.Sequential):
+    """A patchify stem, two stages of ConvNeXt-like blocks, layer-normed downsampling between."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Conv2d(3, 48, 2, stride=2),
+            ChannelsLastNorm(48),
+            ConvNeXtLikeBlock(48),
+            ConvNeXtLikeBlock(48),
+            ChannelsLastNorm(48),
+            nn.Conv2d(48, 96, 2, stride=2),
+            ConvNeXtLikeBlock(96),
+            ConvNeXtLikeBlock(96),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.LayerNorm(96),
+            nn.Linear(96, CLASSES),
+        )
+
+
+class WideBlock(nn.Module):
+    """A pre-activation residual block: BN-ReLU-3x3 convolution twice."""
+
+    def __init__(self, channels: int, width: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, width, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, 1, 1, bias=False),
+        )
+        self.skip = (
+            nn.Identity() if stride == 1 and channels == width else nn.Conv2d(channels, width, 1, stride)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.skip(x)
+
+
+class WideResNet(nn.Sequential):
+    """A wide residual network of three stages (widths 64, 128, 256), one block each."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False),
+            WideBlock(16, 64, 1),
+            WideBlock(64, 128, 2),
+            WideBlock(128, 256, 2),
+            nn.BatchNorm2d(256),
+            nn.ReLU(),
+            nn.AvgPool2d(8),
+            nn.Flatten(),
+            nn.Linear(256, CLASSES),
+        )
+
+
+class DCGANDiscriminator(nn.Sequential):
+    """A DCGAN discriminator: strided 4x4 convolutions with batch norm and leaky ReLUs, 64x64."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = [nn.Conv2d(3, 32, 4, 2, 1), nn.LeakyReLU(0.2)]
+        for channels in (32, 64, 128):
+            layers += [nn.Conv2d(channels, 2 * channels, 4, 2, 1, bias=False), nn.BatchNorm2d(2 * channels)]
+            layers.append(nn.LeakyReLU(0.2))
+        super().__init__(*layers, nn.Conv2d(256, 1, 4), nn.Flatten(), nn.Flatten(0))
+
+
+class FireModule(nn.Module):
+    """SqueezeNet's fire module: a 1x1 squeeze, then 1x1 and 3x3 expands concatenated, with batch norm."""
+
+    def __init__(self, channels: int, squeeze: int, expand: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Sequential(nn.Conv2d(channels, squeeze, 1), nn.BatchNorm2d(squeeze), nn.ReLU())
+        self.one = nn.Sequential(nn.Conv2d(squeeze, expand, 1), nn.BatchNorm2d(expand), nn.ReLU())
+        self.three = nn.Sequential(
+            nn.Conv2d(squeeze, expand, 3, padding=1), nn.BatchNorm2d(expand), nn.ReLU()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.squeeze(x)
+        return torch.cat([self.one(x), self.three(x)], 1)
+
+
+class SqueezeNetLike(nn.Sequential):
+    """SqueezeNet-like: a strided stem, fire modules, 3x3 max pools, 64x64."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Conv2d(3, 64, 3, stride=2),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+            FireModule(64, 16, 64),
+            FireModule(128, 16, 64),
+            nn.MaxPool2d(3, 2),
+            FireModule(128, 32, 128),
+            FireModule(256, 32, 128),
+            nn.Conv2d(256, CLASSES, 1),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+
+
+class ResidualNormMLP(nn.Module):
+    """A residual MLP over the image's pixels: four blocks of layer norm and a 4x MLP, width 512."""
+
+    def __init__(self, width: int = 512, blocks: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+            )
+            for _ in range(blocks)
+        )
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, CLASSES))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.embed(images.flatten(1))
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+class VolumeNet(nn.Sequential):
+    """3-D convolutions with 3-D batch norm and max pools over a volume (each image as 3 frames)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Unflatten(1, (1, 3)),
+            nn.Conv3d(1, 16, 3, padding=1, bias=False),
+            nn.BatchNorm3d(16),
+            nn.ReLU(),
+            nn.MaxPool3d((1, 2, 2)),
+            nn.Conv3d(16, 32, 3, padding=1, bias=False),
+            nn.BatchNorm3d(32),
+            nn.ReLU(),
+            nn.MaxPool3d((1, 2, 2)),
+            nn.AdaptiveAvgPool3d(1),
+            nn.Flatten(),
+            nn.Linear(32, CLASSES),
+        )
+
+
+def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # Real or not: whether the image is of an even class, a stand-in for a GAN's labels.
+    return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
+
+
 def _triplet_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Anchor, a mirrored view of it (positive) and another image of the batch (negative).
     images = batch["image"]
@@ -1528,6 +1775,70 @@ MODELS = (
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
+    ),
+    OwnModel(
+        "torch-inception",
+        "torch.nn inception blocks (1x1, 3x3, 5x5 convolutions and a max pool, batch norm)",
+        InceptionNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-gn-unet",
+        "torch.nn U-Net with group norm, reconstructing 64x64 images",
+        GroupNormUNet,
+        _reconstruction_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-convnext-like",
+        "torch.nn ConvNeXt-like blocks: depthwise 7x7, layer norm over channels, inverted MLP",
+        ConvNeXtLike,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-wide-resnet",
+        "torch.nn wide residual network, pre-activation blocks with batch norm, an average pool",
+        WideResNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-dcgan-discriminator",
+        "torch.nn DCGAN discriminator: strided convolutions, batch norm, leaky ReLUs, 64x64",
+        DCGANDiscriminator,
+        _discriminator_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-squeezenet-like",
+        "torch.nn fire modules with batch norm and 3x3 max pools, 64x64",
+        SqueezeNetLike,
+        _classifier_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-residual-ln-mlp",
+        "torch.nn residual MLP with layer norms",
+        ResidualNormMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-volume",
+        "torch.nn 3-D convolutions with 3-D batch norm and max pools",
+        VolumeNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
     ),
     OwnModel(
         "xt-narrow-decoder",

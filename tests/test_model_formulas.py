@@ -628,6 +628,87 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
     assert cached[0] == pytest.approx(1e6 / 1e12 / 0.25)  # the ablation: every kernel on the curve
 
 
+def test_norms_priced_per_element_keep_the_zoo_rate_at_every_size() -> None:
+    """A batch norm that truly takes 0.2 ns a byte at any size and an add that truly runs at the cache
+    curve's bandwidth, each timed once in a zoo of one size (4 MB): fitted and priced per element
+    (ComputeOptions.norms_per_element), the norm comes out at 0.2 ns a byte at a tenth and at ten
+    times the zoo's size; fitted and priced through the cache's curve, it follows the curve (too fast
+    in cache). The add is priced by the curve either way."""
+    from dnnperf.perfmodel.calibrate import zoo_fit
+    from dnnperf.perfmodel.compute import per_element
+    from dnnperf.perfmodel.machine import Curve
+
+    machine = toy_machine(bandwidth_curve=Curve((4e5, 4e6, 4e7), (4e11, 2e11, 1e11)), memory_bandwidth=1e11)
+    curve = machine.bandwidth_curve
+    norm, add = ("aten._native_batch_norm_legit", "normalization"), ("aten.add", "elementwise")
+    base = {"phase": "forward", "module": "m", "dtype": "float32", "kind": "", "flops": 0.0, "calls": 1.0}
+    zoo = pd.DataFrame(
+        [
+            {**base, "op": norm[0], "family": norm[1], "bytes": 4e6, "rows": 0.0, "measured": 4e6 * 0.2e-9},
+            {**base, "op": add[0], "family": add[1], "bytes": 4e6, "rows": 0.0, "measured": 4e6 / curve(4e6)},
+        ]
+    )
+    sizes = (4e5, 4e7)
+    step = pd.DataFrame(
+        [
+            {**base, "op": op, "family": family, "bytes": n, "rows": 0.0}
+            for op, family in (norm, add)
+            for n in sizes
+        ]
+    )
+    graph = StepGraph("toy", 1, step, 0, {}, 0, 0, 0)
+    assert per_element(step, norms=True).tolist() == [True, True, False, False]
+    assert not per_element(step).any()
+    priced = {}
+    for norms in (True, False):
+        options = ComputeOptions(overhead=False, norms_per_element=norms)
+        efficiency, _ = zoo_fit(zoo, machine, options)
+        fitted = dataclasses.replace(machine, efficiency=efficiency)
+        priced[norms] = op_times(graph, fitted, options)["seconds"].to_numpy()
+    assert priced[True][:2] == pytest.approx([n * 0.2e-9 for n in sizes])
+    in_cache = [n * 0.2e-9 * curve(4e6) / curve(n) for n in sizes]  # the zoo's rate, moved by the curve
+    assert priced[False][:2] == pytest.approx(in_cache)
+    assert priced[True][2:] == pytest.approx(priced[False][2:])
+    assert priced[True][2:] == pytest.approx([n / curve(n) for n in sizes])
+
+
+def test_norms_out_of_cache_take_the_rate_of_the_zoo_s_calls_beyond_the_l2() -> None:
+    """A group norm that truly takes 0.2 ns a byte in the L2 and 0.3 beyond it, and an add on the
+    bandwidth curve, timed by the zoo at 4 MB and again (``sized``) at 40 MB: out of cache
+    (ComputeOptions.norms_out_of_cache) the norm is priced at 0.3 ns a byte at any size, its one
+    efficiency the 40 MB row's; otherwise the sized row plays no part (the 4 MB row's efficiency,
+    exactly). The add's efficiency comes from its unsized row either way."""
+    from dnnperf.perfmodel.calibrate import zoo_fit
+    from dnnperf.perfmodel.machine import Curve
+
+    machine = toy_machine(bandwidth_curve=Curve((4e5, 4e6, 4e7), (4e11, 2e11, 1e11)), memory_bandwidth=1e11)
+    curve = machine.bandwidth_curve
+    base = {"phase": "forward", "module": "m", "dtype": "float32", "kind": "", "flops": 0.0, "calls": 1.0}
+    base["rows"] = 0.0
+    norm = {**base, "op": "aten.native_group_norm", "family": "normalization"}
+    add = {**base, "op": "aten.add", "family": "elementwise"}
+    zoo = pd.DataFrame(
+        [
+            {**norm, "bytes": 4e6, "measured": 4e6 * 0.2e-9, "sized": False},
+            {**norm, "bytes": 4e7, "measured": 4e7 * 0.3e-9, "sized": True},
+            {**add, "bytes": 4e6, "measured": 2 * 4e6 / curve(4e6), "sized": False},
+            {**add, "bytes": 4e7, "measured": 9.0, "sized": True},  # never used: not a norm
+        ]
+    )
+    out = ComputeOptions(overhead=False, norms_out_of_cache=True)
+    efficiency, _ = zoo_fit(zoo, machine, out)
+    assert efficiency["normalization/forward"] == pytest.approx(4e7 / 1e11 / (4e7 * 0.3e-9))
+    assert efficiency["elementwise/forward"] == pytest.approx(0.5)
+    in_cache, _ = zoo_fit(zoo, machine)
+    assert in_cache["normalization/forward"] == pytest.approx(4e6 / curve(4e6) / (4e6 * 0.2e-9))
+    assert in_cache["elementwise/forward"] == pytest.approx(0.5)
+    sizes = (4e5, 4e6)
+    step = pd.DataFrame([{**norm, "bytes": n} for n in sizes])
+    graph = StepGraph("toy", 1, step, 0, {}, 0, 0, 0)
+    seconds = op_times(graph, dataclasses.replace(machine, efficiency=efficiency), out)["seconds"]
+    assert seconds.to_numpy() == pytest.approx([n * 0.3e-9 for n in sizes])
+
+
 def test_host_costs_per_call_solve_the_layers_issue_times() -> None:
     """Issue times made from known seconds per call (elementwise 5 us, convolution 40 us, a view 2 us
     forward; backward 9 and 70 us): the fit gives them back; a phase lost in noise (0 s) is left out."""

@@ -59,6 +59,7 @@ from dnnperf.devices import current, synchronize
 from dnnperf.hardware import device_key
 from dnnperf.perfmodel.compute import (
     NO_KERNEL,
+    PER_ELEMENT_NORMS,
     PER_ELEMENT_OPS,
     ComputeOptions,
     few_rows_class,
@@ -935,11 +936,25 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     ]
 
 
-def _zoo_on(device: torch.device) -> list[tuple[nn.Module, tuple[int, ...]]]:
-    """The zoo at ``device``'s batches (``GPU_BATCH_SCALE`` times the CPU's on a GPU)."""
+def _sized_zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
+    """The zoo's normalization and pooling layers again at 8 MiB in (twice the side): beyond a core's
+    L2, where ``ComputeOptions.norms_out_of_cache`` takes their rate from (zoo_fit)."""
+    return [
+        (nn.BatchNorm2d(64), (8, 64, 64, 64)),
+        (nn.GroupNorm(1, 64), (8, 64, 64, 64)),
+        (nn.MaxPool2d(2), (8, 64, 64, 64)),
+        (nn.AvgPool2d(3, stride=1, padding=1), (8, 64, 64, 64)),
+        (nn.LayerNorm(256), (256, 32, 256)),
+    ]
+
+
+def _zoo_on(device: torch.device, sized: bool = False) -> list[tuple[nn.Module, tuple[int, ...]]]:
+    """The zoo (``sized``: :func:`_sized_zoo`) at ``device``'s batches (``GPU_BATCH_SCALE`` times the
+    CPU's on a GPU)."""
+    layers = _sized_zoo() if sized else _zoo()
     if device.type != "cuda":
-        return _zoo()
-    return [(layer, (shape[0] * GPU_BATCH_SCALE, *shape[1:])) for layer, shape in _zoo()]
+        return layers
+    return [(layer, (shape[0] * GPU_BATCH_SCALE, *shape[1:])) for layer, shape in layers]
 
 
 def timed_rows(
@@ -1048,14 +1063,16 @@ def _zoo_rows(
     passes = min(ZOO_PASSES, repeats)
     per_pass = -(-repeats // passes)
     with current(device):
-        layers = _zoo_on(device)
+        base = _zoo_on(device)
+        layers = base + _zoo_on(device, sized=True)
         timed = fastest_passes(
             layers, lambda layer, shape: timed_rows(layer, shape, per_pass, device), passes, progress
         )
         frames = []
-        for (layer, _), frame in zip(layers, timed, strict=True):
+        for index, ((layer, _), frame) in enumerate(zip(layers, timed, strict=True)):
             calibrates = getattr(layer, "calibrates", None)  # a layer run for some of its operators only
-            frames.append(frame if calibrates is None else frame[frame["op"].isin(calibrates)])
+            frame = frame if calibrates is None else frame[frame["op"].isin(calibrates)]
+            frames.append(frame.assign(sized=index >= len(base)))  # for norms_out_of_cache alone
         if gpu:
             per_call = fit_host_costs(host_issue_rows(host_zoo(device), device, repeats))
             reference = dispatch_net_of_views(op_overhead(device=str(device)), per_call, device)
@@ -1065,7 +1082,7 @@ def _zoo_rows(
     # taken off every call, and calls not clearly longer than it are left out (they measure overhead,
     # which the model counts separately). The harness's own operators (outside the layer) are left out too.
     per_call = rows["measured"] / rows["calls"]
-    floor = float(per_call[(rows["bytes"] / rows["calls"]) <= 1024].median())
+    floor = float(per_call[((rows["bytes"] / rows["calls"]) <= 1024) & ~rows["sized"]].median())
     floor = floor if floor == floor else 0.0  # NaN when no such call ran
     rows = rows.assign(measured=rows["measured"] - floor * rows["calls"])
     # On a GPU, each kernel's own floor too (the model adds Machine.kernel_s per call back).
@@ -1093,10 +1110,17 @@ def zoo_fit(
     """Efficiencies and fixed costs per call (:func:`zoo_calibration`) from the zoo's timed rows
     (``ZooCalibration.timed``), each row priced as ``options`` price it: a variant of the model that
     prices a family another way (``ComputeOptions.norms_per_element``) needs the efficiencies that
-    make the zoo's own calls come out as timed under that pricing."""
-    graph = StepGraph("zoo", 1, rows.drop(columns="measured").reset_index(drop=True), 0, {}, 0, 0, 0)
+    make the zoo's own calls come out as timed under that pricing. The rows of the layers timed again
+    beyond the L2 (``sized``: :func:`_sized_zoo`) give normalization and pooling their efficiencies
+    where ``options.norms_out_of_cache``, and nothing otherwise."""
+    options = options or ComputeOptions()
+    if "sized" in rows:
+        sized = rows["sized"].astype(bool)
+        norms = rows["family"].isin(PER_ELEMENT_NORMS)
+        rows = rows[(norms & sized) | (~norms & ~sized) if options.norms_out_of_cache else ~sized]
+    graph = StepGraph("zoo", 1, rows.drop(columns=["measured", "sized"], errors="ignore"), 0, {}, 0, 0, 0)
     # The zoo prices its rows as timed: in cache.
-    priced = dataclasses.replace(options or ComputeOptions(), overhead=False, cold_products=False)
+    priced = dataclasses.replace(options, overhead=False, cold_products=False)
     predicted = op_times(graph, machine, priced)["compute_s"].to_numpy()
     rows = rows.assign(predicted=predicted)
     fixed: dict[str, float] = {}
@@ -1277,7 +1301,7 @@ def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
     fourth, on a GPU, a kernel's device floor. Runs on ``machine``'s replay device (default the CPU)."""
     efficiency, fixed, rows, kernel_floor, host_call = _zoo_rows(machine, repeats)
     curves: dict[str, Curve] = {}
-    dense = rows[rows["family"].isin(("convolution", "matmul")) & (rows["kind"] == "")]
+    dense = rows[rows["family"].isin(("convolution", "matmul")) & (rows["kind"] == "") & ~rows["sized"]]
     for (family, phase), group in dense.groupby(["family", "phase"]):
         per_call = group["flops"] / group["calls"]
         rate = group["flops"] / group["measured"]

@@ -50,7 +50,8 @@ from dnnperf.perfmodel.machine import NOT_CALIBRATED, Machine, from_profile
 #: from the training-step microbenchmark, hw's bare dispatch, or none; page faults or none; the
 #: update's bandwidth from memory or in cache; convolutions' fixed cost per call or none; per-family
 #: efficiencies from the layer zoo against hw's curves, none, or the zoo's own convolution/matmul
-#: curves; normalization and pooling per element or through the cache's curve. Every variant shares
+#: curves; normalization and pooling per element (at the zoo's sizes' rate or beyond the L2) or
+#: through the cache's curve. Every variant shares
 #: one calibration (fitted against the model's sum; the last two's efficiencies under their pricing).
 VARIANTS = {
     "model": ComputeOptions("sum", True),
@@ -70,11 +71,17 @@ VARIANTS = {
     "no replayed kernels": ComputeOptions(replay_kernels=False),
     "normalization and pooling per element": ComputeOptions(norms_per_element=True),
     "normalization and pooling in cache": ComputeOptions(norms_per_element=False),
+    "normalization and pooling out of cache": ComputeOptions(norms_out_of_cache=True),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
-#: The variants that price normalization and pooling per element or through the cache's curve
-#: (ComputeOptions.norms_per_element): :func:`calibrated_machines` fits each its own efficiencies.
-NORM_PRICINGS = ("normalization and pooling per element", "normalization and pooling in cache")
+#: The variants that price normalization and pooling per element (at the zoo's sizes' rate or beyond
+#: the L2) or through the cache's curve (ComputeOptions.norms_per_element, norms_out_of_cache):
+#: :func:`calibrated_machines` fits each its own efficiencies.
+NORM_PRICINGS = (
+    "normalization and pooling per element",
+    "normalization and pooling in cache",
+    "normalization and pooling out of cache",
+)
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
