@@ -981,6 +981,165 @@ class VolumeNet(nn.Sequential):
         )
 
 
+class AlexNetLRN(nn.Sequential):
+    """AlexNet-like: large strided convolutions, local response norms and 3x3 max pools, 64x64."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Conv2d(3, 48, 5, stride=2, padding=2),
+            nn.ReLU(),
+            nn.LocalResponseNorm(5),
+            nn.MaxPool2d(3, 2),
+            nn.Conv2d(48, 96, 3, padding=1),
+            nn.ReLU(),
+            nn.LocalResponseNorm(5),
+            nn.MaxPool2d(3, 2),
+            nn.Conv2d(96, 128, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+            nn.Flatten(),
+            nn.Linear(128 * 3 * 3, 256),
+            nn.ReLU(),
+            nn.Linear(256, CLASSES),
+        )
+
+
+class RMSNormMLP(ResidualNormMLP):
+    """The residual MLP with RMS norms in place of layer norms, width 384."""
+
+    def __init__(self) -> None:
+        super().__init__(width=384, blocks=4)
+        for block in self.blocks:
+            block[0] = nn.RMSNorm(384)
+        self.head[0] = nn.RMSNorm(384)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with batch norm, residual."""
+
+    def __init__(self, channels: int, width: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            *_conv_bn(channels, width, stride),
+            nn.Conv2d(width, width, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(width),
+        )
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and channels == width
+            else nn.Sequential(nn.Conv2d(channels, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+class BasicResNet(nn.Sequential):
+    """A residual network of basic blocks (widths 32, 64, 128) with batch norm, 32x32."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            *_conv_bn(3, 32),
+            BasicBlock(32, 32, 1),
+            BasicBlock(32, 64, 2),
+            BasicBlock(64, 128, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, CLASSES),
+        )
+
+
+class AvgPool1DNet(nn.Sequential):
+    """1-D convolutions with batch norm and average pools over a signal."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = [nn.Flatten(2)]
+        channels = 3
+        for width in (48, 96, 192):
+            layers += [nn.Conv1d(channels, width, 5, padding=2, bias=False), nn.BatchNorm1d(width), nn.GELU()]
+            layers.append(nn.AvgPool1d(4))
+            channels = width
+        super().__init__(*layers, nn.Flatten(), nn.Linear(192 * 16, CLASSES))
+
+
+class GroupNormConvNet(nn.Sequential):
+    """Plain 3x3 convolutions with group norm (16 groups) and max pools, 64x64."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = []
+        channels = 3
+        for width in (32, 64, 128):
+            layers += [
+                nn.Conv2d(channels, width, 3, padding=1, bias=False),
+                nn.GroupNorm(16, width),
+                nn.ReLU(),
+            ]
+            layers.append(nn.MaxPool2d(2))
+            channels = width
+        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, CLASSES))
+
+
+class PostNormTransformer(nn.Module):
+    """torch.nn's transformer encoder with its layer norms after each block (post-norm), 64 patches."""
+
+    def __init__(self, width: int = 128, blocks: int = 3) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, width, 4, stride=4)
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.patches(images).flatten(2).transpose(1, 2)).mean(1))
+
+
+class DepthwiseSeparableNet(nn.Sequential):
+    """MobileNet-like: depthwise 3x3 and pointwise convolutions, each with batch norm and ReLU6, 64x64."""
+
+    def __init__(self) -> None:
+        def separable(channels: int, width: int, stride: int) -> list[nn.Module]:
+            return [
+                nn.Conv2d(channels, channels, 3, stride, 1, groups=channels, bias=False),
+                nn.BatchNorm2d(channels),
+                nn.ReLU6(),
+                nn.Conv2d(channels, width, 1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU6(),
+            ]
+
+        super().__init__(
+            nn.Conv2d(3, 32, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU6(),
+            *separable(32, 64, 1),
+            *separable(64, 128, 2),
+            *separable(128, 128, 1),
+            *separable(128, 256, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(256, CLASSES),
+        )
+
+
+class VolumeAvgNet(nn.Sequential):
+    """3-D convolutions with 3-D batch norm and average pools over a volume (each image as 3 frames)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            nn.Unflatten(1, (1, 3)),
+            nn.Conv3d(1, 24, 3, padding=1, bias=False),
+            nn.BatchNorm3d(24),
+            nn.ReLU(),
+            nn.AvgPool3d((1, 2, 2)),
+            nn.Conv3d(24, 48, 3, padding=1, bias=False),
+            nn.BatchNorm3d(48),
+            nn.ReLU(),
+            nn.AvgPool3d((3, 2, 2)),
+            nn.Flatten(),
+            nn.Linear(48 * 8 * 8, CLASSES),
+        )
+
+
 def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Real or not: whether the image is of an even class, a stand-in for a GAN's labels.
     return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
@@ -1836,6 +1995,70 @@ MODELS = (
         "torch-volume",
         "torch.nn 3-D convolutions with 3-D batch norm and max pools",
         VolumeNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-alexnet-lrn",
+        "torch.nn AlexNet-like convolutions with local response norms and max pools, 64x64",
+        AlexNetLRN,
+        _classifier_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-rmsnorm-mlp",
+        "torch.nn residual MLP with RMS norms",
+        RMSNormMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-basic-resnet",
+        "torch.nn residual network of basic blocks with batch norm",
+        BasicResNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-avgpool1d",
+        "torch.nn 1-D convolutions with batch norm and average pools over a signal",
+        AvgPool1DNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-gn-convnet",
+        "torch.nn 3x3 convolutions with group norm and max pools, 64x64",
+        GroupNormConvNet,
+        _classifier_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-postnorm-transformer",
+        "torch.nn post-norm transformer encoder over 64 patches",
+        PostNormTransformer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-separable",
+        "torch.nn depthwise separable convolutions with batch norm, 64x64",
+        DepthwiseSeparableNet,
+        _classifier_loss,
+        ImageFormat(LARGE_IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-volume-avg",
+        "torch.nn 3-D convolutions with 3-D batch norm and average pools",
+        VolumeAvgNet,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,

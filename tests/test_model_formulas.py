@@ -677,7 +677,9 @@ def test_norms_out_of_cache_take_the_rate_of_the_zoo_s_calls_beyond_the_l2() -> 
     bandwidth curve, timed by the zoo at 4 MB and again (``sized``) at 40 MB: out of cache
     (ComputeOptions.norms_out_of_cache) the norm is priced at 0.3 ns a byte at any size, its one
     efficiency the 40 MB row's; otherwise the sized row plays no part (the 4 MB row's efficiency,
-    exactly). The add's efficiency comes from its unsized row either way."""
+    exactly). The add's efficiency comes from its unsized row either way. An operator of the family
+    the zoo never ran is priced per element at the family's efficiency, or where only the zoo's are
+    (``norms_zoo_only``) through the curve."""
     from dnnperf.perfmodel.calibrate import zoo_fit
     from dnnperf.perfmodel.machine import Curve
 
@@ -707,6 +709,15 @@ def test_norms_out_of_cache_take_the_rate_of_the_zoo_s_calls_beyond_the_l2() -> 
     graph = StepGraph("toy", 1, step, 0, {}, 0, 0, 0)
     seconds = op_times(graph, dataclasses.replace(machine, efficiency=efficiency), out)["seconds"]
     assert seconds.to_numpy() == pytest.approx([n * 0.3e-9 for n in sizes])
+    # An operator of the family the zoo never ran: per element too, unless only the zoo's are.
+    other = pd.DataFrame([{**norm, "op": "aten.native_batch_norm", "bytes": 4e5}])
+    graph = StepGraph("toy", 1, other, 0, {}, 0, 0, 0)
+    fitted = dataclasses.replace(machine, efficiency=efficiency)
+    family = efficiency["normalization/forward"]
+    assert op_times(graph, fitted, out)["seconds"].iloc[0] == pytest.approx(4e5 / 1e11 / family)
+    only = dataclasses.replace(out, norms_zoo_only=True)
+    assert op_times(graph, fitted, only)["seconds"].iloc[0] == pytest.approx(4e5 / curve(4e5) / family)
+    assert zoo_fit(zoo, machine, only)[0] == efficiency  # the zoo's operators are all the zoo's
 
 
 def test_host_costs_per_call_solve_the_layers_issue_times() -> None:

@@ -1119,8 +1119,8 @@ def zoo_fit(
         norms = rows["family"].isin(PER_ELEMENT_NORMS)
         rows = rows[(norms & sized) | (~norms & ~sized) if options.norms_out_of_cache else ~sized]
     graph = StepGraph("zoo", 1, rows.drop(columns=["measured", "sized"], errors="ignore"), 0, {}, 0, 0, 0)
-    # The zoo prices its rows as timed: in cache.
-    priced = dataclasses.replace(options, overhead=False, cold_products=False)
+    # The zoo prices its rows as timed: in cache; every one of its operators is the zoo's.
+    priced = dataclasses.replace(options, overhead=False, cold_products=False, norms_zoo_only=False)
     predicted = op_times(graph, machine, priced)["compute_s"].to_numpy()
     rows = rows.assign(predicted=predicted)
     fixed: dict[str, float] = {}
@@ -1152,11 +1152,12 @@ def zoo_fit(
     sums = rows[~own].groupby(["family", "phase"])[["predicted", "measured"]].sum()
     efficiency = {f"{family}/{phase}": (p, m) for (family, phase), (p, m) in sums.iterrows()}
     # Where a family's phase ran several operators, each its own too: a 3x3 average pool's backward
-    # ran at a tenth of a max pool's, batch norm's forward at a quarter of layer norm's.
+    # ran at a tenth of a max pool's, batch norm's forward at a quarter of layer norm's. (Normalization's
+    # and pooling's always: ComputeOptions.norms_zoo_only tells the zoo's operators by these keys.)
     by_op = rows.groupby(["family", "phase", "op"])[["predicted", "measured"]].sum()
     several = by_op.groupby(level=["family", "phase"]).size() > 1
     for (family, phase, op), (p, m) in by_op.iterrows():
-        if several[(family, phase)] or op in PER_ELEMENT_OPS:
+        if several[(family, phase)] or op in PER_ELEMENT_OPS or family in PER_ELEMENT_NORMS:
             efficiency[f"{family}/{phase}/{op}"] = (p, m)
     ratios = {key: float(min(1.0, max(p / m, 1e-3))) for key, (p, m) in efficiency.items() if m > 0}
     return {**ratios, **{k: max(v, 1e-3) for k, v in fitted.items()}}, fixed

@@ -133,6 +133,10 @@ class ComputeOptions:
     #: element, the zoo's 1.4-1.6). Off until a held-out set judges it
     #: (validation-heldout-third-host.md).
     norms_out_of_cache: bool = False
+    #: With ``norms_per_element`` or ``norms_out_of_cache``, only the operators the zoo timed priced
+    #: per element (their own efficiency, ``"family/phase/op"``); the others (a 3-D max pool) stay on
+    #: the cache's curve at their family's efficiency. Off until a held-out set judges it.
+    norms_zoo_only: bool = False
     #: On this host's GPU, each phase's host seconds as the description measured them (issue.py)
     #: rather than the calibrated per-call costs alone.
     measured_issue: bool = True
@@ -214,7 +218,11 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
             working_set = np.where(update, nbytes[update].sum(), working_set)
         bandwidth = machine.bandwidth_curve(working_set)
         if options.per_element:
-            at_memory = per_element(ops, options.norms_per_element or options.norms_out_of_cache)
+            norms = options.norms_per_element or options.norms_out_of_cache
+            at_memory = per_element(ops, norms)
+            if norms and options.norms_zoo_only:
+                keys = ops["family"] + "/" + ops["phase"] + "/" + ops["op"]
+                at_memory &= per_element(ops) | keys.isin(list(machine.efficiency)).to_numpy()
             bandwidth = np.where(at_memory, machine.memory_bandwidth, bandwidth)
     else:
         bandwidth = np.full(len(ops), machine.memory_bandwidth)

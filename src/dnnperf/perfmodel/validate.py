@@ -72,6 +72,9 @@ VARIANTS = {
     "normalization and pooling per element": ComputeOptions(norms_per_element=True),
     "normalization and pooling in cache": ComputeOptions(norms_per_element=False),
     "normalization and pooling out of cache": ComputeOptions(norms_out_of_cache=True),
+    "the zoo's normalization and pooling out of cache": ComputeOptions(
+        norms_out_of_cache=True, norms_zoo_only=True
+    ),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variants that price normalization and pooling per element (at the zoo's sizes' rate or beyond
@@ -81,6 +84,7 @@ NORM_PRICINGS = (
     "normalization and pooling per element",
     "normalization and pooling in cache",
     "normalization and pooling out of cache",
+    "the zoo's normalization and pooling out of cache",
 )
 
 
