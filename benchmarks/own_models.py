@@ -961,19 +961,19 @@ class ResidualNormMLP(nn.Module):
         return self.head(x)
 
 
+def _conv3d_bn(channels: int, width: int) -> list[nn.Module]:
+    return [nn.Conv3d(channels, width, 3, padding=1, bias=False), nn.BatchNorm3d(width), nn.ReLU()]
+
+
 class VolumeNet(nn.Sequential):
     """3-D convolutions with 3-D batch norm and max pools over a volume (each image as 3 frames)."""
 
     def __init__(self) -> None:
         super().__init__(
             nn.Unflatten(1, (1, 3)),
-            nn.Conv3d(1, 16, 3, padding=1, bias=False),
-            nn.BatchNorm3d(16),
-            nn.ReLU(),
+            *_conv3d_bn(1, 16),
             nn.MaxPool3d((1, 2, 2)),
-            nn.Conv3d(16, 32, 3, padding=1, bias=False),
-            nn.BatchNorm3d(32),
-            nn.ReLU(),
+            *_conv3d_bn(16, 32),
             nn.MaxPool3d((1, 2, 2)),
             nn.AdaptiveAvgPool3d(1),
             nn.Flatten(),
@@ -1127,13 +1127,9 @@ class VolumeAvgNet(nn.Sequential):
     def __init__(self) -> None:
         super().__init__(
             nn.Unflatten(1, (1, 3)),
-            nn.Conv3d(1, 24, 3, padding=1, bias=False),
-            nn.BatchNorm3d(24),
-            nn.ReLU(),
+            *_conv3d_bn(1, 24),
             nn.AvgPool3d((1, 2, 2)),
-            nn.Conv3d(24, 48, 3, padding=1, bias=False),
-            nn.BatchNorm3d(48),
-            nn.ReLU(),
+            *_conv3d_bn(24, 48),
             nn.AvgPool3d((3, 2, 2)),
             nn.Flatten(),
             nn.Linear(48 * 8 * 8, CLASSES),
