@@ -12,7 +12,8 @@ the pages' own.
     python benchmarks/heldout_report.py DIR --host-page validation-heldout-second-host.md
 
 writes another host's sets instead into that one page, between the same markers (``run``,
-``summary``, ``sets`` and ``phases``).
+``summary``, ``sets`` and ``phases``); with ``--host-sets-page PAGE`` each set's rows (``sets``) go
+to PAGE.
 """
 
 from __future__ import annotations
@@ -434,16 +435,21 @@ NORMS_OUT_OF_CACHE = "normalization and pooling out of cache"
 ZOO_NORMS_OUT_OF_CACHE = "the zoo's normalization and pooling out of cache"
 
 
-def option_errors(row: dict[str, Any], off: str, on: str) -> tuple[float, float] | None:
+def option_errors(
+    row: dict[str, Any], off: str, on: str, stand_in: bool = True
+) -> tuple[float, float] | None:
     """A row's error without an option of the model (variant ``off``) and with it (``on``); None
-    where its set ran neither variant (where it ran one, the model itself is the other)."""
+    where its set ran neither variant (where it ran one, the model itself is the other, unless not
+    ``stand_in``: then None unless it ran both)."""
     variants = row["variant_errors"]
-    if off in variants or on in variants:
+    if (off in variants and on in variants) or (stand_in and (off in variants or on in variants)):
         return variants.get(off, row["step_error"]), variants.get(on, row["step_error"])
     return None
 
 
-def option_table(documents: dict[str, dict[str, Any]], off: str, on: str, short: tuple[str, str]) -> str:
+def option_table(
+    documents: dict[str, dict[str, Any]], off: str, on: str, short: tuple[str, str], stand_in: bool = True
+) -> str:
     """An option of the model, off (variant ``off``) against on (``on``), on each set that ran a
     variant of it: the set's median, max and signed error each way, and over the rows whose
     prediction it moves by more than ``CHANGED`` their median |error| each way (``short`` names the
@@ -454,7 +460,7 @@ def option_table(documents: dict[str, dict[str, Any]], off: str, on: str, short:
         "|---|---:|---|---|---:|---|---:|",
     ]
     for key, title, _ in SETS:
-        found = [option_errors(r, off, on) for r in documents.get(key, {}).get("rows", [])]
+        found = [option_errors(r, off, on, stand_in) for r in documents.get(key, {}).get("rows", [])]
         pairs = [p for p in found if p is not None]
         if not pairs or len(pairs) < len(found):
             continue
@@ -477,17 +483,23 @@ def compiled_calls(documents: dict[str, dict[str, Any]]) -> str:
 
 def norms(documents: dict[str, dict[str, Any]]) -> str:
     """Normalization and pooling per element against through the cache's curve (option_table)."""
-    return option_table(documents, NORMS_IN_CACHE, NORMS_PER_ELEMENT, ("in cache", "per element"))
+    return option_table(
+        documents, NORMS_IN_CACHE, NORMS_PER_ELEMENT, ("in cache", "per element"), stand_in=False
+    )
 
 
 def norms_out_of_cache(documents: dict[str, dict[str, Any]]) -> str:
     """Normalization and pooling per element at the rate beyond the L2 against in cache (option_table)."""
-    return option_table(documents, NORMS_IN_CACHE, NORMS_OUT_OF_CACHE, ("in cache", "out of cache"))
+    return option_table(
+        documents, NORMS_IN_CACHE, NORMS_OUT_OF_CACHE, ("in cache", "out of cache"), stand_in=False
+    )
 
 
 def zoo_norms_out_of_cache(documents: dict[str, dict[str, Any]]) -> str:
     """The zoo's normalization and pooling per element beyond the L2 against in cache (option_table)."""
-    return option_table(documents, NORMS_IN_CACHE, ZOO_NORMS_OUT_OF_CACHE, ("in cache", "zoo's out of cache"))
+    return option_table(
+        documents, NORMS_IN_CACHE, ZOO_NORMS_OUT_OF_CACHE, ("in cache", "zoo's out of cache"), stand_in=False
+    )
 
 
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
@@ -507,13 +519,20 @@ def run_line(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def host_sets(documents: dict[str, dict[str, Any]]) -> str:
+    """Every set's rows of another host, one section a set."""
+    return "\n\n".join(
+        set_section(title, what, documents[key]) for key, title, what in SETS if key in documents
+    )
+
+
 def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
     """A page of another host's sets (``--host-page``): ``text`` with its run line, summary, every
-    set's rows and the phases table written from ``documents``."""
-    sections = [set_section(title, what, documents[key]) for key, title, what in SETS if key in documents]
+    set's rows (where the page holds them) and the phases table written from ``documents``."""
     text = replace_between(text, "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
-    text = replace_between(text, "sets", "\n\n".join(sections))
+    if "<!-- heldout_report:sets -->" in text:
+        text = replace_between(text, "sets", host_sets(documents))
     if "<!-- heldout_report:few-rows -->" in text:
         text = replace_between(text, "few-rows", few_rows(documents))
     if "<!-- heldout_report:compiled-calls -->" in text:
@@ -541,7 +560,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="where the sets' JSON files are (<set>.json)")
     parser.add_argument("--host-page", help="another host's runs: the page (in docs/) they go to, whole")
+    parser.add_argument(
+        "--host-sets-page", help="with --host-page: the page (in docs/) each set's rows go to, apart"
+    )
     args = parser.parse_args()
+    if args.host_sets_page and not args.host_page:
+        parser.error("--host-sets-page goes with --host-page")
     documents = {
         key: json.loads((args.directory / f"{key}.json").read_text())
         for key, _, _ in SETS
@@ -554,6 +578,11 @@ def main() -> None:
         if not page.is_file():
             parser.error(f"no page {page}")
         write_text_atomic(page, host_page(page.read_text(), documents))
+        if args.host_sets_page:
+            page = DOCS / args.host_sets_page
+            if not page.is_file():
+                parser.error(f"no page {page}")
+            write_text_atomic(page, replace_between(page.read_text(), "sets", host_sets(documents)))
         return
     page = DOCS / "validation-heldout.md"
     text = replace_between(page.read_text(), "run", run_line(documents))

@@ -271,3 +271,43 @@ def test_another_hosts_sets_go_to_their_own_page_and_nowhere_else(tmp_path, monk
     monkeypatch.setattr("sys.argv", ["heldout_report", str(runs), "--host-page", "missing.md"])
     with pytest.raises(SystemExit):
         report.main()
+
+
+def test_the_norms_tables_judge_only_the_sets_that_ran_both_pricings() -> None:
+    """The model does not stand in for a pricing of normalization and pooling: a set that ran the
+    per-element variant without the in-cache one (or the reverse) has no row in its table; one that
+    ran both is judged on the rows it changes (|error| 20% to 5%, and 4% to 10%: grown 6 points)."""
+    both, one = [], []
+    for name, in_cache, per_element in (("a", -0.20, -0.05), ("b", -0.04, -0.10)):
+        r = row(name, in_cache, 0.0, (0.01, 0.02, 0.005))
+        r["variant_errors"].update({report.NORMS_IN_CACHE: in_cache, report.NORMS_PER_ELEMENT: per_element})
+        both.append(r)
+        r = row(name, in_cache, 0.0, (0.01, 0.02, 0.005))
+        r["variant_errors"][report.NORMS_PER_ELEMENT] = per_element
+        one.append(r)
+    lines = report.norms({"twenty-first": {"rows": both}, "twenty-second": {"rows": one}}).splitlines()
+    assert len(lines) == 3  # the header, its rule and the twenty-first set alone
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[0] == "twenty-first set" and cells[4:] == ["2", "12.00% / 7.50%", "1"]
+
+
+def test_another_hosts_rows_can_go_to_a_page_of_their_own(tmp_path, monkeypatch) -> None:
+    """With --host-sets-page the host page keeps its summary and the sets' rows go to the other page."""
+    (tmp_path / "host.md").write_text(
+        "# Host\n"
+        + "".join(
+            f"<!-- heldout_report:{m} -->\n<!-- /heldout_report -->\n" for m in ("run", "summary", "phases")
+        )
+    )
+    (tmp_path / "rows.md").write_text("# Rows\n<!-- heldout_report:sets -->\n<!-- /heldout_report -->\n")
+    runs = first_and_twelfth(tmp_path, "other host")
+    monkeypatch.setattr(report, "DOCS", tmp_path)
+    arguments = ["heldout_report", str(runs), "--host-page", "host.md", "--host-sets-page", "rows.md"]
+    monkeypatch.setattr("sys.argv", arguments)
+    report.main()
+    host, rows = (tmp_path / "host.md").read_text(), (tmp_path / "rows.md").read_text()
+    assert "| twelfth set | 3 |" in host and "### The twelfth set" not in host
+    assert "### The first set" in rows and "### The twelfth set" in rows
+    monkeypatch.setattr("sys.argv", ["heldout_report", str(runs), "--host-sets-page", "rows.md"])
+    with pytest.raises(SystemExit):
+        report.main()
