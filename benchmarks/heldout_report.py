@@ -215,6 +215,12 @@ SETS = (
         "convolutions and 3-D convolutions with average pools.",
     ),
     (
+        "twenty-third-again",
+        "twenty-third set again",
+        "The twenty-third set's eight models run a second time (`--twenty-third`), to judge the update "
+        "calibrated right after a backward, by the eighteenth's rule.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
@@ -502,6 +508,19 @@ def zoo_norms_out_of_cache(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+#: The model with its update calibrated back to back (the model itself) and right after a backward
+#: (heldout_validation.UPDATE_AFTER_BACKWARD).
+UPDATE_BACK_TO_BACK = "update calibrated back to back"
+UPDATE_AFTER_BACKWARD = "update calibrated after a backward"
+
+
+def update_after_backward(documents: dict[str, dict[str, Any]]) -> str:
+    """The update calibrated right after a backward against back to back (option_table)."""
+    return option_table(
+        documents, UPDATE_BACK_TO_BACK, UPDATE_AFTER_BACKWARD, ("back to back", "after a backward")
+    )
+
+
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
@@ -541,6 +560,8 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
         text = replace_between(text, "norms", norms(documents))
     if "<!-- heldout_report:norms-out -->" in text:
         text = replace_between(text, "norms-out", norms_out_of_cache(documents))
+    if "<!-- heldout_report:update-lead -->" in text:
+        text = replace_between(text, "update-lead", update_after_backward(documents))
     if "<!-- heldout_report:zoo-norms -->" in text:
         text = replace_between(text, "zoo-norms", zoo_norms_out_of_cache(documents))
     return replace_between(text, "phases", phases(documents))

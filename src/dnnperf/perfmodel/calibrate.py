@@ -312,13 +312,43 @@ def update_rows(optimizer: torch.optim.Optimizer) -> pd.DataFrame:
     return pd.DataFrame([operator_row(r) for r in counter.table()])
 
 
-def measure_update_cost(machine: Machine, repeats: int = 9, passes: int = 3) -> tuple[float, float]:
+def lead_network() -> Callable[[], None]:
+    """One forward and backward of a small generic convolutional network (batch norms, a pool, a
+    linear head; 8 images of 64x64): what a training step runs before its update."""
+    network = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+    images = torch.randn(8, 3, 64, 64)
+
+    def lead() -> None:
+        network(images).sum().backward()
+
+    return lead
+
+
+def measure_update_cost(
+    machine: Machine, repeats: int = 9, passes: int = 3, after_backward: bool = False
+) -> tuple[float, float]:
     """(host seconds per update call, share of the update's counted bytes it moves) on this CPU: each
     of three optimizers (SGD with momentum, Adam, AdamW) stepped over each of ``UPDATE_SETS``, the
     median of ``repeats`` steps, the fastest of ``passes`` interleaved passes; fitted (non-negative
     least squares on the relative error) to ``calls * call_s + roofline * share``, the roofline
-    ``machine``'s as the model prices the rows (compute.op_times without overhead or the share)."""
+    ``machine``'s as the model prices the rows (compute.op_times without overhead or the share).
+    ``after_backward``: each timed step right after a backward of a generic network (lead_network),
+    as a training step runs its update; otherwise back to back. On the Xeon of
+    validation-heldout-third-host.md an update after a backward took 1.1-1.5x its time back to back
+    (hf:mobilenet_v2's 1.35-1.7x); neither reading 256 MiB, nor writing it three times, nor 20 ms of
+    sleep in between moved it as much."""
     torch.manual_seed(0)
+    lead = lead_network() if after_backward else None
     configs = []
     for tensors, elements in UPDATE_SETS:
         params = [nn.Parameter(torch.randn(elements)) for _ in range(tensors)]
@@ -339,6 +369,8 @@ def measure_update_cost(machine: Machine, repeats: int = 9, passes: int = 3) -> 
         for i, (optimizer, _, _) in enumerate(configs):
             samples = []
             for _ in range(repeats):
+                if lead is not None:
+                    lead()
                 started = time.perf_counter()
                 optimizer.step()
                 samples.append(time.perf_counter() - started)
