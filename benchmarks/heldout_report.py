@@ -508,8 +508,8 @@ def zoo_norms_out_of_cache(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
-#: The model with its update calibrated back to back (the model itself) and right after a backward
-#: (heldout_validation.UPDATE_AFTER_BACKWARD).
+#: The model with its update calibrated back to back and right after a backward (the model's since the
+#: twenty-third set again, whose runs have it as a variant; heldout_validation.UPDATE_BACK_TO_BACK).
 UPDATE_BACK_TO_BACK = "update calibrated back to back"
 UPDATE_AFTER_BACKWARD = "update calibrated after a backward"
 

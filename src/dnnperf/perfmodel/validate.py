@@ -77,9 +77,9 @@ VARIANTS = {
     ),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
-#: The variant whose update cost is calibrated right after a backward (calibrate.measure_update_cost):
-#: its own machine, the model's options.
-UPDATE_AFTER_BACKWARD = "update calibrated after a backward"
+#: The variant whose update cost is calibrated back to back, where the model's is right after a
+#: backward (calibrate.measure_update_cost): its own machine, the model's options.
+UPDATE_BACK_TO_BACK = "update calibrated back to back"
 #: The variants that price normalization and pooling per element (at the zoo's sizes' rate or beyond
 #: the L2) or through the cache's curve (ComputeOptions.norms_per_element, norms_out_of_cache):
 #: :func:`calibrated_machines` fits each its own efficiencies.
@@ -136,12 +136,12 @@ def calibrated_machines(
         if gpu
         else measure_update_cost(from_profile(profile, efficiency=efficiency, call_s=call_s))
     )
-    # The update calibrated as a step runs it, right after a backward: a variant, its own machine.
-    after_backward = (
+    # The update calibrated back to back, where the model's is right after a backward: a variant.
+    back_to_back = (
         (0.0, 1.0)
         if gpu
         else measure_update_cost(
-            from_profile(profile, efficiency=efficiency, call_s=call_s), after_backward=True
+            from_profile(profile, efficiency=efficiency, call_s=call_s), after_backward=False
         )
     )
     if not gpu:
@@ -175,10 +175,10 @@ def calibrated_machines(
         for v in VARIANTS
     }
     if not gpu:
-        machines[UPDATE_AFTER_BACKWARD] = dataclasses.replace(
+        machines[UPDATE_BACK_TO_BACK] = dataclasses.replace(
             machines["model"],
-            phase_call_s={**machines["model"].phase_call_s, "update": after_backward[0]},
-            update_byte_share=after_backward[1],
+            phase_call_s={**machines["model"].phase_call_s, "update": back_to_back[0]},
+            update_byte_share=back_to_back[1],
         )
     # The model with normalization and pooling priced each way (ComputeOptions.norms_per_element),
     # each with the efficiencies the zoo's own calls come out at under that pricing.
@@ -210,8 +210,8 @@ def calibrated_machines(
         **({f"fsdp_{name}": cost for name, cost in fsdp_cost._asdict().items()} if fsdp else {}),
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
-        "update_call_s_after_backward": after_backward[0],
-        "update_byte_share_after_backward": after_backward[1],
+        "update_call_s_back_to_back": back_to_back[0],
+        "update_byte_share_back_to_back": back_to_back[1],
         "cold_product_call_s": cold_product[0],
         "cold_product_byte_s": cold_product[1],
         **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
