@@ -32,6 +32,7 @@ from dnnperf.perfmodel import workspace
 from dnnperf.perfmodel.faults import counting_workload_faults, steady_page_faults
 from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import KernelCalls
+from dnnperf.perfmodel.subnormals import SubnormalCount
 from dnnperf.perfmodel.zeros import ZeroCounts
 from dnnperf.probes.opcount import OpCall, OpCounter
 from dnnperf.probes.saved import observe_saved
@@ -154,6 +155,10 @@ class StepGraph:
     #: the part of the host's seconds between calls that does not grow with the batch (the model's
     #: Python, not the freeing of larger tensors). Empty otherwise.
     fixed_gaps: dict[str, list[float]] = field(default_factory=dict)
+    #: On a CPU, per phase: [subnormal elements, floating elements] of the described step's operator
+    #: outputs (perfmodel/subnormals.py). The model prices no subnormal arithmetic; a prediction says
+    #: where a step has it (Prediction.detail["subnormal_outputs"]). Empty where not counted.
+    subnormal_outputs: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -258,6 +263,14 @@ class StepGraph:
             # The Python between the calls does not grow with the batch; freeing larger tensors does.
             gaps=_gaps_at(self.gaps, other.gaps, t),
             fixed_gaps=_fixed_gaps(self, other),
+            subnormal_outputs={
+                phase: [
+                    lerp(count, other.subnormal_outputs[phase][0]),
+                    lerp(total, other.subnormal_outputs[phase][1]),
+                ]
+                for phase, (count, total) in self.subnormal_outputs.items()
+                if phase in other.subnormal_outputs
+            },
         )
 
 
@@ -652,9 +665,12 @@ def capture(
 
     kernels, zeros = KernelCalls(), ZeroCounts()
 
+    subnormals = SubnormalCount()
+
     def observe(*seen: Any) -> None:
         kernels(*seen)
         zeros(*seen)
+        subnormals(*seen)
 
     counter = OpCounter(model, observer=observe)
     walk = _MemoryWalk(model, inputs, counter)
@@ -726,6 +742,7 @@ def capture(
         tp_regions=list(tp_regions.values()),
         shared_params=[{"bytes": n, "layers": names} for n, names in holders.values() if len(names) > 1],
         kernels=described,
+        subnormal_outputs=subnormals.counts,
     )
 
 
@@ -854,7 +871,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-27"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-28"],
         sort_keys=True,
         default=str,
     )
