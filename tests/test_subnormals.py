@@ -3,15 +3,17 @@ outputs whose values are known to be subnormal or not."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
-from dnnperf.cli.predict import notable_subnormals
+import dnnperf
 from dnnperf.perfmodel.graph import describe_model
 from dnnperf.perfmodel.machine import preset
 from dnnperf.perfmodel.predict import predict
-from dnnperf.perfmodel.subnormals import SAMPLE, subnormal_elements
+from dnnperf.perfmodel.subnormals import SAMPLE, notable_shares, subnormal_elements
 
 TINY = torch.finfo(torch.float32).tiny
 
@@ -61,5 +63,20 @@ def test_a_description_counts_the_forward_s_subnormal_outputs_exactly() -> None:
     scaled, plain = predict(graph, machine, 8), predict(clean, machine, 8)
     share = scaled.detail["subnormal_outputs"]["forward"]
     assert share == subnormal / elements
-    assert set(notable_subnormals([scaled])) == {"forward"}
-    assert notable_subnormals([plain]) == {} and notable_subnormals([]) == {}
+    assert set(notable_shares(scaled.detail)) == {"forward"} and notable_shares(plain.detail) == {}
+
+
+def test_dnnperf_predict_warns_of_a_phase_with_subnormal_outputs() -> None:
+    """``dnnperf.predict`` on the scaled model warns of its forward (and says the share); on the plain
+    one it warns of nothing."""
+    torch.manual_seed(0)
+    batch = torch.randn(8, 16)
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (model(x) / model.scale).square().mean()
+
+    with pytest.warns(RuntimeWarning, match=r"of the forward's operator outputs are subnormal floats"):
+        dnnperf.predict(Scaled(1e-39), batch, loss_fn=loss, machine="seed002")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        dnnperf.predict(Scaled(1.0), batch, loss_fn=loss, machine="seed002")

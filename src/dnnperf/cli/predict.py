@@ -290,22 +290,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
         )
     else:
         out.print(prediction_table(predictions, refused, best))
-    for phase, share in notable_subnormals(predictions).items():
-        out.warn(
-            f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, which the prediction "
-            "does not price: on an x86 CPU they can make the step several times slower "
-            "(torch.set_flush_denormal(True) flushes them to zero)"
-        )
+    if predictions:  # every strategy's description is the same model's: the first one's counts
+        from dnnperf.perfmodel.subnormals import notable_shares, warning_text
+
+        for phase, share in notable_shares(predictions[0].detail).items():
+            out.warn(warning_text(phase, share))
     return 0
-
-
-def notable_subnormals(predictions: list[Any]) -> dict[str, float]:
-    """The phases whose operator outputs the first prediction's description found at least
-    subnormals.NOTABLE_SHARE subnormal, and that share."""
-    from dnnperf.perfmodel.subnormals import NOTABLE_SHARE
-
-    shares = predictions[0].detail.get("subnormal_outputs", {}) if predictions else {}
-    return {phase: share for phase, share in shares.items() if share >= NOTABLE_SHARE}
 
 
 def save_sweep(

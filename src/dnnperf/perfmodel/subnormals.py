@@ -57,3 +57,19 @@ class SubnormalCount:
                 count = self.counts.setdefault(phase, [0.0, 0.0])
                 count[0] += subnormal_elements(tensor)
                 count[1] += tensor.numel()
+
+
+def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
+    """The phases of a prediction's ``detail`` whose operator outputs are at least NOTABLE_SHARE
+    subnormal, and that share."""
+    shares = detail.get("subnormal_outputs", {})
+    return {phase: share for phase, share in shares.items() if share >= NOTABLE_SHARE}
+
+
+def warning_text(phase: str, share: float) -> str:
+    """What dnnperf says of a phase's subnormal outputs (the CLI's warning, ``dnnperf.predict``'s)."""
+    return (
+        f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, which the prediction "
+        "does not price: on an x86 CPU they can make the step several times slower "
+        "(torch.set_flush_denormal(True) flushes them to zero)"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from dnnperf.perfmodel.graph import ScalableGraph, describe_model, example_rows,
 from dnnperf.perfmodel.machine import Machine, preset
 from dnnperf.perfmodel.predict import Prediction
 from dnnperf.perfmodel.predict import predict as predict_graph
+from dnnperf.perfmodel.subnormals import notable_shares, warning_text
 
 
 def predict(
@@ -34,16 +36,24 @@ def predict(
     this host's device the batch is on, as ``dnnperf hw`` calibrated it. ``batch_size``: the batch to
     predict at (default: the example batch's; dp: the global batch), from a second description at half
     the example batch (FLOPs, bytes and activations are affine in the batch). Loss and optimizer as in
-    :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back."""
+    :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back.
+    A phase whose operator outputs are 0.1% subnormal floats or more, which the model does not price,
+    gets a RuntimeWarning (``.detail["subnormal_outputs"]`` has every phase's share)."""
     example = example_rows(batch)
     device = next(t.device for t in tensors_in(batch))
     resolved = resolve_machine(machine, device, fsdp=strategy == "fsdp")
     graph = describe_model(model, batch, loss_fn=loss_fn, optimizer=optimizer)
     if batch_size is None:
-        return predict_graph(graph, resolved, example, strategy)
-    if example < 2:
+        prediction = predict_graph(graph, resolved, example, strategy)
+    elif example < 2:
         raise UsageError("predicting at another batch size needs an example batch of at least 2")
-    return predict_graph(scalable(graph, model, batch, loss_fn, optimizer), resolved, batch_size, strategy)
+    else:
+        prediction = predict_graph(
+            scalable(graph, model, batch, loss_fn, optimizer), resolved, batch_size, strategy
+        )
+    for phase, share in notable_shares(prediction.detail).items():
+        warnings.warn(warning_text(phase, share), RuntimeWarning, stacklevel=2)
+    return prediction
 
 
 def scalable(
