@@ -550,21 +550,22 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
     set's rows (where the page holds them) and the phases table written from ``documents``."""
     text = replace_between(text, "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
-    if "<!-- heldout_report:sets -->" in text:
-        text = replace_between(text, "sets", host_sets(documents))
-    if "<!-- heldout_report:few-rows -->" in text:
-        text = replace_between(text, "few-rows", few_rows(documents))
-    if "<!-- heldout_report:compiled-calls -->" in text:
-        text = replace_between(text, "compiled-calls", compiled_calls(documents))
-    if "<!-- heldout_report:norms -->" in text:
-        text = replace_between(text, "norms", norms(documents))
-    if "<!-- heldout_report:norms-out -->" in text:
-        text = replace_between(text, "norms-out", norms_out_of_cache(documents))
-    if "<!-- heldout_report:update-lead -->" in text:
-        text = replace_between(text, "update-lead", update_after_backward(documents))
-    if "<!-- heldout_report:zoo-norms -->" in text:
-        text = replace_between(text, "zoo-norms", zoo_norms_out_of_cache(documents))
+    for name, table in HOST_TABLES.items():
+        if f"<!-- heldout_report:{name} -->" in text:
+            text = replace_between(text, name, table(documents))
     return replace_between(text, "phases", phases(documents))
+
+
+#: The parts a host page may hold, by marker: each written where the page has its marker.
+HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
+    "sets": host_sets,
+    "few-rows": few_rows,
+    "compiled-calls": compiled_calls,
+    "norms": norms,
+    "norms-out": norms_out_of_cache,
+    "zoo-norms": zoo_norms_out_of_cache,
+    "update-lead": update_after_backward,
+}
 
 
 def replace_between(text: str, name: str, content: str) -> str:

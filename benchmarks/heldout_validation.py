@@ -58,6 +58,7 @@ from dnnperf.perfmodel.predict import Prediction, memory_estimate
 from dnnperf.perfmodel.predict import predict as predict_graph
 from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import NORM_PRICINGS, UPDATE_BACK_TO_BACK, calibrated_machines
+from dnnperf.perfmodel.validate import VARIANTS as VALIDATION_OPTIONS
 from dnnperf.probes.opcount import CONVOLUTION_KINDS, PHASES
 from dnnperf.runner import BenchSettings, bench
 from dnnperf.workloads import get_workload
@@ -561,10 +562,7 @@ OPTIONS = {
     FEW_ROWS_AT_RATE: ComputeOptions(few_rows_products=True),
     COMPILED_AT_COST: ComputeOptions(composite_calls=True),
     EVERY_CALL_OUTER: ComputeOptions(composite_calls=False),
-    NORMS_PER_ELEMENT: ComputeOptions(norms_per_element=True),
-    NORMS_IN_CACHE: ComputeOptions(norms_per_element=False),
-    NORMS_OUT_OF_CACHE: ComputeOptions(norms_out_of_cache=True),
-    ZOO_NORMS_OUT_OF_CACHE: ComputeOptions(norms_out_of_cache=True, norms_zoo_only=True),
+    **{variant: VALIDATION_OPTIONS[variant] for variant in NORM_PRICINGS},
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (

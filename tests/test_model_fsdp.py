@@ -237,7 +237,7 @@ def test_validation_calibrates_fsdp_only_when_asked_and_its_machines_say_so(monk
         "measure_split_region_cost": lambda: 0.0,
         "measure_ddp_cost": lambda: (0.0, 0.0),
         "measure_fsdp_cost": lambda: calls.append("fsdp") or measured,
-        "zoo_calibration": lambda machine: ZooCalibration({}, {}, {}, 0.0),
+        "zoo_calibration": lambda machine, **_: ZooCalibration({}, {}, {}, 0.0),
         "measure_phase_call_cost": lambda: {},
         "measure_update_cost": lambda machine, **_: (1e-6, 1.0),
         "measure_cold_product_cost": lambda: (0.0, 0.0),

@@ -1084,13 +1084,14 @@ def fastest_passes(
 
 
 def _zoo_rows(
-    machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None
+    machine: Machine, repeats: int = 7, progress: Callable[[str], None] | None = None, sized: bool = False
 ) -> tuple[dict[str, float], dict[str, float], pd.DataFrame, float, dict[str, float]]:
     """The zoo on ``machine``'s device (its ``replay_device``, else the CPU): efficiencies, fixed costs
     per call (:func:`zoo_fit` with the model's default options), the timed rows the fit kept (each
     layer the fastest of ``ZOO_PASSES`` passes of ``repeats`` / ``ZOO_PASSES`` calls, rounded up;
     fewer repeats than passes: one call a pass), a GPU's kernel floor and host costs per call (both
-    0/empty on a CPU)."""
+    0/empty on a CPU). ``sized``: the layers of :func:`_sized_zoo` too, for the variants that use them
+    (zoo_fit), which the model does not."""
     torch.manual_seed(0)
     device = torch.device(machine.replay_device or "cpu")
     gpu = device.type == "cuda"
@@ -1099,7 +1100,7 @@ def _zoo_rows(
     per_pass = -(-repeats // passes)
     with current(device):
         base = _zoo_on(device)
-        layers = base + _zoo_on(device, sized=True)
+        layers = base + (_zoo_on(device, sized=True) if sized else [])
         timed = fastest_passes(
             layers, lambda layer, shape: timed_rows(layer, shape, per_pass, device), passes, progress
         )
@@ -1327,15 +1328,16 @@ class ZooCalibration:
     timed: pd.DataFrame | None = None
 
 
-def zoo_calibration(machine: Machine, repeats: int = 7) -> ZooCalibration:
+def zoo_calibration(machine: Machine, repeats: int = 7, sized: bool = False) -> ZooCalibration:
     """Efficiencies per family and phase (against the machine's hw curves), and rate curves (FLOPs per
     call -> FLOP/s) per phase of convolutions and matrix products measured on the zoo's shapes. The
     model uses the efficiencies with the hw curves; the zoo curves (to be used without the
     convolution/matmul efficiencies) are an ablation variant: a few noisy points, interpolated by FLOPs
     alone, they rank shapes of equal FLOPs (a 3-channel stem, a 512-channel late layer) as one. Third:
     the fixed seconds per call of the families that have one (``FIXED_COST_FAMILIES``), per phase;
-    fourth, on a GPU, a kernel's device floor. Runs on ``machine``'s replay device (default the CPU)."""
-    efficiency, fixed, rows, kernel_floor, host_call = _zoo_rows(machine, repeats)
+    fourth, on a GPU, a kernel's device floor. Runs on ``machine``'s replay device (default the CPU).
+    ``sized``: also time the layers only the variants' fits use (:func:`_zoo_rows`)."""
+    efficiency, fixed, rows, kernel_floor, host_call = _zoo_rows(machine, repeats, sized=sized)
     curves: dict[str, Curve] = {}
     dense = rows[rows["family"].isin(("convolution", "matmul")) & (rows["kind"] == "") & ~rows["sized"]]
     for (family, phase), group in dense.groupby(["family", "phase"]):

@@ -83,10 +83,9 @@ PER_ELEMENT_OPS = frozenset(
 #: instance norms; max and average pools): on one thread of the Xeon of validation-heldout-third-host.md
 #: they took about the same time per element from 256 KiB to 9 MiB (batch norm's forward 1.25-1.63 ns,
 #: a 3x3 average pool 8.0-8.2, layer norm 1.1-1.5) while an add went from 0.10 to 0.29 ns as it left
-#: the 2 MiB L2. Priced through the
-#: cache's curve, a call smaller than the zoo's took the L2's bandwidth: hf:resnet `tiny` batch 4's
-#: batch norms forward at 0.66 ns an element against 1.7-2.0 in its step. Per element where
-#: ``ComputeOptions.norms_per_element`` (or ``norms_out_of_cache``).
+#: the 2 MiB L2. Priced through the cache's curve, a call smaller than the zoo's took the L2's
+#: bandwidth: hf:resnet `tiny` batch 4's batch norms forward at 0.66 ns an element against 1.7-2.0 in
+#: its step. Per element where ``ComputeOptions.norms_per_element`` (or ``norms_out_of_cache``).
 PER_ELEMENT_NORMS = ("normalization", "pooling")
 
 

@@ -51,8 +51,8 @@ from dnnperf.perfmodel.machine import NOT_CALIBRATED, Machine, from_profile
 #: update's bandwidth from memory or in cache; convolutions' fixed cost per call or none; per-family
 #: efficiencies from the layer zoo against hw's curves, none, or the zoo's own convolution/matmul
 #: curves; normalization and pooling per element (at the zoo's sizes' rate or beyond the L2) or
-#: through the cache's curve. Every variant shares
-#: one calibration (fitted against the model's sum; the last two's efficiencies under their pricing).
+#: through the cache's curve. Every variant shares one calibration (fitted against the model's sum;
+#: the normalization and pooling variants' efficiencies fitted under their own pricing).
 VARIANTS = {
     "model": ComputeOptions("sum", True),
     "max": ComputeOptions("max", True),
@@ -125,7 +125,7 @@ def calibrated_machines(
     split_region = 0.0 if gpu else measure_split_region_cost()
     ddp = (0.0, 0.0) if gpu else measure_ddp_cost()
     fsdp_cost = measure_fsdp_cost() if fsdp and not gpu else NO_FSDP_COST
-    zoo = zoo_calibration(from_profile(profile))
+    zoo = zoo_calibration(from_profile(profile), sized=True)  # for the variants' fits (NORM_PRICINGS)
     efficiency, curves, call_s = zoo.efficiency, zoo.curves, zoo.call_s
     # A CPU's host costs by phase, and the update's per-call cost and share of its counted bytes
     # (priced on the zoo's efficiencies, as the model prices it); a GPU's host issues asynchronously
