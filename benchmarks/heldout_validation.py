@@ -443,6 +443,27 @@ TWENTY_THIRD_MODELS = (
     ("torch-separable", "small", (8, 16), "depthwise separable convolutions, batch norm, 64x64 (torch.nn)"),
     ("torch-volume-avg", "small", (4, 8), "3-D convolutions, 3-D batch norm, average pools (torch.nn)"),
 )
+#: A twenty-fourth set, fixed (each network's subnormal outputs counted by a description, none of
+#: its steps predicted or measured) before any of it was predicted, to judge each phase priced at its slowdown from subnormal
+#: floats (``ComputeOptions(subnormals=True)``; variants "subnormals at their slowdown" and
+#: "subnormals unpriced"), proposed on hf:efficientnet of the first set (-50% to -57%). Networks
+#: written in torch.nn whose steps make subnormal floats in ways models do: sharp softmaxes
+#: (attention, a mixture's router), steep sigmoid gates, fading signal in a deep tanh MLP, narrow
+#: radial basis units, running products of decays (a scan, a recurrence stepped by hand); and one
+#: EfficientNet-like network that makes none. Its rule, written before the run, the twentieth's: the
+#: pricing goes on by default if the median |error| of the rows it changes (their prediction moved by
+#: more than 2%) is smaller with it than without, and no such row's |error| grows with it by more
+#: than 5 points.
+TWENTY_FOURTH_MODELS = (
+    ("torch-mbconv-se", "small", (4, 8), "inverted residuals, squeeze-excite, no subnormals (torch.nn)"),
+    ("torch-sharp-attention", "small", (4, 8), "transformer encoder, attention logits x50 (torch.nn)"),
+    ("torch-steep-gated-mlp", "small", (4, 8), "residual MLP, sigmoid gates of slope 200 (torch.nn)"),
+    ("torch-deep-tanh-mlp", "small", (4, 8), "41 tanh layers, fading signal (torch.nn)"),
+    ("torch-radial-basis", "small", (4, 8), "narrow Gaussian radial basis units (torch.nn)"),
+    ("torch-decay-scan", "small", (4, 8), "running products of decays, cumprod (torch.nn)"),
+    ("torch-sharp-router", "small", (4, 8), "mixture of 16 experts, router softmax at 1/100 (torch.nn)"),
+    ("torch-forgetful-rnn", "small", (4, 8), "gated recurrence stepped by hand (torch.nn)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -493,8 +514,10 @@ TIMM_MODELS = (
 #: attention kernel replayed ("attention replayed", the model's since the seventeenth set judged it)
 #: or priced by its products' FLOPs ("attention as products", the model before), products of few
 #: rows at their rows' rate or their FLOPs' ("products of few rows at their rate", "products of any
-#: rows"), and the kernels a compiled function issues after its first at their own cost or at the
-#: forward's ("compiled calls' later kernels at their cost", "every forward call at its phase's cost").
+#: rows"), the kernels a compiled function issues after its first at their own cost or at the
+#: forward's ("compiled calls' later kernels at their cost", "every forward call at its phase's cost"),
+#: and each phase at its slowdown from subnormal floats or not ("subnormals at their slowdown",
+#: "subnormals unpriced": ComputeOptions.subnormals).
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -514,6 +537,8 @@ ANY_ROWS = "products of any rows"
 FEW_ROWS_AT_RATE = "products of few rows at their rate"
 COMPILED_AT_COST = "compiled calls' later kernels at their cost"
 EVERY_CALL_OUTER = "every forward call at its phase's cost"
+SUBNORMALS_PRICED = "subnormals at their slowdown"
+SUBNORMALS_UNPRICED = "subnormals unpriced"
 NORMS_PER_ELEMENT, NORMS_IN_CACHE, NORMS_OUT_OF_CACHE, ZOO_NORMS_OUT_OF_CACHE = NORM_PRICINGS
 VARIANTS = (
     MODEL,
@@ -541,6 +566,8 @@ VARIANTS = (
     NORMS_OUT_OF_CACHE,
     ZOO_NORMS_OUT_OF_CACHE,
     UPDATE_BACK_TO_BACK,
+    SUBNORMALS_PRICED,
+    SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
 )
 #: Variants that are the model's machine predicted another way: on a GPU, the host's side of the step
@@ -562,6 +589,8 @@ OPTIONS = {
     FEW_ROWS_AT_RATE: ComputeOptions(few_rows_products=True),
     COMPILED_AT_COST: ComputeOptions(composite_calls=True),
     EVERY_CALL_OUTER: ComputeOptions(composite_calls=False),
+    SUBNORMALS_PRICED: ComputeOptions(subnormals=True),
+    SUBNORMALS_UNPRICED: ComputeOptions(subnormals=False),
     **{variant: VALIDATION_OPTIONS[variant] for variant in NORM_PRICINGS},
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -810,6 +839,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[FEW_ROWS_AT_RATE] = model
         every[COMPILED_AT_COST] = model
         every[EVERY_CALL_OUTER] = model
+        every[SUBNORMALS_PRICED] = model
+        every[SUBNORMALS_UNPRICED] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
@@ -1097,6 +1128,11 @@ def main() -> None:
         help="the twenty-third held-out set (TWENTY_THIRD_MODELS: own modules in torch.nn)",
     )
     parser.add_argument(
+        "--twenty-fourth",
+        action="store_true",
+        help="the twenty-fourth held-out set (TWENTY_FOURTH_MODELS: own modules in torch.nn)",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -1142,6 +1178,7 @@ def main() -> None:
         "twenty_first": TWENTY_FIRST_MODELS,
         "twenty_second": TWENTY_SECOND_MODELS,
         "twenty_third": TWENTY_THIRD_MODELS,
+        "twenty_fourth": TWENTY_FOURTH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }

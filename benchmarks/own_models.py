@@ -1136,6 +1136,204 @@ class VolumeAvgNet(nn.Sequential):
         )
 
 
+def _small_init(module: nn.Module, std: float = 0.02) -> None:
+    """Every convolution's and linear layer's weights drawn from N(0, std^2), biases zero: the
+    initializer_range transformers' models start from."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.normal_(layer.weight, 0.0, std)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+
+class SqueezeExcite(nn.Module):
+    """A channel gate from the image's mean: squeeze, excite, sigmoid."""
+
+    def __init__(self, channels: int, reduction: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(channels, channels // reduction, 1)
+        self.excite = nn.Conv2d(channels // reduction, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = x.mean((2, 3), keepdim=True)
+        return x * torch.sigmoid(self.excite(nn.functional.relu(self.squeeze(pooled))))
+
+
+class InvertedResidualSE(nn.Module):
+    """EfficientNet-like: six inverted residual blocks (expand 4x, depthwise 3x3, SiLU, squeeze-excite,
+    project) with batch norm, weights from N(0, 0.02^2)."""
+
+    def __init__(self, channels: int = 32, blocks: int = 6) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, 2, 1, bias=False), nn.BatchNorm2d(channels), nn.SiLU()
+        )
+
+        def block(hidden: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(channels, hidden, 1, bias=False),
+                nn.BatchNorm2d(hidden),
+                nn.SiLU(),
+                nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden, bias=False),
+                nn.BatchNorm2d(hidden),
+                nn.SiLU(),
+                SqueezeExcite(hidden, 8),
+                nn.Conv2d(hidden, channels, 1, bias=False),
+                nn.BatchNorm2d(channels),
+            )
+
+        self.blocks = nn.ModuleList(block(4 * channels) for _ in range(blocks))
+        self.head = nn.Linear(channels, CLASSES)
+        _small_init(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x.mean((2, 3)))
+
+
+class SharpAttention(nn.Module):
+    """A pre-norm transformer encoder over 4x4 patches whose attention logits are scaled by 50 (not
+    1/sqrt(head width)): most of a query's weights underflow."""
+
+    def __init__(self, width: int = 128, depth: int = 3, heads: int = 4) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.heads = heads
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+            )
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        rows, tokens, width = x.shape
+        for norm, qkv, out, mlp in zip(self.norms, self.qkv, self.out, self.mlps, strict=True):
+            shaped = qkv(norm(x)).view(rows, tokens, 3, self.heads, width // self.heads)
+            q, k, v = shaped.permute(2, 0, 3, 1, 4)
+            weights = (q @ k.transpose(-1, -2) * 50.0).softmax(-1)
+            x = x + out((weights @ v).transpose(1, 2).reshape(rows, tokens, width))
+            x = x + mlp(x)
+        return self.head(x.mean(1))
+
+
+class SteepGatedMLP(nn.Module):
+    """Residual MLP blocks, each gated by a sigmoid of slope 200."""
+
+    def __init__(self, width: int = 512, depth: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width)
+        self.values = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.gates = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x.flatten(1))
+        for value, gate in zip(self.values, self.gates, strict=True):
+            x = x + value(x) * torch.sigmoid(200.0 * gate(x))
+        return self.head(x)
+
+
+class DeepTanhMLP(nn.Sequential):
+    """41 tanh layers of 256, the hidden ones' weights at a sixth of PyTorch's default scale: signal
+    and gradient fade layer by layer."""
+
+    def __init__(self, depth: int = 40) -> None:
+        layers: list[nn.Module] = [nn.Flatten(), nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, 256), nn.Tanh()]
+        for _ in range(depth):
+            linear = nn.Linear(256, 256)
+            with torch.no_grad():
+                linear.weight.mul_(1 / 6)
+            layers += [linear, nn.Tanh()]
+        super().__init__(*layers, nn.Linear(256, CLASSES))
+
+
+class RadialBasisNet(nn.Module):
+    """Convolutional features into 512 Gaussian radial basis units whose widths start narrow."""
+
+    def __init__(self, units: int = 512, features: int = 64) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, 2, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * (IMAGE_SIZE // 4) ** 2, features),
+        )
+        self.centres = nn.Parameter(torch.randn(units, features))
+        self.log_widths = nn.Parameter(torch.zeros(units))
+        self.head = nn.Linear(units, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        distances = torch.cdist(self.features(x), self.centres).square()
+        return self.head(torch.exp(-1.2 * distances / self.log_widths.exp().square()))
+
+
+class DecayScan(nn.Module):
+    """Three blocks over the image's rows as a sequence, each adding its values weighted by the running
+    product of learned decays near 0.05 (torch.cumprod: a state-space model's decay, in closed form)."""
+
+    def __init__(self, width: int = 256, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3 * IMAGE_SIZE, width)
+        self.decays = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.values = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x.permute(0, 2, 1, 3).flatten(2))
+        for decay, value in zip(self.decays, self.values, strict=True):
+            x = x + value(x) * torch.cumprod(torch.sigmoid(decay(x) - 3.0), 1)
+        return self.head(x.mean(1))
+
+
+class SharpRouter(nn.Module):
+    """A dense mixture of 16 MLP experts over 4x4 patches, weighted by a router's softmax at a
+    temperature of 1/100 (nearly one expert a patch)."""
+
+    def __init__(self, width: int = 96, experts: int = 16) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.router = nn.Linear(width, experts)
+        self.up = nn.Parameter(torch.randn(experts, width, 2 * width) * width**-0.5)
+        self.down = nn.Parameter(torch.randn(experts, 2 * width, width) * (2 * width) ** -0.5)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        weights = (self.router(x) * 100.0).softmax(-1)
+        hidden = nn.functional.gelu(torch.einsum("bnw,ewh->benh", x, self.up))
+        experts = torch.einsum("benh,ehw->benw", hidden, self.down)
+        return self.head((x + torch.einsum("bne,benw->bnw", weights, experts)).mean(1))
+
+
+class ForgetfulRNN(nn.Module):
+    """A gated recurrence stepped by hand over the image's 32 rows, h = f h + (1 - f) tanh(x), its
+    forget gates near 0.05: the gradient that reaches the first rows is a product of many of them."""
+
+    def __init__(self, width: int = 192) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3 * IMAGE_SIZE, width)
+        self.gate = nn.Linear(2 * width, width)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.embed(x.permute(0, 2, 1, 3).flatten(2))
+        state = torch.zeros_like(rows[:, 0])
+        for t in range(rows.shape[1]):
+            forget = torch.sigmoid(self.gate(torch.cat([state, rows[:, t]], 1)) - 3.0)
+            state = forget * state + (1 - forget) * torch.tanh(rows[:, t])
+        return self.head(state)
+
+
 def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Real or not: whether the image is of an even class, a stand-in for a GAN's labels.
     return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
@@ -2055,6 +2253,70 @@ MODELS = (
         "torch-volume-avg",
         "torch.nn 3-D convolutions with 3-D batch norm and average pools",
         VolumeAvgNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-mbconv-se",
+        "torch.nn EfficientNet-like inverted residuals with squeeze-excite, weights from N(0, 0.02^2)",
+        InvertedResidualSE,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-sharp-attention",
+        "torch.nn transformer encoder with attention logits scaled by 50",
+        SharpAttention,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-steep-gated-mlp",
+        "torch.nn residual MLP gated by sigmoids of slope 200",
+        SteepGatedMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-deep-tanh-mlp",
+        "torch.nn 41 tanh layers with weights at a sixth of the default scale",
+        DeepTanhMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-radial-basis",
+        "torch.nn convolutional features into narrow Gaussian radial basis units",
+        RadialBasisNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-decay-scan",
+        "torch.nn blocks weighted by running products of decays (cumprod) over the rows",
+        DecayScan,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-sharp-router",
+        "torch.nn dense mixture of 16 experts routed by a softmax at temperature 1/100",
+        SharpRouter,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-forgetful-rnn",
+        "torch.nn gated recurrence stepped by hand over 32 rows, forget gates near 0.05",
+        ForgetfulRNN,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,

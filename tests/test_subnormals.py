@@ -1,19 +1,31 @@
 """Subnormal floats in a description's operator outputs (perfmodel/subnormals.py): counted against
-outputs whose values are known to be subnormal or not."""
+outputs whose values are known to be subnormal or not; their slowdown timed against delays injected
+only where subnormals survive, and priced as the factor it is."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import dnnperf
+from dnnperf.perfmodel.compute import ComputeOptions
 from dnnperf.perfmodel.graph import describe_model
 from dnnperf.perfmodel.machine import preset
 from dnnperf.perfmodel.predict import predict
-from dnnperf.perfmodel.subnormals import SAMPLE, notable_shares, subnormal_elements
+from dnnperf.perfmodel.subnormals import (
+    SAMPLE,
+    flushed_slowdown,
+    notable_shares,
+    subnormal_elements,
+    warnings_of,
+)
 
 TINY = torch.finfo(torch.float32).tiny
 
@@ -80,3 +92,77 @@ def test_dnnperf_predict_warns_of_a_phase_with_subnormal_outputs() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         dnnperf.predict(Scaled(1.0), batch, loss_fn=loss, machine="seed002")
+
+
+def flushing() -> bool:
+    """Whether the CPU flushes subnormals now: half the smallest normal float survives a product or not."""
+    return bool((torch.tensor(TINY / 2) * torch.tensor(1.0)) == 0)
+
+
+def test_the_slowdown_is_the_step_as_it_runs_over_the_step_with_subnormals_flushed() -> None:
+    """A step whose forward sleeps 60 ms where a subnormal survives and 20 ms where it is flushed, and
+    whose backward sleeps 20 ms either way: forward 3x, backward 1x. Flushing is off afterwards."""
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush subnormal floats")
+
+    def step(stages: Callable[[str], Any]) -> None:
+        with stages("forward"):
+            time.sleep(0.02 if flushing() else 0.06)
+        with stages("backward"):
+            time.sleep(0.02)
+
+    slowdown = flushed_slowdown(step, pairs=3)
+    assert set(slowdown) == {"forward", "backward"}
+    assert 2.0 < slowdown["forward"] < 4.0  # 3 with sleeps exactly as asked
+    assert 1.0 <= slowdown["backward"] < 1.5  # never below 1
+    assert not flushing()
+
+
+def test_a_description_times_the_slowdown_only_where_outputs_are_notably_subnormal() -> None:
+    """The scaled model's forward is notably subnormal: each phase timed (a factor of at least 1); the
+    plain model is not timed at all. Flushing is off afterwards."""
+    torch.manual_seed(0)
+    batch = torch.randn(8, 16)
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (model(x) / model.scale).square().mean()
+
+    scaled = describe_model(Scaled(1e-39), batch, loss_fn=loss, count_faults=False)
+    if torch.set_flush_denormal(False):
+        assert set(scaled.subnormal_slowdown) == {"forward", "backward", "update"}
+        assert min(scaled.subnormal_slowdown.values()) >= 1.0
+    assert describe_model(Scaled(1.0), batch, loss_fn=loss, count_faults=False).subnormal_slowdown == {}
+    assert not flushing()
+
+
+def test_the_prediction_multiplies_each_phase_by_its_slowdown_and_says_so() -> None:
+    """A description given a slowdown of 2 in backward: with ``ComputeOptions.subnormals`` its backward
+    is twice the backward without, forward and update as they were; the warning names the factor. At a
+    batch between a description with a slowdown of 3 and one without (1), the factor is their mean."""
+    torch.manual_seed(0)
+    batch = torch.randn(8, 16)
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (model(x) / model.scale).square().mean()
+
+    graph = describe_model(Scaled(1e-39), batch, loss_fn=loss, count_faults=False)
+    graph = dataclasses.replace(graph, subnormal_slowdown={"backward": 2.0})
+    machine = preset("seed002")
+    plain = predict(graph, machine, 8, options=ComputeOptions(subnormals=False))
+    priced = predict(graph, machine, 8, options=ComputeOptions(subnormals=True))
+    before, after = plain.detail["phases_s"], priced.detail["phases_s"]
+    assert after["backward"] == pytest.approx(2 * before["backward"])
+    assert after["forward"] == pytest.approx(before["forward"])
+    assert after["update"] == pytest.approx(before["update"])
+    assert priced.detail["subnormal_slowdown"] == {"backward": 2.0}
+    assert "subnormal_slowdown" not in plain.detail
+    graph = dataclasses.replace(graph, subnormal_slowdown={"forward": 3.0})
+    assert any(
+        "multiplies the phase by 3.00" in text
+        for text in warnings_of(
+            {"subnormal_outputs": {"forward": 0.5}, "subnormal_slowdown": graph.subnormal_slowdown}
+        )
+    )
+    assert any("does not price" in text for text in warnings_of({"subnormal_outputs": {"forward": 0.5}}))
+    half = dataclasses.replace(graph, batch_size=4, subnormal_slowdown={})
+    assert graph.at_batch(half, 6).subnormal_slowdown == {"forward": pytest.approx(2.0)}

@@ -291,10 +291,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
     else:
         out.print(prediction_table(predictions, refused, best))
     if predictions:  # every strategy's description is the same model's: the first one's counts
-        from dnnperf.perfmodel.subnormals import notable_shares, warning_text
+        from dnnperf.perfmodel.subnormals import warnings_of
 
-        for phase, share in notable_shares(predictions[0].detail).items():
-            out.warn(warning_text(phase, share))
+        for text in warnings_of(predictions[0].detail):
+            out.warn(text)
     return 0
 
 

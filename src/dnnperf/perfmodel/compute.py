@@ -167,6 +167,10 @@ class ComputeOptions:
     #: past a product's width, where its smallest dimension stops growing, they overshoot it, so far
     #: beyond its two descriptions' batches the price of a product of few rows falls short.
     few_rows_products: bool = False
+    #: Each phase's operators (kernel and host time) multiplied by the description's slowdown from
+    #: subnormal floats (StepGraph.subnormal_slowdown: the step timed as it runs and with them flushed
+    #: to zero, where its outputs are notably subnormal; perfmodel/subnormals.py).
+    subnormals: bool = False
     #: A forward kernel call issued inside a compiled function after its first (``inner_calls``: a
     #: ``GRUCell``'s, an ``nn.GRU``'s dozen a time step) at the machine's inner_call_s rather than the
     #: forward's per-call cost, which carries a module's Python with each call. Judged by the twentieth
@@ -310,6 +314,9 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         inner = np.minimum(ops["inner_calls"].to_numpy(float), calls) * (phases == "forward")
         dispatch = dispatch - inner / calls * np.maximum(dispatch - machine.inner_call_s, 0.0)
     overhead = calls * (dispatch + fixed) * kernel if options.overhead else np.zeros(len(ops))
+    if options.subnormals and graph.subnormal_slowdown:
+        slowdown = np.array([graph.subnormal_slowdown.get(p, 1.0) for p in phases])
+        roofline, overhead = roofline * slowdown, overhead * slowdown
     out = ops.copy()
     out["replayed"] = found
     out["compute_s"] = roofline

@@ -32,7 +32,7 @@ from dnnperf.perfmodel import workspace
 from dnnperf.perfmodel.faults import counting_workload_faults, steady_page_faults
 from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import KernelCalls
-from dnnperf.perfmodel.subnormals import SubnormalCount
+from dnnperf.perfmodel.subnormals import SubnormalCount, flushed_slowdown, notable
 from dnnperf.perfmodel.zeros import ZeroCounts
 from dnnperf.probes.opcount import OpCall, OpCounter
 from dnnperf.probes.saved import observe_saved
@@ -156,9 +156,14 @@ class StepGraph:
     #: Python, not the freeing of larger tensors). Empty otherwise.
     fixed_gaps: dict[str, list[float]] = field(default_factory=dict)
     #: On a CPU, per phase: [subnormal elements, floating elements] of the described step's operator
-    #: outputs (perfmodel/subnormals.py). The model prices no subnormal arithmetic; a prediction says
-    #: where a step has it (Prediction.detail["subnormal_outputs"]). Empty where not counted.
+    #: outputs (perfmodel/subnormals.py); a prediction says where a step has them
+    #: (Prediction.detail["subnormal_outputs"]). Empty where not counted.
     subnormal_outputs: dict[str, list[float]] = field(default_factory=dict)
+    #: On a CPU, where a phase's outputs are notably subnormal (subnormals.notable): per phase, the
+    #: step's seconds as it ran over its seconds with subnormals flushed to zero
+    #: (subnormals.flushed_slowdown), which ``ComputeOptions.subnormals`` multiplies the phase's
+    #: operators by. Empty otherwise.
+    subnormal_slowdown: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
@@ -270,6 +275,14 @@ class StepGraph:
                 ]
                 for phase, (count, total) in self.subnormal_outputs.items()
                 if phase in other.subnormal_outputs
+            },
+            # A description without a notable share was not timed: as it runs, no slower.
+            subnormal_slowdown={
+                phase: max(1.0, mine + t * (theirs - mine))
+                for phase in {*self.subnormal_slowdown, *other.subnormal_slowdown}
+                for mine, theirs in [
+                    (self.subnormal_slowdown.get(phase, 1.0), other.subnormal_slowdown.get(phase, 1.0))
+                ]
             },
         )
 
@@ -816,6 +829,8 @@ def describe_model(
         graph = capture(model, step, name, rows, _nbytes(batch), [optimizer], inputs=batch, warm=False)
         if count_faults and first.device.type == "cpu":  # in this process: see perfmodel/faults.py
             graph.page_faults = steady_page_faults(lambda: step(no_stages))
+        if first.device.type == "cpu" and notable(graph.subnormal_outputs):
+            graph.subnormal_slowdown = flushed_slowdown(step)
         if first.device.type == "cuda":
             graph.issue_s = issue_seconds(step, first.device)
         elif time_gaps and first.device.type == "cpu":
@@ -871,7 +886,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-28"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-29"],
         sort_keys=True,
         default=str,
     )
@@ -963,6 +978,9 @@ def _capture_workload(spec: Workload, preset: str, batch_size: int, device: str)
     if torch.device(device).type == "cuda":
         with put_back(task.model, task.optimizers()):
             graph.issue_s = issue_seconds(lambda stages: task.step(batch, stages), torch.device(device))
+    elif torch.device(device).type == "cpu" and notable(graph.subnormal_outputs):
+        with put_back(task.model, task.optimizers()):
+            graph.subnormal_slowdown = flushed_slowdown(lambda stages: task.step(batch, stages))
     return graph
 
 

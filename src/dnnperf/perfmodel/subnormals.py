@@ -5,18 +5,27 @@ number. On an x86 CPU each instruction that meets one takes a microcode assist: 
 `tiny` batch 4 on the Xeon of docs/validation-heldout-third-host.md took 149.9 ms a step as it ran
 and 79.8 ms with ``torch.set_flush_denormal(True)``, 2.8% of its operators' outputs subnormal (most
 from the backward of its squeeze-excite means). The performance model prices no such arithmetic, and
-its replays run on random operands with none; a description counts them (:class:`SubnormalCount`)
-so that a prediction can say where a step has them (``Prediction.detail["subnormal_outputs"]``).
-A GPU computes on them at full speed: counted on a CPU only.
+its replays run on random operands with none. A description counts them (:class:`SubnormalCount`),
+so that a prediction can say where a step has them (``Prediction.detail["subnormal_outputs"]``);
+where a phase has a notable share (NOTABLE_SHARE), it also times the step as it runs against the
+same step with them flushed to zero (:func:`flushed_slowdown`), a ratio per phase that the model
+can multiply the phase by (``ComputeOptions.subnormals``). Only the model's own steps at the
+description's batch are timed, as its convolutions are replayed. A GPU computes on them at full
+speed: counted and timed on a CPU only.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from dnnperf.perfmodel.issue import PhaseClock
 from dnnperf.probes.opcount import tensors_of
+from dnnperf.workloads.base import Stages
 
 #: A phase whose operator outputs are at least this share subnormal gets a warning with its prediction.
 NOTABLE_SHARE = 1e-3
@@ -59,6 +68,44 @@ class SubnormalCount:
                 count[1] += tensor.numel()
 
 
+def notable(counts: dict[str, list[float]]) -> bool:
+    """Whether any phase of a description's counts (``StepGraph.subnormal_outputs``) has at least
+    NOTABLE_SHARE of its outputs subnormal."""
+    return any(count >= NOTABLE_SHARE * max(total, 1.0) for count, total in counts.values())
+
+
+#: Timed pairs of steps (one as it runs, one flushed, interleaved) behind a slowdown, after one
+#: untimed pair.
+PAIRS = 5
+
+
+def flushed_slowdown(step: Callable[[Stages], Any], pairs: int = PAIRS) -> dict[str, float]:
+    """Per phase of ``step(stages)`` (one training step on a CPU): its median seconds as it runs over
+    its median seconds with subnormal floats flushed to zero (``torch.set_flush_denormal``), from
+    ``pairs`` interleaved pairs of steps after one untimed pair; at least 1. Empty where the CPU cannot
+    flush them. Leaves flushing off: a step that made subnormal outputs (what this is for) ran with it
+    off, and torch cannot say whether it was on."""
+    if not torch.set_flush_denormal(True):
+        return {}
+    samples: dict[bool, dict[str, list[float]]] = {False: defaultdict(list), True: defaultdict(list)}
+    try:
+        for index in range(pairs + 1):
+            for flushed in (False, True):
+                torch.set_flush_denormal(flushed)
+                clock = PhaseClock()
+                step(clock)
+                for phase, seconds in clock.seconds.items():
+                    if index:  # the first pair warms each mode
+                        samples[flushed][phase].append(seconds)
+    finally:
+        torch.set_flush_denormal(False)
+    return {
+        phase: max(1.0, statistics.median(seconds) / statistics.median(samples[True][phase]))
+        for phase, seconds in samples[False].items()
+        if samples[True].get(phase)
+    }
+
+
 def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
     """The phases of a prediction's ``detail`` whose operator outputs are at least NOTABLE_SHARE
     subnormal, and that share."""
@@ -66,10 +113,21 @@ def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
     return {phase: share for phase, share in shares.items() if share >= NOTABLE_SHARE}
 
 
-def warning_text(phase: str, share: float) -> str:
-    """What dnnperf says of a phase's subnormal outputs (the CLI's warning, ``dnnperf.predict``'s)."""
-    return (
-        f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, which the prediction "
-        "does not price: on an x86 CPU they can make the step several times slower "
-        "(torch.set_flush_denormal(True) flushes them to zero)"
+def warning_text(phase: str, share: float, slowdown: float | None = None) -> str:
+    """What dnnperf says of a phase's subnormal outputs (the CLI's warning, ``dnnperf.predict``'s):
+    ``slowdown`` is the factor the prediction multiplied the phase by, None where it priced none."""
+    priced = (
+        f"the prediction multiplies the phase by {slowdown:.2f}, its slowdown timed on the example batch"
+        if slowdown is not None
+        else "the prediction does not price them"
     )
+    return (
+        f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, which on an x86 CPU can "
+        f"make a step several times slower: {priced} (torch.set_flush_denormal(True) flushes them to zero)"
+    )
+
+
+def warnings_of(detail: dict[str, Any]) -> list[str]:
+    """The warnings of a prediction's ``detail``: one a phase with notable subnormal outputs."""
+    priced = detail.get("subnormal_slowdown", {})
+    return [warning_text(phase, share, priced.get(phase)) for phase, share in notable_shares(detail).items()]

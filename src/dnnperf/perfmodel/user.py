@@ -14,7 +14,7 @@ from dnnperf.perfmodel.graph import ScalableGraph, describe_model, example_rows,
 from dnnperf.perfmodel.machine import Machine, preset
 from dnnperf.perfmodel.predict import Prediction
 from dnnperf.perfmodel.predict import predict as predict_graph
-from dnnperf.perfmodel.subnormals import notable_shares, warning_text
+from dnnperf.perfmodel.subnormals import warnings_of
 
 
 def predict(
@@ -37,8 +37,9 @@ def predict(
     predict at (default: the example batch's; dp: the global batch), from a second description at half
     the example batch (FLOPs, bytes and activations are affine in the batch). Loss and optimizer as in
     :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back.
-    A phase whose operator outputs are 0.1% subnormal floats or more, which the model does not price,
-    gets a RuntimeWarning (``.detail["subnormal_outputs"]`` has every phase's share)."""
+    A phase whose operator outputs are 0.1% subnormal floats or more gets a RuntimeWarning
+    (``.detail["subnormal_outputs"]`` has every phase's share, ``.detail["subnormal_slowdown"]`` the
+    factor a priced phase was multiplied by: perfmodel/subnormals.py)."""
     example = example_rows(batch)
     device = next(t.device for t in tensors_in(batch))
     resolved = resolve_machine(machine, device, fsdp=strategy == "fsdp")
@@ -51,8 +52,8 @@ def predict(
         prediction = predict_graph(
             scalable(graph, model, batch, loss_fn, optimizer), resolved, batch_size, strategy
         )
-    for phase, share in notable_shares(prediction.detail).items():
-        warnings.warn(warning_text(phase, share), RuntimeWarning, stacklevel=2)
+    for text in warnings_of(prediction.detail):
+        warnings.warn(text, RuntimeWarning, stacklevel=2)
     return prediction
 
 
