@@ -221,6 +221,28 @@ SETS = (
         "calibrated right after a backward, by the eighteenth's rule.",
     ),
     (
+        "twenty-fourth",
+        "twenty-fourth set",
+        "Eight models (`TWENTY_FOURTH_MODELS`, `--twenty-fourth`), fixed (each one's subnormal outputs "
+        "counted by a description) before any of them was predicted, to judge each phase priced at its "
+        "slowdown from subnormal floats, by the eighteenth's rule: networks written in torch.nn "
+        "(`benchmarks/own_models.py`): a transformer encoder with attention logits scaled by 50, a "
+        "residual MLP gated by sigmoids of slope 200, 41 tanh layers whose signal fades, narrow radial "
+        "basis units, running products of decays (cumprod), a mixture of experts routed at a "
+        "temperature of 1/100, a gated recurrence stepped by hand, and EfficientNet-like inverted "
+        "residuals that make no subnormals.",
+    ),
+    (
+        "twenty-fifth",
+        "twenty-fifth set",
+        "Eight models (`TWENTY_FIFTH_MODELS`, `--twenty-fifth`), fixed (each one's subnormal outputs "
+        "counted by a description) before any of them was predicted, to judge the same pricing phase by "
+        "phase: networks written in torch.nn (`benchmarks/own_models.py`): 49 sigmoid layers, "
+        "stick-breaking attention, a mixture of experts mixed by a Gumbel-softmax at 0.02, a Gaussian "
+        "kernel attention, a leaky integrator stepped by hand, a discrete-time survival model, a CNN "
+        "distilled at a temperature of 0.005 (few subnormals) and a plain pre-norm encoder (none).",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
@@ -521,6 +543,60 @@ def update_after_backward(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+#: Each phase at its slowdown from subnormal floats, or unpriced (ComputeOptions.subnormals; the
+#: twenty-fourth set's runs have both as variants).
+SUBNORMALS_UNPRICED = "subnormals unpriced"
+SUBNORMALS_PRICED = "subnormals at their slowdown"
+
+
+def subnormals(documents: dict[str, dict[str, Any]]) -> str:
+    """Each phase at its slowdown from subnormal floats against unpriced (option_table)."""
+    return option_table(
+        documents, SUBNORMALS_UNPRICED, SUBNORMALS_PRICED, ("unpriced", "at their slowdown"), stand_in=False
+    )
+
+
+def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
+    """Each phase's error without an option of the model (variant ``off``) and with it (``on``), for a
+    row whose run kept both variants' phases (``variants_phases_s``); none otherwise."""
+    phases = row.get("variants_phases_s", {})
+    if off not in phases or on not in phases:
+        return []
+    measured = row["measured_phases_s"]
+    return [
+        (phases[off][p] / measured[p] - 1, phases[on][p] / measured[p] - 1)
+        for p in PHASES
+        if measured.get(p, 0) > 0 and p in phases[off] and p in phases[on]
+    ]
+
+
+def option_phase_table(
+    documents: dict[str, dict[str, Any]], off: str, on: str, short: tuple[str, str]
+) -> str:
+    """An option of the model judged by phase: on each set that kept both variants' phases, the
+    (row, phase) pairs whose prediction it moves by more than ``CHANGED``, their median |error| each way
+    (``short`` names the two) and those whose |error| grew by more than ``GROWN`` with it."""
+    lines = [
+        f"| set | phases | phases it changes | their median abs error, {short[0]} / {short[1]} | "
+        "phases grown over 5 points |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for key, title, _ in SETS:
+        pairs = [p for r in documents.get(key, {}).get("rows", []) for p in phase_errors(r, off, on)]
+        if not pairs:
+            continue
+        changed = [(a, b) for a, b in pairs if abs((1 + b) / (1 + a) - 1) > CHANGED]
+        lines.append("| " + " | ".join([title, str(len(pairs)), *judged_cells(changed)]) + " |")
+    return "\n".join(lines)
+
+
+def subnormal_phases(documents: dict[str, dict[str, Any]]) -> str:
+    """Each phase at its slowdown from subnormal floats against unpriced, phase by phase."""
+    return option_phase_table(
+        documents, SUBNORMALS_UNPRICED, SUBNORMALS_PRICED, ("unpriced", "at their slowdown")
+    )
+
+
 def run_line(documents: dict[str, dict[str, Any]]) -> str:
     first = next(iter(documents.values()))
     finished = sorted(d["finished"] for d in documents.values())
@@ -565,6 +641,8 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "norms-out": norms_out_of_cache,
     "zoo-norms": zoo_norms_out_of_cache,
     "update-lead": update_after_backward,
+    "subnormals": subnormals,
+    "subnormal-phases": subnormal_phases,
 }
 
 

@@ -1334,6 +1334,158 @@ class ForgetfulRNN(nn.Module):
         return self.head(state)
 
 
+class DeepSigmoidMLP(nn.Sequential):
+    """49 sigmoid layers of 192 at PyTorch's default scale: each layer's gradient is at most a quarter
+    of the next one's (the vanishing gradient of deep sigmoid networks)."""
+
+    def __init__(self, depth: int = 48, width: int = 192) -> None:
+        layers: list[nn.Module] = [nn.Flatten(), nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width), nn.Sigmoid()]
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.Sigmoid()]
+        super().__init__(*layers, nn.Linear(width, CLASSES))
+
+
+class StickBreakingAttention(nn.Module):
+    """Attention over 4x4 patches whose weights break a stick: each key takes a sigmoid's share of what
+    the keys before it left (a running product of 1 - share), then an MLP."""
+
+    def __init__(self, width: int = 128, depth: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.qk = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(depth))
+        self.values = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+            )
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for qk, value, mlp in zip(self.qk, self.values, self.mlps, strict=True):
+            q, k = qk(x).chunk(2, -1)
+            share = torch.sigmoid(q @ k.transpose(1, 2) / q.shape[-1] ** 0.5 + 1.0)
+            left = torch.cumprod(1 - share, -1)
+            weights = share * torch.cat([torch.ones_like(left[..., :1]), left[..., :-1]], -1)
+            x = x + weights @ value(x)
+            x = x + mlp(x)
+        return self.head(x.mean(1))
+
+
+class GumbelRouter(nn.Module):
+    """A mixture of 8 MLP experts over 4x4 patches, mixed by a Gumbel-softmax at a temperature of 0.02."""
+
+    def __init__(self, width: int = 128, experts: int = 8) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.router = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+            for _ in range(experts)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        weights = nn.functional.gumbel_softmax(self.router(x), tau=0.02, dim=-1)
+        mixed = (torch.stack([expert(x) for expert in self.experts], -1) * weights.unsqueeze(2)).sum(-1)
+        return self.head((x + mixed).mean(1))
+
+
+class GaussianKernelAttention(nn.Module):
+    """Attention over 4x4 patches by a Gaussian kernel of the query-key distance, exp(-1.1 |q - k|^2),
+    normalized over the keys."""
+
+    def __init__(self, width: int = 128, depth: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.qk = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(depth))
+        self.values = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for norm, qk, value in zip(self.norms, self.qk, self.values, strict=True):
+            q, k = qk(norm(x)).chunk(2, -1)
+            kernel = torch.exp(-1.1 * torch.cdist(q, k).square())
+            x = x + kernel @ value(x) / (kernel.sum(-1, keepdim=True) + 1e-6)
+        return self.head(x.mean(1))
+
+
+class LeakyIntegrator(nn.Module):
+    """A leaky integrator stepped by hand, v = v / 4 + tanh(x), over 96 steps: the image's columns, its
+    rows and its columns backwards."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3 * IMAGE_SIZE, width)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        columns = self.embed(x.permute(0, 3, 1, 2).flatten(2))
+        rows = self.embed(x.permute(0, 2, 1, 3).flatten(2))
+        steps = torch.cat([columns, rows, columns.flip(1)], 1)
+        potential = torch.zeros_like(steps[:, 0])
+        for t in range(steps.shape[1]):
+            potential = potential / 4 + torch.tanh(steps[:, t])
+        return self.head(potential)
+
+
+class DistilledCNN(nn.Module):
+    """A small CNN with a student and a teacher head: trained on the labels and on the teacher's
+    distribution at a temperature of 0.005 (``distillation_loss``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 1, 1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, 1, 1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        self.teacher = nn.Linear(64 * (IMAGE_SIZE // 4) ** 2, CLASSES)
+        self.student = nn.Linear(64 * (IMAGE_SIZE // 4) ** 2, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.student(self.body(x))
+
+
+class DiscreteSurvival(nn.Module):
+    """A discrete-time survival model: an MLP's hazards over 160 time bins, the survival to each bin
+    exp(-cumulative hazard) (``survival_loss``)."""
+
+    def __init__(self, bins: int = 160) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Flatten(), nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, 512), nn.ReLU(), nn.Linear(512, bins)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-torch.cumsum(nn.functional.softplus(self.body(x)), 1))
+
+
+class PreNormEncoder(nn.Module):
+    """torch.nn's pre-norm transformer encoder (3 layers of 128) over 4x4 patches."""
+
+    def __init__(self, width: int = 128, depth: int = 3) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        layer = nn.TransformerEncoderLayer(
+            width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2)).mean(1))
+
+
 def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Real or not: whether the image is of an even class, a stand-in for a GAN's labels.
     return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
@@ -1370,6 +1522,27 @@ def _actor_critic_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def _reconstruction_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.mse_loss(model(batch["image"]), batch["image"])
+
+
+def _distillation_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # The labels' cross-entropy, and the student's distribution against the teacher's, both at 0.005.
+    features = model.body(batch["image"])
+    student, teacher = model.student(features), model.teacher(features).detach()
+    soft = nn.functional.kl_div(
+        nn.functional.log_softmax(student / 0.005, -1),
+        nn.functional.softmax(teacher / 0.005, -1),
+        reduction="batchmean",
+    )
+    return nn.functional.cross_entropy(student, batch["label"]) + 1e-3 * soft
+
+
+def _survival_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # The event falls in the label's bin: survival to that bin, then the hazard within it.
+    survival = model(batch["image"])
+    event = batch["label"].view(-1, 1)
+    reached = survival.gather(1, event).clamp_min(1e-30)
+    hazard = 1 - survival.gather(1, event + 1) / reached
+    return -(reached.log() + hazard.clamp_min(1e-6).log()).mean()
 
 
 @dataclass(frozen=True)
@@ -2320,6 +2493,70 @@ MODELS = (
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,
+    ),
+    OwnModel(
+        "torch-deep-sigmoid-mlp",
+        "torch.nn 49 sigmoid layers (vanishing gradients)",
+        DeepSigmoidMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-stick-breaking",
+        "torch.nn stick-breaking attention over patches (running products of 1 - share)",
+        StickBreakingAttention,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gumbel-router",
+        "torch.nn mixture of 8 experts mixed by a Gumbel-softmax at temperature 0.02",
+        GumbelRouter,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gaussian-kernel",
+        "torch.nn attention by a Gaussian kernel of the query-key distance",
+        GaussianKernelAttention,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-leaky-integrator",
+        "torch.nn leaky integrator stepped by hand over 96 steps",
+        LeakyIntegrator,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-distilled-cnn",
+        "torch.nn CNN distilled from its own teacher head at temperature 0.005",
+        DistilledCNN,
+        _distillation_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-survival",
+        "torch.nn discrete-time survival model over 160 bins",
+        DiscreteSurvival,
+        _survival_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-prenorm-encoder",
+        "torch.nn pre-norm transformer encoder over patches",
+        PreNormEncoder,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
     ),
     OwnModel(
         "xt-narrow-decoder",
