@@ -243,6 +243,17 @@ SETS = (
         "distilled at a temperature of 0.005 (few subnormals) and a plain pre-norm encoder (none).",
     ),
     (
+        "twenty-sixth",
+        "twenty-sixth set",
+        "Seven models (`TWENTY_SIXTH_MODELS`, `--twenty-sixth`), fixed (each one's subnormal outputs "
+        "counted by a description) before any of them was predicted, to judge the pricing with only the "
+        "phases flushing made faster in every pair, by the twenty-fifth's rule: networks written in "
+        "torch.nn (`benchmarks/own_models.py`): InfoNCE at a logit scale of 100, 61 ReLU layers from "
+        "small weights, a causal decoder with ALiBi of slope 2, a GRU language model with its softmax at "
+        "0.01, and three that make few or no subnormals: Sinkhorn attention, a mixture density network "
+        "and a GRU over rows.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

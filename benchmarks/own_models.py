@@ -1193,6 +1193,14 @@ class InvertedResidualSE(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+def _pre_norm_mlps(width: int, hidden: int, depth: int) -> nn.ModuleList:
+    """``depth`` transformer MLPs: layer norm, a linear layer to ``hidden``, GELU, back to ``width``."""
+    return nn.ModuleList(
+        nn.Sequential(nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+        for _ in range(depth)
+    )
+
+
 class SharpAttention(nn.Module):
     """A pre-norm transformer encoder over 4x4 patches whose attention logits are scaled by 50 (not
     1/sqrt(head width)): most of a query's weights underflow."""
@@ -1204,12 +1212,7 @@ class SharpAttention(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
         self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
         self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-        self.mlps = nn.ModuleList(
-            nn.Sequential(
-                nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
-            )
-            for _ in range(depth)
-        )
+        self.mlps = _pre_norm_mlps(width, 4 * width, depth)
         self.head = nn.Linear(width, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1255,19 +1258,24 @@ class DeepTanhMLP(nn.Sequential):
         super().__init__(*layers, nn.Linear(256, CLASSES))
 
 
+def _strided_features(width: int) -> nn.Sequential:
+    """Two strided 3x3 convolutions with ReLUs, then a linear layer to ``width`` features."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, 2, 1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * (IMAGE_SIZE // 4) ** 2, width),
+    )
+
+
 class RadialBasisNet(nn.Module):
     """Convolutional features into 512 Gaussian radial basis units whose widths start narrow."""
 
     def __init__(self, units: int = 512, features: int = 64) -> None:
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, 2, 1),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, 3, 2, 1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(64 * (IMAGE_SIZE // 4) ** 2, features),
-        )
+        self.features = _strided_features(features)
         self.centres = nn.Parameter(torch.randn(units, features))
         self.log_widths = nn.Parameter(torch.zeros(units))
         self.head = nn.Linear(units, CLASSES)
@@ -1354,12 +1362,7 @@ class StickBreakingAttention(nn.Module):
         self.patch = nn.Conv2d(3, width, 4, 4)
         self.qk = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(depth))
         self.values = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-        self.mlps = nn.ModuleList(
-            nn.Sequential(
-                nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
-            )
-            for _ in range(depth)
-        )
+        self.mlps = _pre_norm_mlps(width, 2 * width, depth)
         self.head = nn.Linear(width, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1486,6 +1489,128 @@ class PreNormEncoder(nn.Module):
         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2)).mean(1))
 
 
+class ContrastiveTowers(nn.Module):
+    """An image tower and a class tower (an embedding) into 8-dimensional unit vectors, trained by
+    InfoNCE against every class at CLIP's largest logit scale, 100 (``_contrastive_loss``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = _strided_features(8)
+        self.classes = nn.Embedding(CLASSES, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.normalize(self.image(x), dim=-1)
+
+
+class DeepReLUSmallInit(nn.Sequential):
+    """61 ReLU layers of 256, weights from N(0, 0.02^2): signal and gradient shrink layer by layer."""
+
+    def __init__(self, depth: int = 60, width: int = 256) -> None:
+        layers: list[nn.Module] = [nn.Flatten(), nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width), nn.ReLU()]
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        super().__init__(*layers, nn.Linear(width, CLASSES))
+        for layer in self.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.normal_(layer.weight, 0.0, 0.02)
+                nn.init.zeros_(layer.bias)
+
+
+class SteepALiBiDecoder(nn.Module):
+    """A causal decoder (two layers of 128) whose attention is biased by -2 times the distance to the
+    key (ALiBi with a steep slope), no position embeddings."""
+
+    def __init__(self, width: int = 128, depth: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.heads = heads
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        rows, length, width = x.shape
+        position = torch.arange(length, device=x.device)
+        distance = (position.view(-1, 1) - position.view(1, -1)).float()
+        bias = torch.where(distance >= 0, -2.0 * distance, float("-inf"))
+        for norm, qkv, out in zip(self.norms, self.qkv, self.out, strict=True):
+            q, k, v = (
+                qkv(norm(x)).view(rows, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+            )
+            weights = (q @ k.transpose(-1, -2) / (width // self.heads) ** 0.5 + bias).softmax(-1)
+            x = x + out((weights @ v).transpose(1, 2).reshape(rows, length, width))
+        return self.head(x)
+
+
+class SharpGRULanguageModel(nn.Module):
+    """A GRU language model (256 wide) whose output softmax runs at a temperature of 0.01."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.rnn = nn.GRU(width, width, batch_first=True)
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embed(tokens))[0]) / 0.01
+
+
+class SinkhornAttention(nn.Module):
+    """Attention over 4x4 patches whose weights, exp(logits / 0.01), are made doubly stochastic by five
+    Sinkhorn iterations."""
+
+    def __init__(self, width: int = 128, depth: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.qk = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(depth))
+        self.values = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for qk, value in zip(self.qk, self.values, strict=True):
+            q, k = qk(x).chunk(2, -1)
+            logits = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5
+            weights = torch.exp((logits - logits.amax((1, 2), keepdim=True)) / 0.01)
+            for _ in range(5):
+                weights = weights / weights.sum(-1, keepdim=True)
+                weights = weights / weights.sum(-2, keepdim=True)
+            x = x + weights @ value(x)
+        return self.head(x.mean(1))
+
+
+class MixtureDensity(nn.Module):
+    """A mixture density network: a CNN's 32 Gaussian components over a scalar target, their widths
+    starting near 0.01, the likelihood summed from the components' densities (``_mixture_loss``)."""
+
+    def __init__(self, components: int = 32) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_strided_features(256), nn.ReLU())
+        self.logits = nn.Linear(256, components)
+        self.means = nn.Linear(256, components)
+        self.log_widths = nn.Linear(256, components)
+        nn.init.constant_(self.log_widths.bias, -4.6)
+        nn.init.uniform_(self.means.bias, 0.0, 1.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        features = self.body(x)
+        return self.logits(features).softmax(-1), self.means(features), self.log_widths(features).exp()
+
+
+class RowGRU(nn.Module):
+    """A GRU (256 wide) over the image's rows, classified from its last state."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(3 * IMAGE_SIZE, width, batch_first=True)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x.permute(0, 2, 1, 3).flatten(2))[0][:, -1])
+
+
 def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Real or not: whether the image is of an even class, a stand-in for a GAN's labels.
     return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
@@ -1543,6 +1668,20 @@ def _survival_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     reached = survival.gather(1, event).clamp_min(1e-30)
     hazard = 1 - survival.gather(1, event + 1) / reached
     return -(reached.log() + hazard.clamp_min(1e-6).log()).mean()
+
+
+def _contrastive_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # Each image against every class's embedding, at a logit scale of 100.
+    classes = nn.functional.normalize(model.classes.weight, dim=-1)
+    return nn.functional.cross_entropy(100.0 * model(batch["image"]) @ classes.T, batch["label"])
+
+
+def _mixture_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    # The label as a scalar in [0, 1): its likelihood under the mixture.
+    weights, means, widths = model(batch["image"])
+    target = (batch["label"].float() / CLASSES).view(-1, 1)
+    density = weights * torch.exp(-0.5 * ((target - means) / widths).square()) / widths
+    return -(density.sum(-1) + 1e-30).log().mean()
 
 
 @dataclass(frozen=True)
@@ -2557,6 +2696,62 @@ MODELS = (
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
+    ),
+    OwnModel(
+        "torch-contrastive-towers",
+        "torch.nn image and class towers trained by InfoNCE at a logit scale of 100",
+        ContrastiveTowers,
+        _contrastive_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-deep-relu-small-init",
+        "torch.nn 61 ReLU layers with weights from N(0, 0.02^2)",
+        DeepReLUSmallInit,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-steep-alibi",
+        "torch.nn causal decoder with ALiBi biases of slope 2",
+        SteepALiBiDecoder,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-sharp-gru-lm",
+        "torch.nn GRU language model, output softmax at temperature 0.01",
+        SharpGRULanguageModel,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-sinkhorn-attention",
+        "torch.nn attention made doubly stochastic by Sinkhorn iterations at 0.01",
+        SinkhornAttention,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-mixture-density",
+        "torch.nn mixture density network of 32 narrow Gaussians",
+        MixtureDensity,
+        _mixture_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-row-gru",
+        "torch.nn GRU over the image's rows",
+        RowGRU,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
     ),
     OwnModel(
         "xt-narrow-decoder",

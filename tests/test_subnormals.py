@@ -100,8 +100,9 @@ def flushing() -> bool:
 
 
 def test_the_slowdown_is_the_step_as_it_runs_over_the_step_with_subnormals_flushed() -> None:
-    """A step whose forward sleeps 60 ms where a subnormal survives and 20 ms where it is flushed, and
-    whose backward sleeps 20 ms either way: forward 3x, backward 1x. Flushing is off afterwards."""
+    """A step whose forward sleeps 60 ms where a subnormal survives and 20 ms where it is flushed: 3x.
+    Its backward sleeps 20 ms as it runs and 30 ms flushed: never faster flushed, so left out (a
+    ratio that is the host's noise is no slowdown). Flushing is off afterwards."""
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU cannot flush subnormal floats")
 
@@ -109,18 +110,17 @@ def test_the_slowdown_is_the_step_as_it_runs_over_the_step_with_subnormals_flush
         with stages("forward"):
             time.sleep(0.02 if flushing() else 0.06)
         with stages("backward"):
-            time.sleep(0.02)
+            time.sleep(0.03 if flushing() else 0.02)
 
     slowdown = flushed_slowdown(step, pairs=3)
-    assert set(slowdown) == {"forward", "backward"}
+    assert set(slowdown) == {"forward"}
     assert 2.0 < slowdown["forward"] < 4.0  # 3 with sleeps exactly as asked
-    assert 1.0 <= slowdown["backward"] < 1.5  # never below 1
     assert not flushing()
 
 
 def test_a_description_times_the_slowdown_only_where_outputs_are_notably_subnormal() -> None:
-    """The scaled model's forward is notably subnormal: each phase timed (a factor of at least 1); the
-    plain model is not timed at all. Flushing is off afterwards."""
+    """The scaled model's forward is notably subnormal: its phases timed (those flushing made faster in
+    every pair kept, each above 1); the plain model is not timed at all. Flushing is off afterwards."""
     torch.manual_seed(0)
     batch = torch.randn(8, 16)
 
@@ -128,9 +128,9 @@ def test_a_description_times_the_slowdown_only_where_outputs_are_notably_subnorm
         return (model(x) / model.scale).square().mean()
 
     scaled = describe_model(Scaled(1e-39), batch, loss_fn=loss, count_faults=False)
-    if torch.set_flush_denormal(False):
-        assert set(scaled.subnormal_slowdown) == {"forward", "backward", "update"}
-        assert min(scaled.subnormal_slowdown.values()) >= 1.0
+    timed = torch.set_flush_denormal(False)
+    assert set(scaled.subnormal_slowdown) <= ({"forward", "backward", "update"} if timed else set())
+    assert all(factor > 1.0 for factor in scaled.subnormal_slowdown.values())
     assert describe_model(Scaled(1.0), batch, loss_fn=loss, count_faults=False).subnormal_slowdown == {}
     assert not flushing()
 

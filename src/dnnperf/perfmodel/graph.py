@@ -159,10 +159,10 @@ class StepGraph:
     #: outputs (perfmodel/subnormals.py); a prediction says where a step has them
     #: (Prediction.detail["subnormal_outputs"]). Empty where not counted.
     subnormal_outputs: dict[str, list[float]] = field(default_factory=dict)
-    #: On a CPU, where a phase's outputs are notably subnormal (subnormals.notable): per phase, the
-    #: step's seconds as it ran over its seconds with subnormals flushed to zero
-    #: (subnormals.flushed_slowdown), which ``ComputeOptions.subnormals`` multiplies the phase's
-    #: operators by. Empty otherwise.
+    #: On a CPU, where a phase's outputs are notably subnormal (subnormals.notable): for each phase
+    #: that flushing subnormals to zero made faster in every timed pair, its seconds as it ran over
+    #: its seconds flushed (subnormals.flushed_slowdown), which ``ComputeOptions.subnormals``
+    #: multiplies the phase's operators by. Empty otherwise.
     subnormal_slowdown: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
