@@ -221,6 +221,11 @@ SETS = (
         "calibrated right after a backward, by the eighteenth's rule.",
     ),
     (
+        "first-again",
+        "first set again",
+        "The first set's 16 models run a second time, the model unchanged since (same flags as the first).",
+    ),
+    (
         "twenty-fourth",
         "twenty-fourth set",
         "Eight models (`TWENTY_FOURTH_MODELS`, `--twenty-fourth`), fixed (each one's subnormal outputs "

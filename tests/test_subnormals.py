@@ -154,15 +154,17 @@ def test_the_prediction_multiplies_each_phase_by_its_slowdown_and_says_so() -> N
     assert after["backward"] == pytest.approx(2 * before["backward"])
     assert after["forward"] == pytest.approx(before["forward"])
     assert after["update"] == pytest.approx(before["update"])
-    assert priced.detail["subnormal_slowdown"] == {"backward": 2.0}
-    assert "subnormal_slowdown" not in plain.detail
-    graph = dataclasses.replace(graph, subnormal_slowdown={"forward": 3.0})
-    assert any(
-        "multiplies the phase by 3.00" in text
-        for text in warnings_of(
-            {"subnormal_outputs": {"forward": 0.5}, "subnormal_slowdown": graph.subnormal_slowdown}
-        )
+    assert priced.detail["subnormal_slowdown"] == plain.detail["subnormal_slowdown"] == {"backward": 2.0}
+    assert priced.detail["subnormals_priced"] and not plain.detail["subnormals_priced"]
+    # The warnings name the factor timed, and say whether the prediction priced it.
+    shares = {"forward": 0.5, "backward": 0.5}
+    said = warnings_of({"subnormal_outputs": shares, "subnormal_slowdown": {"backward": 3.0}})
+    assert "did not make the phase faster" in said[0] and "does not price" in said[0]
+    assert "ran 3.00x as long" in said[1] and "does not price" in said[1]
+    said = warnings_of(
+        {"subnormal_outputs": shares, "subnormal_slowdown": {"backward": 3.0}, "subnormals_priced": True}
     )
-    assert any("does not price" in text for text in warnings_of({"subnormal_outputs": {"forward": 0.5}}))
+    assert "does not price" in said[0] and "which the prediction prices" in said[1]
+    graph = dataclasses.replace(graph, subnormal_slowdown={"forward": 3.0})
     half = dataclasses.replace(graph, batch_size=4, subnormal_slowdown={})
     assert graph.at_batch(half, 6).subnormal_slowdown == {"forward": pytest.approx(2.0)}

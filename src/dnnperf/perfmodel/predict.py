@@ -345,10 +345,10 @@ def predict(
         exposed, memory = 0.0, None
         # The device's own step by phase, before any strategy's additions (DDP's passes, sharding).
         detail: dict[str, Any] = {"phases_s": phases}
-        if graph.subnormal_outputs:  # the share of each phase's outputs, and the factor it was priced at
+        if graph.subnormal_outputs:  # each phase's share of subnormal outputs, and what they cost it
             detail["subnormal_outputs"] = {p: n / max(t, 1) for p, (n, t) in graph.subnormal_outputs.items()}
-            if options.subnormals and graph.subnormal_slowdown:
-                detail["subnormal_slowdown"] = dict(graph.subnormal_slowdown)
+            detail["subnormal_slowdown"] = dict(graph.subnormal_slowdown)
+            detail["subnormals_priced"] = options.subnormals
         if strategy == "fsdp" and devices > 1:
             compute, exposed, sharded, memory = _fully_sharded(
                 graph, times, machine, devices, compute, _units(source, preset), reshard_after_forward

@@ -8,10 +8,10 @@ from the backward of its squeeze-excite means). The performance model prices no 
 its replays run on random operands with none. A description counts them (:class:`SubnormalCount`),
 so that a prediction can say where a step has them (``Prediction.detail["subnormal_outputs"]``);
 where a phase has a notable share (NOTABLE_SHARE), it also times the step as it runs against the
-same step with them flushed to zero (:func:`flushed_slowdown`), a ratio per phase that the model
-can multiply the phase by (``ComputeOptions.subnormals``). Only the model's own steps at the
-description's batch are timed, as its convolutions are replayed. A GPU computes on them at full
-speed: counted and timed on a CPU only.
+same step with them flushed to zero (:func:`flushed_slowdown`): a ratio per phase that the warning
+gives and that ``ComputeOptions.subnormals`` (off: it failed its held-out rules) multiplies the phase
+by. Only the model's own steps at the description's batch are timed, as its convolutions are
+replayed. A GPU computes on them at full speed: counted and timed on a CPU only.
 """
 
 from __future__ import annotations
@@ -117,21 +117,29 @@ def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
     return {phase: share for phase, share in shares.items() if share >= NOTABLE_SHARE}
 
 
-def warning_text(phase: str, share: float, slowdown: float | None = None) -> str:
+def warning_text(phase: str, share: float, slowdown: float | None = None, priced: bool = False) -> str:
     """What dnnperf says of a phase's subnormal outputs (the CLI's warning, ``dnnperf.predict``'s):
-    ``slowdown`` is the factor the prediction multiplied the phase by, None where it priced none."""
-    priced = (
-        f"the prediction multiplies the phase by {slowdown:.2f}, its slowdown timed on the example batch"
-        if slowdown is not None
-        else "the prediction does not price them"
-    )
+    ``slowdown``, where timed, is how much slower the phase ran with them than flushed on the example
+    batch; ``priced``, whether the prediction multiplied the phase by it."""
+    if slowdown is None:
+        cost = "flushing them did not make the phase faster on the example batch"
+    else:
+        cost = f"the phase ran {slowdown:.2f}x as long with them as flushed on the example batch"
     return (
-        f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, which on an x86 CPU can "
-        f"make a step several times slower: {priced} (torch.set_flush_denormal(True) flushes them to zero)"
+        f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, slow on an x86 CPU: {cost}, "
+        + (
+            "which the prediction prices"
+            if priced and slowdown is not None
+            else "which the prediction does not price"
+        )
+        + " (torch.set_flush_denormal(True) flushes them to zero)"
     )
 
 
 def warnings_of(detail: dict[str, Any]) -> list[str]:
     """The warnings of a prediction's ``detail``: one a phase with notable subnormal outputs."""
-    priced = detail.get("subnormal_slowdown", {})
-    return [warning_text(phase, share, priced.get(phase)) for phase, share in notable_shares(detail).items()]
+    slowdown, priced = detail.get("subnormal_slowdown", {}), bool(detail.get("subnormals_priced"))
+    return [
+        warning_text(phase, share, slowdown.get(phase), priced)
+        for phase, share in notable_shares(detail).items()
+    ]

@@ -38,8 +38,8 @@ def predict(
     the example batch (FLOPs, bytes and activations are affine in the batch). Loss and optimizer as in
     :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back.
     A phase whose operator outputs are 0.1% subnormal floats or more gets a RuntimeWarning
-    (``.detail["subnormal_outputs"]`` has every phase's share, ``.detail["subnormal_slowdown"]`` the
-    factor a priced phase was multiplied by: perfmodel/subnormals.py)."""
+    (``.detail["subnormal_outputs"]`` has every phase's share, ``.detail["subnormal_slowdown"]`` how
+    much slower each phase ran with them than flushed to zero: perfmodel/subnormals.py)."""
     example = example_rows(batch)
     device = next(t.device for t in tensors_in(batch))
     resolved = resolve_machine(machine, device, fsdp=strategy == "fsdp")
