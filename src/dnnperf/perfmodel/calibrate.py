@@ -313,8 +313,12 @@ def update_rows(optimizer: torch.optim.Optimizer) -> pd.DataFrame:
 
 
 def lead_network() -> Callable[[], None]:
-    """One forward and backward of a small generic convolutional network (batch norms, a pool, a
-    linear head; 8 images of 64x64): what a training step runs before its update."""
+    """A backward of a small generic convolutional network (batch norms, a pool, a linear head; 8
+    images of 64x64): what a training step runs right before its update. Its forward runs once and
+    each call runs the backward again over the kept graph, at 27 ms on the Xeon of
+    validation-heldout-third-host.md against 48 ms for a forward and backward each call: the
+    calibration came to 0.71-0.73 of the update's bytes and 2.34-2.47 µs a call that way, against
+    0.73-0.74 and 2.33-2.48 µs (three interleaved calibrations each), and 13-15 s against 20-22 s."""
     network = nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1),
         nn.BatchNorm2d(32),
@@ -326,10 +330,10 @@ def lead_network() -> Callable[[], None]:
         nn.Flatten(),
         nn.Linear(64, 10),
     )
-    images = torch.randn(8, 3, 64, 64)
+    loss = network(torch.randn(8, 3, 64, 64)).sum()
 
     def lead() -> None:
-        network(images).sum().backward()
+        loss.backward(retain_graph=True)
 
     return lead
 
@@ -346,10 +350,9 @@ def measure_update_cost(
     as a training step runs its update; otherwise back to back. On the Xeon of
     validation-heldout-third-host.md an update after a backward took 1.1-1.5x its time back to back
     (hf:mobilenet_v2's 1.35-1.7x); neither reading 256 MiB, nor writing it three times, nor 20 ms of
-    sleep in between moved it as much. Judged by the twenty-third held-out set run again: the rows it
-    changes went from a median |error| of 4.9% to 3.0%, none grown by 5 points. The leads cost: 63 ms
-    each there, 24 s of the 324 timed steps' calibration (a lighter lead, 32 px or 1x1 convolutions,
-    calibrated another share: 0.71-0.75 of the bytes against 0.79-0.80)."""
+    sleep in between moved it as much. Judged by the twenty-third held-out set run again (each lead
+    then a forward and backward): the rows it changes went from a median |error| of 4.9% to 3.0%, none
+    grown by 5 points. The leads cost most of the calibration: 324 timed steps, each after one."""
     torch.manual_seed(0)
     lead = lead_network() if after_backward else None
     configs = []
@@ -396,7 +399,7 @@ def update_cost_fit(
 def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
     """:func:`measure_update_cost` of this host's CPU at the current thread count, measured once and
     cached."""
-    key = f"update-2/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"update-3/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     found = _measured_once(
         key,
         functools.partial(measure_update_cost, machine),
