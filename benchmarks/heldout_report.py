@@ -560,7 +560,7 @@ def update_after_backward(documents: dict[str, dict[str, Any]]) -> str:
 
 
 #: Each phase at its slowdown from subnormal floats, or unpriced (ComputeOptions.subnormals; the
-#: twenty-fourth set's runs have both as variants).
+#: twenty-fourth to twenty-sixth sets' runs have both as variants).
 SUBNORMALS_UNPRICED = "subnormals unpriced"
 SUBNORMALS_PRICED = "subnormals at their slowdown"
 

@@ -448,10 +448,9 @@ TWENTY_THIRD_MODELS = (
 #: slowdown from subnormal floats (``ComputeOptions(subnormals=True)``; variants "subnormals at
 #: their slowdown" and "subnormals unpriced"), proposed on hf:efficientnet of the first set (-50% to
 #: -57%). Networks written in torch.nn whose steps make subnormal floats in ways models do: sharp
-#: softmaxes
-#: (attention, a mixture's router), steep sigmoid gates, fading signal in a deep tanh MLP, narrow
-#: radial basis units, running products of decays (a scan, a recurrence stepped by hand); and one
-#: EfficientNet-like network that makes none. Its rule, written before the run, the twentieth's: the
+#: softmaxes (attention, a mixture's router), steep sigmoid gates, fading signal in a deep tanh MLP,
+#: narrow radial basis units, running products of decays (a scan, a recurrence stepped by hand); and
+#: one EfficientNet-like network that makes none. Its rule, written before the run, the twentieth's: the
 #: pricing goes on by default if the median |error| of the rows it changes (their prediction moved by
 #: more than 2%) is smaller with it than without, and no such row's |error| grows with it by more
 #: than 5 points.

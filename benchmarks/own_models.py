@@ -1510,10 +1510,7 @@ class DeepReLUSmallInit(nn.Sequential):
         for _ in range(depth):
             layers += [nn.Linear(width, width), nn.ReLU()]
         super().__init__(*layers, nn.Linear(width, CLASSES))
-        for layer in self.modules():
-            if isinstance(layer, nn.Linear):
-                nn.init.normal_(layer.weight, 0.0, 0.02)
-                nn.init.zeros_(layer.bias)
+        _small_init(self)
 
 
 class SteepALiBiDecoder(nn.Module):

@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import platform
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -276,9 +277,10 @@ class StepGraph:
                 for phase, (count, total) in self.subnormal_outputs.items()
                 if phase in other.subnormal_outputs
             },
-            # A description without a notable share was not timed: as it runs, no slower.
+            # A description without a notable share was not timed: as it runs, no slower. Between
+            # the two measured factors, never beyond them (a ratio is no line in the batch).
             subnormal_slowdown={
-                phase: max(1.0, mine + t * (theirs - mine))
+                phase: min(max(mine + t * (theirs - mine), min(mine, theirs)), max(mine, theirs))
                 for phase in {*self.subnormal_slowdown, *other.subnormal_slowdown}
                 for mine, theirs in [
                     (self.subnormal_slowdown.get(phase, 1.0), other.subnormal_slowdown.get(phase, 1.0))
@@ -791,7 +793,8 @@ def describe_model(
     the tensor, the dict's items as keywords, the tuple's as arguments); default optimizer: SGD with
     momentum. On the CPU, ``count_faults`` runs twelve more plain steps to count the step's page
     faults (``page_faults``); ``time_gaps`` seven more to time the host between their operator calls
-    (``gaps``, which ``ComputeOptions(host_gaps=True)`` charges).
+    (``gaps``, which ``ComputeOptions(host_gaps=True)`` charges); where a phase's outputs are notably
+    subnormal, twelve more time their slowdown (``subnormal_slowdown``, subnormals.flushed_slowdown).
     The steps train the model: its weights, buffers, gradients, the optimizer's state and the random
     generators are put back as they were afterwards (``dnnperf.restore``)."""
     if not isinstance(model, nn.Module):
@@ -886,7 +889,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-29"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-30"],
         sort_keys=True,
         default=str,
     )
@@ -894,7 +897,10 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
 
 
 def _device_identity(device: str) -> str:
-    """``device``, and for a GPU which one (its host and model): GPUs run different kernels."""
+    """``device``, and for a GPU which one (its host and model): GPUs run different kernels; for a CPU
+    its host and thread count, whose page faults and subnormal slowdown a description keeps."""
+    if device == "cpu":
+        return f"cpu/{platform.node()}/{torch.get_num_threads()}"
     if not device.startswith("cuda"):
         return device
     from dnnperf.hardware import device_key
@@ -950,6 +956,11 @@ def describe_workload_batches(
         for batch_size, faults in faults_counted().items():
             graphs[batch_size].page_faults = faults
             store.put(keys[batch_size], graphs[batch_size].to_dict())
+    # Timed once the fault counters beside it have stopped.
+    for batch_size, graph in graphs.items():
+        if device == "cpu" and notable(graph.subnormal_outputs) and not graph.subnormal_slowdown:
+            graph.subnormal_slowdown = _time_subnormals(spec, preset, batch_size)
+            store.put(keys[batch_size], graph.to_dict())
     return [graphs[b] for b in batch_sizes]
 
 
@@ -978,10 +989,17 @@ def _capture_workload(spec: Workload, preset: str, batch_size: int, device: str)
     if torch.device(device).type == "cuda":
         with put_back(task.model, task.optimizers()):
             graph.issue_s = issue_seconds(lambda stages: task.step(batch, stages), torch.device(device))
-    elif torch.device(device).type == "cpu" and notable(graph.subnormal_outputs):
-        with put_back(task.model, task.optimizers()):
-            graph.subnormal_slowdown = flushed_slowdown(lambda stages: task.step(batch, stages))
     return graph
+
+
+def _time_subnormals(spec: Workload, preset: str, batch_size: int) -> dict[str, float]:
+    """subnormals.flushed_slowdown of the suite workload ``spec``'s CPU step at ``batch_size``, built as
+    :func:`_capture_workload` builds it."""
+    torch.manual_seed(0)
+    task = spec.build(preset, "cpu")
+    batch = spec.data(preset).synthesize(batch_size, 0)
+    task.step(batch)  # the optimizer's state made, as in the described step
+    return flushed_slowdown(lambda stages: task.step(batch, stages))
 
 
 def workload_graph(

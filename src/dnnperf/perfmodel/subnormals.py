@@ -17,7 +17,6 @@ replayed. A GPU computes on them at full speed: counted and timed on a CPU only.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -74,39 +73,49 @@ def notable(counts: dict[str, list[float]]) -> bool:
     return any(count >= NOTABLE_SHARE * max(total, 1.0) for count, total in counts.values())
 
 
-#: Timed pairs of steps (one as it runs, one flushed, interleaved) behind a slowdown, after one
-#: untimed pair.
+#: Timed pairs of steps (one as it runs, one flushed) behind a slowdown, after one untimed pair.
 PAIRS = 5
 
 
+def flushing() -> bool:
+    """Whether this thread flushes subnormal floats to zero now: half the smallest normal float survives
+    a product or not (torch can set the mode but not say it)."""
+    tiny = torch.finfo(torch.float32).tiny
+    return bool((torch.tensor(tiny / 2) * torch.tensor(1.0)) == 0)
+
+
 def flushed_slowdown(step: Callable[[Stages], Any], pairs: int = PAIRS) -> dict[str, float]:
-    """Per phase of ``step(stages)`` (one training step on a CPU) that flushing subnormal floats to
-    zero (``torch.set_flush_denormal``) made faster in every one of ``pairs`` interleaved pairs of
-    steps (after one untimed pair): its median seconds as it runs over its median seconds flushed.
-    A phase that was not faster in every pair (by chance, with five pairs, one time in 32) is left
-    out: its ratio is the host's noise, which priced as a slowdown only ever raised a phase (the
-    twenty-fifth held-out set's leaky integrator, whose forward makes no subnormals, at 1.04).
-    Empty where the CPU cannot flush them. Leaves flushing off: a step that made subnormal outputs
-    (what this is for) ran with it off, and torch cannot say whether it was on."""
+    """Per phase of ``step(stages)`` (one training step on a CPU): its median seconds as it runs over
+    its median seconds with subnormal floats flushed to zero (``torch.set_flush_denormal``), from
+    ``pairs`` pairs of steps after one untimed pair, the order within a pair alternating (as it runs
+    first, then flushed first) so that neither mode always follows the other. A phase that flushing
+    did not make faster in every pair gets 1: with five pairs a phase without subnormals passes one
+    time in 32, and its ratio is then the host's noise. Empty where the CPU cannot flush them. The
+    mode is the calling thread's: with several intra-op threads the others keep theirs, so the
+    slowdown is then a lower bound. The thread's mode is put back afterwards, also on an error."""
+    before = flushing()
     if not torch.set_flush_denormal(True):
         return {}
-    samples: dict[bool, dict[str, list[float]]] = {False: defaultdict(list), True: defaultdict(list)}
+    samples: list[dict[bool, dict[str, float]]] = []
     try:
         for index in range(pairs + 1):
-            for flushed in (False, True):
+            pair: dict[bool, dict[str, float]] = {}
+            for flushed in (False, True) if index % 2 else (True, False):
                 torch.set_flush_denormal(flushed)
                 clock = PhaseClock()
                 step(clock)
-                for phase, seconds in clock.seconds.items():
-                    if index:  # the first pair warms each mode
-                        samples[flushed][phase].append(seconds)
+                pair[flushed] = dict(clock.seconds)
+            if index:  # the first pair warms each mode
+                samples.append(pair)
     finally:
-        torch.set_flush_denormal(False)
+        torch.set_flush_denormal(before)
     slowdown = {}
-    for phase, seconds in samples[False].items():
-        flushed = samples[True].get(phase, [])
-        if len(flushed) == len(seconds) and all(a > b for a, b in zip(seconds, flushed, strict=True)):
-            slowdown[phase] = statistics.median(seconds) / statistics.median(flushed)
+    for phase in samples[0][False] if samples else {}:
+        timed = [(p[False][phase], p[True][phase]) for p in samples if phase in p[False] and phase in p[True]]
+        faster = len(timed) == len(samples) and all(a > b > 0 for a, b in timed)
+        slowdown[phase] = (
+            statistics.median(a for a, _ in timed) / statistics.median(b for _, b in timed) if faster else 1.0
+        )
     return slowdown
 
 
@@ -119,20 +128,20 @@ def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
 
 def warning_text(phase: str, share: float, slowdown: float | None = None, priced: bool = False) -> str:
     """What dnnperf says of a phase's subnormal outputs (the CLI's warning, ``dnnperf.predict``'s):
-    ``slowdown``, where timed, is how much slower the phase ran with them than flushed on the example
-    batch; ``priced``, whether the prediction multiplied the phase by it."""
+    ``slowdown``, where timed, is how much slower the phase ran with them than flushed when the model
+    was described (between its descriptions' batches, where it was described at two); ``priced``,
+    whether the prediction multiplied the phase by it."""
     if slowdown is None:
-        cost = "flushing them did not make the phase faster on the example batch"
+        cost = "their cost was not timed"
+    elif slowdown <= 1.0:
+        cost = "flushing them did not make the phase faster where the model was described"
     else:
-        cost = f"the phase ran {slowdown:.2f}x as long with them as flushed on the example batch"
+        cost = f"the phase ran {slowdown:.2f}x as long with them as flushed where the model was described"
+    charged = priced and slowdown is not None and slowdown > 1.0
+    priced_text = "which the prediction prices" if charged else "which the prediction does not price"
     return (
         f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, slow on an x86 CPU: {cost}, "
-        + (
-            "which the prediction prices"
-            if priced and slowdown is not None
-            else "which the prediction does not price"
-        )
-        + " (torch.set_flush_denormal(True) flushes them to zero)"
+        f"{priced_text} (torch.set_flush_denormal(True) flushes them to zero)"
     )
 
 
