@@ -311,3 +311,22 @@ def test_another_hosts_rows_can_go_to_a_page_of_their_own(tmp_path, monkeypatch)
     monkeypatch.setattr("sys.argv", ["heldout_report", str(runs), "--host-sets-page", "rows.md"])
     with pytest.raises(SystemExit):
         report.main()
+
+
+def test_the_subnormal_phases_table_judges_each_row_s_phases_it_changes() -> None:
+    """Measured phases 10, 20 and 5 ms. Unpriced 8, 10 and 5 ms (-20%, -50%, 0%); priced 8, 20 and
+    6.5 ms (-20%, 0%, +30%). The forward does not move and stays out; the backward (|error| 50% to
+    0%) and the update (0% to 30%, grown 30 points) are the two pairs it changes: medians 25% and
+    15%, one grown. A row of the same set without the variants' phases adds nothing, and a set
+    without any has no line."""
+    priced = row("a", 0.0, 0.0, (0.01, 0.02, 0.005))
+    priced["variants_phases_s"] = {
+        report.SUBNORMALS_UNPRICED: {"forward": 0.008, "backward": 0.010, "update": 0.005},
+        report.SUBNORMALS_PRICED: {"forward": 0.008, "backward": 0.020, "update": 0.0065},
+    }
+    plain = row("b", 0.0, 0.0, (0.01, 0.02, 0.005))
+    table = report.subnormal_phases({"twenty-fifth": {"rows": [priced, plain]}, "first": DOCUMENT})
+    lines = table.splitlines()
+    assert len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells == ["twenty-fifth set", "3", "2", "25.00% / 15.00%", "1"]
