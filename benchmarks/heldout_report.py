@@ -259,6 +259,18 @@ SETS = (
         "and a GRU over rows.",
     ),
     (
+        "twenty-seventh",
+        "twenty-seventh set",
+        "Eight models (`TWENTY_SEVENTH_MODELS`, `--twenty-seventh`), fixed (each one's subnormal outputs "
+        "counted by a description) before any of them was predicted, to judge the pricing with only the "
+        "phases whose own outputs are notably subnormal, by the twenty-fifth's rule with a floor of 6 "
+        "pairs: networks written in torch.nn (`benchmarks/own_models.py`): noisy-OR over 128 patches, a "
+        "retention decoder with decays of 0.1 to 0.8, log-sum-exp pooling at 100, a spiking MLP with an "
+        "exponential surrogate gradient, and four that make few or no subnormals: generalized-mean "
+        "pooling of power 30, a multi-label tagger at a temperature of 0.001, layer scale from 1e-6 and "
+        "a ConvMixer.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

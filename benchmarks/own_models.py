@@ -1513,24 +1513,37 @@ class DeepReLUSmallInit(nn.Sequential):
         _small_init(self)
 
 
-class SteepALiBiDecoder(nn.Module):
-    """A causal decoder (two layers of 128) whose attention is biased by -2 times the distance to the
-    key (ALiBi with a steep slope), no position embeddings."""
+class _DecoderLayers(nn.Module):
+    """A causal decoder's modules: token embedding, then a layer norm, a fused query-key-value
+    projection and an output projection per layer, then the head; the subclass mixes the tokens."""
 
-    def __init__(self, width: int = 128, depth: int = 2, heads: int = 4) -> None:
+    def __init__(self, width: int, depth: int) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCABULARY, width)
-        self.heads = heads
         self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
         self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
         self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
         self.head = nn.Linear(width, VOCABULARY)
 
+
+def _distances(length: int, device: torch.device) -> torch.Tensor:
+    """Each query position's distance past each key position (negative for keys after it)."""
+    position = torch.arange(length, device=device)
+    return (position.view(-1, 1) - position.view(1, -1)).float()
+
+
+class SteepALiBiDecoder(_DecoderLayers):
+    """A causal decoder (two layers of 128) whose attention is biased by -2 times the distance to the
+    key (ALiBi with a steep slope), no position embeddings."""
+
+    def __init__(self, width: int = 128, depth: int = 2, heads: int = 4) -> None:
+        super().__init__(width, depth)
+        self.heads = heads
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
         rows, length, width = x.shape
-        position = torch.arange(length, device=x.device)
-        distance = (position.view(-1, 1) - position.view(1, -1)).float()
+        distance = _distances(length, x.device)
         bias = torch.where(distance >= 0, -2.0 * distance, float("-inf"))
         for norm, qkv, out in zip(self.norms, self.qkv, self.out, strict=True):
             q, k, v = (
@@ -1608,6 +1621,189 @@ class RowGRU(nn.Module):
         return self.head(self.rnn(x.permute(0, 2, 1, 3).flatten(2))[0][:, -1])
 
 
+class NoisyOrPatches(nn.Module):
+    """Multiple-instance learning: each 4x2 patch's class probabilities (sigmoids), a class present where
+    any patch says so, by noisy-OR over the 128 patches (1 minus the product of 1 - p)."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.patch = nn.Sequential(
+            nn.Conv2d(3, width, (4, 2), (4, 2)), nn.ReLU(), nn.Conv2d(width, width, 1), nn.ReLU()
+        )
+        self.scores = nn.Conv2d(width, CLASSES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        absent = 1 - torch.sigmoid(self.scores(self.patch(x)).flatten(2))
+        present = 1 - torch.prod(absent, 2)
+        return torch.logit(present.clamp(1e-6, 1 - 1e-6))
+
+
+class DecayedRetention(_DecoderLayers):
+    """A retention decoder (two layers of 128, RetNet's form): causal attention without softmax, each
+    head's scores weighted by gamma^(n - m), its decays 0.1, 0.2, 0.4 and 0.8."""
+
+    def __init__(self, width: int = 128, depth: int = 2) -> None:
+        super().__init__(width, depth)
+        self.decays = (0.1, 0.2, 0.4, 0.8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        rows, length, width = x.shape
+        heads = len(self.decays)
+        distance = _distances(length, x.device)
+        gamma = torch.tensor(self.decays, device=x.device).view(-1, 1, 1)
+        decay = torch.where(distance >= 0, gamma ** distance.clamp(min=0), 0.0)
+        for norm, qkv, out in zip(self.norms, self.qkv, self.out, strict=True):
+            q, k, v = qkv(norm(x)).view(rows, length, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+            scores = q @ k.transpose(-1, -2) / (width // heads) ** 0.5 * decay
+            x = x + out((scores @ v).transpose(1, 2).reshape(rows, length, width))
+        return self.head(x)
+
+
+def _conv_bn_relu(width: int, out: int, first_stride: int) -> nn.Sequential:
+    """Two 3x3 convolutions from the image (the first of stride ``first_stride``, the second 2), each
+    with batch norm and ReLU."""
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, first_stride, 1),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.Conv2d(width, out, 3, 2, 1),
+        nn.BatchNorm2d(out),
+        nn.ReLU(),
+    )
+
+
+class LogSumExpPooling(nn.Module):
+    """A CNN whose class maps are pooled over the image by log-sum-exp at a sharpness of 100 (nearly the
+    maximum, as weakly supervised localisation pools)."""
+
+    def __init__(self, sharpness: float = 100.0) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_conv_bn_relu(64, 128, first_stride=1), nn.Conv2d(128, CLASSES, 1))
+        self.sharpness = sharpness
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        maps = self.body(x).flatten(2)
+        return torch.logsumexp(self.sharpness * maps, 2) / self.sharpness
+
+
+class GeneralizedMeanPooling(nn.Module):
+    """A CNN (batch norm, ReLU) whose features are pooled by their generalized mean of power 30 (GeM,
+    image retrieval's pooling, steeper than its usual 3), then a cosine classifier at a scale of 30."""
+
+    def __init__(self, power: float = 30.0) -> None:
+        super().__init__()
+        self.body = _conv_bn_relu(64, 256, first_stride=2)
+        self.power = power
+        self.classes = nn.Parameter(torch.randn(CLASSES, 256))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self.body(x).clamp(min=1e-6).pow(self.power).mean((2, 3)).pow(1 / self.power)
+        return 30.0 * nn.functional.normalize(pooled, dim=1) @ nn.functional.normalize(self.classes, dim=1).T
+
+
+class SharpMultiLabel(nn.Module):
+    """A CNN tagging each image with 100 independent labels (sigmoid cross-entropy), its logits
+    scaled by 1000, a temperature of 0.001 (``multi_label_loss``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = _strided_features(256)
+        self.head = nn.Linear(256, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 1000.0 * self.head(torch.relu(self.features(x)))
+
+
+class SpikingMLP(nn.Module):
+    """A spiking MLP (two layers of 256 leaky neurons, membrane decay 0.5) over 16 time steps of the
+    same image, spikes through a surrogate gradient exp(-80 |v - 1|) (``_SpikeFunction``)."""
+
+    def __init__(self, width: int = 256, steps: int = 16) -> None:
+        super().__init__()
+        self.first = nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width)
+        self.second = nn.Linear(width, width)
+        self.head = nn.Linear(width, CLASSES)
+        self.steps = steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        current = self.first(x.flatten(1))
+        first = torch.zeros_like(current)
+        second = torch.zeros_like(current)
+        counts = torch.zeros_like(current)
+        for _ in range(self.steps):
+            first = 0.5 * first + current
+            spikes = _SpikeFunction.apply(first)
+            first = first - spikes
+            second = 0.5 * second + self.second(spikes)
+            out = _SpikeFunction.apply(second)
+            second = second - out
+            counts = counts + out
+        return self.head(counts / self.steps)
+
+
+class _SpikeFunction(torch.autograd.Function):
+    """A spike where the membrane passes 1; its gradient the surrogate exp(-80 |v - 1|)."""
+
+    @staticmethod
+    def forward(ctx: Any, membrane: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(membrane)
+        return (membrane >= 1.0).to(membrane.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (membrane,) = ctx.saved_tensors
+        return grad * torch.exp(-80.0 * (membrane - 1.0).abs())
+
+
+class LayerScaleConvNet(nn.Module):
+    """ConvNeXt-like blocks (depthwise 7x7, layer norm, MLP of 4x) over 4x4 patches, each branch scaled
+    by a layer scale initialised at 1e-6."""
+
+    def __init__(self, width: int = 96, depth: int = 4) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.mixers = nn.ModuleList(nn.Conv2d(width, width, 7, 1, 3, groups=width) for _ in range(depth))
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.scales = nn.ParameterList(nn.Parameter(torch.full((width,), 1e-6)) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x)
+        for mixer, norm, mlp, scale in zip(self.mixers, self.norms, self.mlps, self.scales, strict=True):
+            branch = mlp(norm(mixer(x).permute(0, 2, 3, 1)))
+            x = x + (scale * branch).permute(0, 3, 1, 2)
+        return self.head(x.mean((2, 3)))
+
+
+class ConvMixer(nn.Module):
+    """ConvMixer: 2x2 patches, then depthwise 5x5 and pointwise convolutions, each with GELU and batch
+    norm, the depthwise one residual."""
+
+    def __init__(self, width: int = 128, depth: int = 4) -> None:
+        super().__init__()
+
+        def block(conv: nn.Module) -> nn.Sequential:
+            return nn.Sequential(conv, nn.GELU(), nn.BatchNorm2d(width))
+
+        self.patch = block(nn.Conv2d(3, width, 2, 2))
+        self.depthwise = nn.ModuleList(
+            block(nn.Conv2d(width, width, 5, 1, 2, groups=width)) for _ in range(depth)
+        )
+        self.pointwise = nn.ModuleList(block(nn.Conv2d(width, width, 1)) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x)
+        for depthwise, pointwise in zip(self.depthwise, self.pointwise, strict=True):
+            x = pointwise(x + depthwise(x))
+        return self.head(x.mean((2, 3)))
+
+
 def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Real or not: whether the image is of an even class, a stand-in for a GAN's labels.
     return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), (batch["label"] % 2).float())
@@ -1671,6 +1867,15 @@ def _contrastive_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # Each image against every class's embedding, at a logit scale of 100.
     classes = nn.functional.normalize(model.classes.weight, dim=-1)
     return nn.functional.cross_entropy(100.0 * model(batch["image"]) @ classes.T, batch["label"])
+
+
+def _multi_label_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Sigmoid cross-entropy against the image's label and the next one as its two tags."""
+    labels = batch["label"]
+    tags = torch.zeros(labels.shape[0], CLASSES, device=labels.device)
+    tags[torch.arange(labels.shape[0]), labels] = 1.0
+    tags[torch.arange(labels.shape[0]), (labels + 1) % CLASSES] = 1.0
+    return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), tags)
 
 
 def _mixture_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -2746,6 +2951,70 @@ MODELS = (
         "torch-row-gru",
         "torch.nn GRU over the image's rows",
         RowGRU,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-noisy-or",
+        "torch.nn multiple-instance classifier, noisy-OR over 128 patches",
+        NoisyOrPatches,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-decayed-retention",
+        "torch.nn retention decoder, decays 0.1 to 0.8 a token",
+        DecayedRetention,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-lse-pooling",
+        "torch.nn CNN, class maps pooled by log-sum-exp at a sharpness of 100",
+        LogSumExpPooling,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-gem-pooling",
+        "torch.nn CNN, generalized-mean pooling of power 30, cosine classifier",
+        GeneralizedMeanPooling,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-sharp-multilabel",
+        "torch.nn CNN tagger, 100 sigmoid labels, logits x1000",
+        SharpMultiLabel,
+        _multi_label_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-spiking-mlp",
+        "torch.nn spiking MLP over 16 time steps, exponential surrogate gradient",
+        SpikingMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-layer-scale",
+        "torch.nn ConvNeXt-like blocks, layer scale from 1e-6",
+        LayerScaleConvNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-convmixer",
+        "torch.nn ConvMixer, depthwise 5x5 and pointwise, GELU, batch norm",
+        ConvMixer,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,

@@ -25,6 +25,7 @@ from dnnperf.perfmodel.subnormals import (
     flushed_slowdown,
     flushing,
     notable_shares,
+    priced_slowdown,
     subnormal_elements,
     warnings_of,
 )
@@ -172,7 +173,11 @@ def test_the_prediction_multiplies_each_phase_by_its_slowdown_and_says_so() -> N
         return (model(x) / model.scale).square().mean()
 
     graph = describe_model(Scaled(1e-39), batch, loss_fn=loss, count_faults=False)
-    graph = dataclasses.replace(graph, subnormal_slowdown={"backward": 2.0})
+    # Backward's outputs made notably subnormal (one in a hundred); the update's none, so its slowdown
+    # of 1.5 is not its own cost and stays unpriced.
+    outputs = {**graph.subnormal_outputs, "backward": [1.0, 100.0], "update": [0.0, 100.0]}
+    slowdown = {"backward": 2.0, "update": 1.5}
+    graph = dataclasses.replace(graph, subnormal_outputs=outputs, subnormal_slowdown=slowdown)
     machine = preset("seed002")
     plain = predict(graph, machine, 8, options=ComputeOptions(subnormals=False))
     priced = predict(graph, machine, 8, options=ComputeOptions(subnormals=True))
@@ -180,7 +185,7 @@ def test_the_prediction_multiplies_each_phase_by_its_slowdown_and_says_so() -> N
     assert after["backward"] == pytest.approx(2 * before["backward"])
     assert after["forward"] == pytest.approx(before["forward"])
     assert after["update"] == pytest.approx(before["update"])
-    assert priced.detail["subnormal_slowdown"] == plain.detail["subnormal_slowdown"] == {"backward": 2.0}
+    assert priced.detail["subnormal_slowdown"] == plain.detail["subnormal_slowdown"] == slowdown
     assert priced.detail["subnormals_priced"] and not plain.detail["subnormals_priced"]
     # The warnings name the factor timed, and say whether the prediction priced it.
     shares = {"forward": 0.5, "backward": 0.5, "update": 0.5}
@@ -197,3 +202,29 @@ def test_the_prediction_multiplies_each_phase_by_its_slowdown_and_says_so() -> N
     # Beyond the two batches, never beyond the two factors: 3 at batch 8 and 1 at 4 stay within 1-3.
     assert graph.at_batch(half, 40).subnormal_slowdown == {"forward": 3.0}  # the line: 19
     assert graph.at_batch(half, 2).subnormal_slowdown == {"forward": 1.0}  # the line: 0
+
+
+def test_an_update_in_place_counts_what_it_writes() -> None:
+    """Gradients of 1e-41 times the inputs (the loss scaled by 1e-41) are subnormal, and so are SGD's
+    momentum buffers, which its foreach update writes in place, returning nothing: scaled by the
+    momentum, then the gradient added. The parameters it then updates stay normal. So the update
+    writes the buffers' 16 x 16 + 16 elements twice, subnormal, and the parameters' once."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum() * 1e-41
+
+    graph = describe_model(
+        model, torch.rand(8, 16) + 1, loss_fn=loss, optimizer=optimizer, count_faults=False
+    )
+    parameters = 16 * 16 + 16
+    assert graph.subnormal_outputs["update"] == [2 * parameters, 3 * parameters]
+
+
+def test_only_a_phase_whose_own_outputs_are_notably_subnormal_is_priced() -> None:
+    outputs = {"forward": [0.0, 1000.0], "backward": [1.0, 1000.0], "update": [0.9, 1000.0]}
+    slowdown = {"forward": 1.09, "backward": 2.5, "update": 1.3}
+    assert priced_slowdown(outputs, slowdown) == {"backward": 2.5}  # 0.1% and more; 0.09% is not
+    assert priced_slowdown({}, slowdown) == {}

@@ -40,6 +40,7 @@ import pandas as pd
 from dnnperf.perfmodel.graph import StepGraph
 from dnnperf.perfmodel.kernels import MATRIX_OPS, replayed_between, replayed_rows
 from dnnperf.perfmodel.machine import Machine
+from dnnperf.perfmodel.subnormals import priced_slowdown
 
 #: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
 COMPUTE_FAMILIES = {"matmul": "matmul", "convolution": "convolution", "attention": "matmul", "rnn": "matmul"}
@@ -169,7 +170,8 @@ class ComputeOptions:
     few_rows_products: bool = False
     #: Each phase's operators (kernel and host time) multiplied by the description's slowdown from
     #: subnormal floats (StepGraph.subnormal_slowdown: the step timed as it runs and with them flushed
-    #: to zero, where its outputs are notably subnormal; perfmodel/subnormals.py). Off: judged by the
+    #: to zero), where the phase's own outputs are notably subnormal (subnormals.priced_slowdown;
+    #: perfmodel/subnormals.py). Off: judged by the
     #: twenty-fourth to twenty-sixth held-out sets, it took the rows (or phases) it changes from a
     #: median |error| of 66.8% to 15.4%, 77.5% to 23.9% and 34.3% to 16.3%, but on each one or two
     #: grew by more than the 5 points their rules allowed: a gated MLP's step, its update over by 20%
@@ -321,7 +323,8 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         dispatch = dispatch - inner / calls * np.maximum(dispatch - machine.inner_call_s, 0.0)
     overhead = calls * (dispatch + fixed) * kernel if options.overhead else np.zeros(len(ops))
     if options.subnormals and graph.subnormal_slowdown:
-        slowdown = np.array([graph.subnormal_slowdown.get(p, 1.0) for p in phases])
+        priced = priced_slowdown(graph.subnormal_outputs, graph.subnormal_slowdown)
+        slowdown = np.array([priced.get(p, 1.0) for p in phases])
         roofline, overhead = roofline * slowdown, overhead * slowdown
     out = ops.copy()
     out["replayed"] = found

@@ -889,7 +889,7 @@ def _cache_key(workload: str, preset: str, batch_size: int, device: str) -> str:
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     which = _device_identity(device)
     identity = json.dumps(
-        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-30"],
+        [workload, preset, batch_size, which, described, __version__, torch.__version__, "graph-31"],
         sort_keys=True,
         default=str,
     )

@@ -10,7 +10,7 @@ so that a prediction can say where a step has them (``Prediction.detail["subnorm
 where a phase has a notable share (NOTABLE_SHARE), it also times the step as it runs against the
 same step with them flushed to zero (:func:`flushed_slowdown`): a ratio per phase that the warning
 gives and that ``ComputeOptions.subnormals`` (off: it failed its held-out rules) multiplies the phase
-by. Only the model's own steps at the description's batch are timed, as its convolutions are
+by, where the phase's own outputs are notably subnormal (:func:`priced_slowdown`). Only the model's own steps at the description's batch are timed, as its convolutions are
 replayed. A GPU computes on them at full speed: counted and timed on a CPU only.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from dnnperf.perfmodel.issue import PhaseClock
-from dnnperf.probes.opcount import tensors_of
+from dnnperf.probes.opcount import written_tensors
 from dnnperf.workloads.base import Stages
 
 #: A phase whose operator outputs are at least this share subnormal gets a warning with its prediction.
@@ -49,10 +49,11 @@ def subnormal_elements(tensor: torch.Tensor) -> float:
 
 
 class SubnormalCount:
-    """An ``OpCounter`` observer: per phase, the floating elements the operators output on a CPU and
-    how many of them are subnormal (``counts``: phase -> [subnormal, elements], the first estimated
-    from samples of large outputs: :func:`subnormal_elements`). Views (family
-    "free") are left out: their elements are another operator's."""
+    """An ``OpCounter`` observer: per phase, the floating elements the operators write on a CPU (their
+    results and the arguments they update in place, as an optimizer's foreach update does) and how
+    many of them are subnormal (``counts``: phase -> [subnormal, elements], the first estimated from
+    samples of large outputs: :func:`subnormal_elements`). Views (family "free") are left out: their
+    elements are another operator's."""
 
     def __init__(self) -> None:
         self.counts: dict[str, list[float]] = {}
@@ -60,7 +61,7 @@ class SubnormalCount:
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
         if info.family == "free":
             return
-        for tensor in tensors_of(call.out):
+        for tensor in written_tensors(info, call):
             if tensor.device.type == "cpu" and tensor.is_floating_point() and tensor.numel():
                 count = self.counts.setdefault(phase, [0.0, 0.0])
                 count[0] += subnormal_elements(tensor)
@@ -117,6 +118,18 @@ def flushed_slowdown(step: Callable[[Stages], Any], pairs: int = PAIRS) -> dict[
             statistics.median(a for a, _ in timed) / statistics.median(b for _, b in timed) if faster else 1.0
         )
     return slowdown
+
+
+def priced_slowdown(outputs: dict[str, list[float]], slowdown: dict[str, float]) -> dict[str, float]:
+    """The slowdowns ``ComputeOptions.subnormals`` prices: those of the phases whose own outputs are
+    notably subnormal (a StepGraph's ``subnormal_outputs``, ``subnormal_slowdown``). Another phase of the
+    same step that ran slower than flushed is the host's noise or another phase's cost: a GRU
+    language model's forward, which makes none, came out 1.09x."""
+    return {
+        phase: factor
+        for phase, factor in slowdown.items()
+        if phase in outputs and outputs[phase][0] >= NOTABLE_SHARE * max(outputs[phase][1], 1.0)
+    }
 
 
 def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
