@@ -4,14 +4,16 @@ A subnormal (denormal) float is non-zero and smaller in magnitude than its dtype
 number. On an x86 CPU each instruction that meets one takes a microcode assist: hf:efficientnet
 `tiny` batch 4 on the Xeon of docs/validation-heldout-third-host.md took 149.9 ms a step as it ran
 and 79.8 ms with ``torch.set_flush_denormal(True)``, 2.8% of its operators' outputs subnormal (most
-from the backward of its squeeze-excite means). The performance model prices no such arithmetic, and
-its replays run on random operands with none. A description counts them (:class:`SubnormalCount`),
-so that a prediction can say where a step has them (``Prediction.detail["subnormal_outputs"]``);
-where a phase has a notable share (NOTABLE_SHARE), it also times the step as it runs against the
-same step with them flushed to zero (:func:`flushed_slowdown`): a ratio per phase that the warning
-gives and that ``ComputeOptions.subnormals`` (off: it failed its held-out rules) multiplies the phase
-by, where the phase's own outputs are notably subnormal (:func:`priced_slowdown`). Only the model's own steps at the description's batch are timed, as its convolutions are
-replayed. A GPU computes on them at full speed: counted and timed on a CPU only.
+from the backward of its squeeze-excite means). The performance model's rooflines price no such
+arithmetic, and its replays run on random operands with none. A description counts them
+(:class:`SubnormalCount`), so that a prediction can say where a step has them
+(``Prediction.detail["subnormal_outputs"]``); where a phase has a notable share (NOTABLE_SHARE), it
+also times the step as it runs against the same step with them flushed to zero
+(:func:`flushed_slowdown`): a ratio per phase that the warning gives and that
+``ComputeOptions.subnormals`` (on by default) multiplies the phase by, where the phase's own outputs
+are notably subnormal (:func:`priced_slowdown`). Only the model's own steps at the description's
+batch are timed, as its convolutions are replayed. A GPU computes on them at full speed: counted and
+timed on a CPU only.
 """
 
 from __future__ import annotations
