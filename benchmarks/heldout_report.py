@@ -271,6 +271,22 @@ SETS = (
         "a ConvMixer.",
     ),
     (
+        "twenty-eighth",
+        "twenty-eighth set",
+        "Eight models (`TWENTY_EIGHTH_MODELS`, `--twenty-eighth`), fixed (each built and stepped once) "
+        "before any of them was predicted, to judge charging the model's host seconds between its "
+        'operator calls (variant "host gaps"): hf:ernie4_5 and hf:mamba (transformers, `small`, batch '
+        "2 and 3) and six networks written in torch.nn (`benchmarks/own_models.py`): a ResNet of "
+        "bottlenecks, a MobileNetV3-like network, a ViT of nn.TransformerEncoder, a GPT of "
+        "nn.MultiheadAttention, a bidirectional LSTM tagger and a feature pyramid.",
+    ),
+    (
+        "first-subnormals",
+        "first set, subnormals priced",
+        "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
+        "notably subnormal priced at its slowdown, the model's default since the twenty-seventh set.",
+    ),
+    (
         "shapes",
         "shapes set",
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",

@@ -1014,7 +1014,25 @@ class RMSNormMLP(ResidualNormMLP):
         self.head[0] = nn.RMSNorm(384)
 
 
-class BasicBlock(nn.Module):
+def _shortcut(channels: int, width: int, stride: int) -> nn.Module:
+    """A residual block's skip: the identity, or a strided 1x1 projection with batch norm where the shape
+    changes."""
+    if stride == 1 and channels == width:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(channels, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+
+
+class _ResidualBlock(nn.Module):
+    """ReLU of a block's ``body`` plus its ``skip`` (the subclass makes both, body first)."""
+
+    body: nn.Module
+    skip: nn.Module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.skip(x))
+
+
+class BasicBlock(_ResidualBlock):
     """ResNet's basic block: two 3x3 convolutions with batch norm, residual."""
 
     def __init__(self, channels: int, width: int, stride: int) -> None:
@@ -1024,14 +1042,7 @@ class BasicBlock(nn.Module):
             nn.Conv2d(width, width, 3, 1, 1, bias=False),
             nn.BatchNorm2d(width),
         )
-        self.skip = (
-            nn.Identity()
-            if stride == 1 and channels == width
-            else nn.Sequential(nn.Conv2d(channels, width, 1, stride, bias=False), nn.BatchNorm2d(width))
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.body(x) + self.skip(x))
+        self.skip = _shortcut(channels, width, stride)
 
 
 class BasicResNet(nn.Sequential):
@@ -1802,6 +1813,187 @@ class ConvMixer(nn.Module):
         for depthwise, pointwise in zip(self.depthwise, self.pointwise, strict=True):
             x = pointwise(x + depthwise(x))
         return self.head(x.mean((2, 3)))
+
+
+class Bottleneck(_ResidualBlock):
+    """ResNet's bottleneck: 1x1 down to a quarter, 3x3 (strided), 1x1 back up, batch norm after each,
+    residual (projected where the shape changes)."""
+
+    def __init__(self, channels: int, width: int, stride: int) -> None:
+        super().__init__()
+        inner = width // 4
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, inner, 1, bias=False),
+            nn.BatchNorm2d(inner),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(inner, inner, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(inner),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(inner, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+        )
+        self.skip = _shortcut(channels, width, stride)
+
+
+class BottleneckResNet(nn.Sequential):
+    """A stem (3x3, batch norm, ReLU, 3x3 max pool of stride 2), then three stages of two bottlenecks
+    (widths 128, 256, 512), global average pool, linear: ResNet-50's shape, shallower."""
+
+    def __init__(self) -> None:
+        layers: list[nn.Module] = [*_conv_bn(3, 64), nn.MaxPool2d(3, 2, 1)]
+        channels = 64
+        for width, stride in ((128, 1), (256, 2), (512, 2)):
+            layers += [Bottleneck(channels, width, stride), Bottleneck(width, width, 1)]
+            channels = width
+        super().__init__(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, CLASSES))
+
+
+class HardSwishInverted(nn.Module):
+    """MobileNetV3's block: 1x1 expansion, depthwise 3x3 or 5x5, squeeze-excite with a hard sigmoid,
+    1x1 projection; hard-swish activations, batch norm, residual where the shape allows."""
+
+    def __init__(self, channels: int, width: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        hidden = 4 * channels
+        self.expand = nn.Sequential(
+            nn.Conv2d(channels, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.Hardswish()
+        )
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.Hardswish(),
+        )
+        self.excite = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(hidden, hidden // 4, 1),
+            nn.ReLU(),
+            nn.Conv2d(hidden // 4, hidden, 1),
+            nn.Hardsigmoid(),
+        )
+        self.project = nn.Sequential(nn.Conv2d(hidden, width, 1, bias=False), nn.BatchNorm2d(width))
+        self.residual = stride == 1 and channels == width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.depthwise(self.expand(x))
+        out = self.project(hidden * self.excite(hidden))
+        return x + out if self.residual else out
+
+
+class HardSwishMobileNet(nn.Sequential):
+    """A MobileNetV3-like network: a strided 3x3 stem and six hard-swish inverted residuals."""
+
+    def __init__(self) -> None:
+        blocks = (
+            (16, 24, 3, 2),
+            (24, 24, 3, 1),
+            (24, 40, 5, 2),
+            (40, 40, 5, 1),
+            (40, 80, 3, 2),
+            (80, 80, 3, 1),
+        )
+        super().__init__(
+            nn.Conv2d(3, 16, 3, 2, 1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.Hardswish(),
+            *(HardSwishInverted(*block) for block in blocks),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(80, CLASSES),
+        )
+
+
+class ClassTokenViT(nn.Module):
+    """A ViT: 4x4 patches, a class token and learned positions, six of torch.nn's pre-norm encoder
+    layers (192 wide, GELU), classified from the class token."""
+
+    def __init__(self, width: int = 192, depth: int = 6) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, 4, 4)
+        self.token = nn.Parameter(torch.zeros(1, 1, width))
+        self.positions = nn.Parameter(torch.randn(1, (IMAGE_SIZE // 4) ** 2 + 1, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            width, 3, 4 * width, 0.0, "gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.token.expand(x.shape[0], -1, -1), x], 1) + self.positions
+        return self.head(self.norm(self.encoder(x))[:, 0])
+
+
+class TiedGPT(nn.Module):
+    """A GPT: token and position embeddings, four blocks of nn.MultiheadAttention under a causal mask
+    and a GELU MLP, pre-norm, dropout 0.1, the head tied to the token embedding."""
+
+    def __init__(self, width: int = 256, depth: int = 4) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(VOCABULARY, width)
+        self.positions = nn.Embedding(TOKENS, width)
+        self.attention_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.attentions = nn.ModuleList(
+            nn.MultiheadAttention(width, 4, dropout=0.1, batch_first=True) for _ in range(depth)
+        )
+        self.mlp_norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(
+                nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(0.1)
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(width)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        x = self.dropout(self.tokens(tokens) + self.positions(torch.arange(length, device=tokens.device)))
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        for attention_norm, attention, mlp_norm, mlp in zip(
+            self.attention_norms, self.attentions, self.mlp_norms, self.mlps, strict=True
+        ):
+            h = attention_norm(x)
+            x = x + attention(h, h, h, attn_mask=mask, need_weights=False)[0]
+            x = x + mlp(mlp_norm(x))
+        return self.norm(x) @ self.tokens.weight.T
+
+
+class BiLSTMTagger(nn.Module):
+    """A tagger: embeddings, a two-layer bidirectional LSTM (128 a direction), a linear layer a token."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.rnn = nn.LSTM(width, width, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embed(tokens))[0])
+
+
+class PyramidClassifier(nn.Module):
+    """A feature pyramid: three strided stages (batch norm, ReLU), lateral 1x1 convolutions, each level
+    upsampled (nearest) and added to the one below, the finest smoothed by a 3x3 and pooled."""
+
+    def __init__(self, width: int = 96) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(
+            nn.Sequential(*_conv_bn(channels, out, 2)) for channels, out in ((3, 48), (48, 96), (96, 192))
+        )
+        self.laterals = nn.ModuleList(nn.Conv2d(out, width, 1) for out in (48, 96, 192))
+        self.smooth = nn.Conv2d(width, width, 3, 1, 1)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        levels = []
+        for stage in self.stages:
+            x = stage(x)
+            levels.append(x)
+        top = self.laterals[-1](levels[-1])
+        for lateral, level in zip(self.laterals[-2::-1], levels[-2::-1], strict=True):
+            top = lateral(level) + nn.functional.interpolate(top, size=level.shape[-2:], mode="nearest")
+        return self.head(self.smooth(top).mean((2, 3)))
 
 
 def _discriminator_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -3015,6 +3207,54 @@ MODELS = (
         "torch-convmixer",
         "torch.nn ConvMixer, depthwise 5x5 and pointwise, GELU, batch norm",
         ConvMixer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-bottleneck-resnet",
+        "torch.nn ResNet of bottlenecks, 3x3 max-pooled stem",
+        BottleneckResNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-hardswish-mobilenet",
+        "torch.nn MobileNetV3-like network, hard-swish, squeeze-excite",
+        HardSwishMobileNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-class-token-vit",
+        "torch.nn ViT of nn.TransformerEncoder, class token",
+        ClassTokenViT,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-tied-gpt",
+        "torch.nn GPT of nn.MultiheadAttention, tied head, dropout",
+        TiedGPT,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-bilstm-tagger",
+        "torch.nn two-layer bidirectional LSTM tagger",
+        BiLSTMTagger,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-pyramid",
+        "torch.nn feature pyramid classifier, nearest upsampling",
+        PyramidClassifier,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,
