@@ -13,7 +13,7 @@ the pages' own.
 
 writes another host's sets instead into that one page, between the same markers (``run``,
 ``summary``, ``sets`` and ``phases``); with ``--host-sets-page PAGE`` each set's rows (``sets``) go
-to PAGE.
+to PAGE, and with ``--host-sets-page PAGE2:SET`` as well those from set SET on to PAGE2.
 """
 
 from __future__ import annotations
@@ -405,9 +405,11 @@ def phase_cells(rows: list[dict[str, Any]]) -> list[str]:
     ]
     parts.append((lambda r: r["measured_products_s"], lambda r: r["predicted_products_s"]))
     cells = []
-    for measured, predicted in parts:
-        error = statistics.median(predicted(r) / measured(r) - 1 for r in rows if measured(r) > 0)
-        miss = statistics.median((predicted(r) - measured(r)) / r["measured_s"] for r in rows)
+    for index, (measured, predicted) in enumerate(parts):
+        # The products where the profiler timed them (a step under heldout_validation.PROFILED_STEP_S).
+        kept = rows if index < len(PHASES) else [r for r in rows if "measured_products_s" in r]
+        error = statistics.median(predicted(r) / measured(r) - 1 for r in kept if measured(r) > 0)
+        miss = statistics.median((predicted(r) - measured(r)) / r["measured_s"] for r in kept)
         cells.append(f"{error:+.1%} ({miss:+.1%})")
     return cells
 
@@ -422,9 +424,10 @@ def phases(documents: dict[str, dict[str, Any]]) -> str:
         if key not in documents:
             continue
         rows = documents[key]["rows"]
-        share = statistics.median(r["measured_products_s"] / r["measured_s"] for r in rows)
-        same = sum(r["measured_product_calls"] == r["counted_product_calls"] for r in rows)
-        cells = [title, str(len(rows)), *phase_cells(rows), f"{share:.0%}", f"{same} of {len(rows)}"]
+        profiled = [r for r in rows if "measured_products_s" in r]
+        share = statistics.median(r["measured_products_s"] / r["measured_s"] for r in profiled)
+        same = sum(r["measured_product_calls"] == r["counted_product_calls"] for r in profiled)
+        cells = [title, str(len(rows)), *phase_cells(rows), f"{share:.0%}", f"{same} of {len(profiled)}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -588,7 +591,7 @@ def update_after_backward(documents: dict[str, dict[str, Any]]) -> str:
 
 
 #: Each phase at its slowdown from subnormal floats, or unpriced (ComputeOptions.subnormals; the
-#: twenty-fourth to twenty-sixth sets' runs have both as variants).
+#: runs since the twenty-fourth set have both as variants).
 SUBNORMALS_UNPRICED = "subnormals unpriced"
 SUBNORMALS_PRICED = "subnormals at their slowdown"
 
@@ -658,11 +661,30 @@ def run_line(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
-def host_sets(documents: dict[str, dict[str, Any]]) -> str:
-    """Every set's rows of another host, one section a set."""
+def host_sets(documents: dict[str, dict[str, Any]], keys: list[str] | None = None) -> str:
+    """Every set's rows of another host (of ``keys`` only, where given), one section a set."""
     return "\n\n".join(
-        set_section(title, what, documents[key]) for key, title, what in SETS if key in documents
+        set_section(title, what, documents[key])
+        for key, title, what in SETS
+        if key in documents and (keys is None or key in keys)
     )
+
+
+def host_sets_pages(pages: list[str], documents: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """The sets each of another host's sets pages holds: ``pages`` are ``PAGE`` (the first) or
+    ``PAGE:SET`` (the page from that set on, in ``SETS``' order, up to the next page's first)."""
+    keys = [key for key, _, _ in SETS if key in documents]
+    starts, names = [], []
+    for index, page in enumerate(pages):
+        name, _, first = page.partition(":")
+        if index and first not in keys:
+            raise SystemExit(f"--host-sets-page {page}: name the set its page starts at (one of {keys})")
+        starts.append(keys.index(first) if index else 0)
+        names.append(name)
+    if starts != sorted(starts):
+        raise SystemExit("--host-sets-page: give the pages in the order of their sets")
+    bounds = [*starts, len(keys)]
+    return {name: keys[bounds[i] : bounds[i + 1]] for i, name in enumerate(names)}
 
 
 def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
@@ -705,7 +727,10 @@ def main() -> None:
     parser.add_argument("directory", type=Path, help="where the sets' JSON files are (<set>.json)")
     parser.add_argument("--host-page", help="another host's runs: the page (in docs/) they go to, whole")
     parser.add_argument(
-        "--host-sets-page", help="with --host-page: the page (in docs/) each set's rows go to, apart"
+        "--host-sets-page",
+        action="append",
+        help="with --host-page: the page (in docs/) each set's rows go to, apart; again as PAGE:SET for a "
+        "further page holding the sets from SET on",
     )
     args = parser.parse_args()
     if args.host_sets_page and not args.host_page:
@@ -722,11 +747,11 @@ def main() -> None:
         if not page.is_file():
             parser.error(f"no page {page}")
         write_text_atomic(page, host_page(page.read_text(), documents))
-        if args.host_sets_page:
-            page = DOCS / args.host_sets_page
+        for name, keys in host_sets_pages(args.host_sets_page or [], documents).items():
+            page = DOCS / name
             if not page.is_file():
                 parser.error(f"no page {page}")
-            write_text_atomic(page, replace_between(page.read_text(), "sets", host_sets(documents)))
+            write_text_atomic(page, replace_between(page.read_text(), "sets", host_sets(documents, keys)))
         return
     page = DOCS / "validation-heldout.md"
     text = replace_between(page.read_text(), "run", run_line(documents))

@@ -330,3 +330,18 @@ def test_the_subnormal_phases_table_judges_each_row_s_phases_it_changes() -> Non
     assert len(lines) == 3
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells == ["twenty-fifth set", "3", "2", "25.00% / 15.00%", "1"]
+
+
+def test_another_host_s_sets_split_between_pages_at_the_named_set() -> None:
+    """Three sets present: the first page holds those before the second page's named set, the second
+    the rest; a page that names no set present, or pages out of order, stop the report."""
+    documents = {key: {} for key in ("first", "twenty-fourth", "twenty-seventh")}
+    pages = report.host_sets_pages(["a.md", "b.md:twenty-fourth"], documents)
+    assert pages == {"a.md": ["first"], "b.md": ["twenty-fourth", "twenty-seventh"]}
+    assert report.host_sets_pages(["a.md"], documents) == {
+        "a.md": ["first", "twenty-fourth", "twenty-seventh"]
+    }
+    with pytest.raises(SystemExit):
+        report.host_sets_pages(["a.md", "b.md:eighth"], documents)
+    with pytest.raises(SystemExit):
+        report.host_sets_pages(["a.md", "b.md:twenty-seventh", "c.md:twenty-fourth"], documents)

@@ -228,3 +228,24 @@ def test_only_a_phase_whose_own_outputs_are_notably_subnormal_is_priced() -> Non
     slowdown = {"forward": 1.09, "backward": 2.5, "update": 1.3}
     assert priced_slowdown(outputs, slowdown) == {"backward": 2.5}  # 0.1% and more; 0.09% is not
     assert priced_slowdown({}, slowdown) == {}
+
+
+class ScaledInPlace(Scaled):
+    """The scaled model, its output scaled in place: ``mul_`` writes its input and returns it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).mul_(self.scale)
+
+
+def test_an_in_place_output_is_counted_once() -> None:
+    """``mul_`` both writes its target and returns it: its 8 x 16 subnormal elements count once, as
+    the out-of-place product's do."""
+    torch.manual_seed(0)
+    batch = torch.randn(8, 16)
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (model(x) / model.scale).square().mean()
+
+    in_place = describe_model(ScaledInPlace(1e-39), batch, loss_fn=loss, count_faults=False)
+    plain = describe_model(Scaled(1e-39), batch, loss_fn=loss, count_faults=False)
+    assert in_place.subnormal_outputs["forward"][0] == plain.subnormal_outputs["forward"][0] == 8 * 16

@@ -32,6 +32,7 @@ from dnnperf.perfmodel.compute import (
 from dnnperf.perfmodel.graph import BASE_BATCHES, ScalableGraph, StepGraph, workload_graph
 from dnnperf.perfmodel.kernels import split_kernels
 from dnnperf.perfmodel.machine import AXES, NOT_CALIBRATED, Machine, link_source
+from dnnperf.perfmodel.subnormals import subnormal_share
 
 STRATEGIES = ("single", "dp", "fsdp", "zero1", "zero2", "pp", "tp")
 #: The collectives each strategy's prediction times between devices (besides allreduce, which every
@@ -346,7 +347,8 @@ def predict(
         # The device's own step by phase, before any strategy's additions (DDP's passes, sharding).
         detail: dict[str, Any] = {"phases_s": phases}
         if graph.subnormal_outputs:  # each phase's share of subnormal outputs, and what they cost it
-            detail["subnormal_outputs"] = {p: n / max(t, 1) for p, (n, t) in graph.subnormal_outputs.items()}
+            counts = graph.subnormal_outputs
+            detail["subnormal_outputs"] = {p: subnormal_share(n, t) for p, (n, t) in counts.items()}
             detail["subnormal_slowdown"] = dict(graph.subnormal_slowdown)
             detail["subnormals_priced"] = options.subnormals
         if strategy == "fsdp" and devices > 1:

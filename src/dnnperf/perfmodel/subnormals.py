@@ -70,10 +70,15 @@ class SubnormalCount:
                 count[1] += tensor.numel()
 
 
+def subnormal_share(count: float, total: float) -> float:
+    """The subnormal share of a phase's [subnormal, elements] count (as ``Prediction.detail`` gives it)."""
+    return count / max(total, 1)
+
+
 def notable(counts: dict[str, list[float]]) -> bool:
     """Whether any phase of a description's counts (``StepGraph.subnormal_outputs``) has at least
     NOTABLE_SHARE of its outputs subnormal."""
-    return any(count >= NOTABLE_SHARE * max(total, 1.0) for count, total in counts.values())
+    return any(subnormal_share(count, total) >= NOTABLE_SHARE for count, total in counts.values())
 
 
 #: Timed pairs of steps (one as it runs, one flushed) behind a slowdown, after one untimed pair.
@@ -130,7 +135,7 @@ def priced_slowdown(outputs: dict[str, list[float]], slowdown: dict[str, float])
     return {
         phase: factor
         for phase, factor in slowdown.items()
-        if phase in outputs and outputs[phase][0] >= NOTABLE_SHARE * max(outputs[phase][1], 1.0)
+        if phase in outputs and subnormal_share(*outputs[phase]) >= NOTABLE_SHARE
     }
 
 
@@ -138,10 +143,10 @@ def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
     """The phases of a prediction's ``detail`` whose operator outputs are at least NOTABLE_SHARE
     subnormal, and that share."""
     shares = detail.get("subnormal_outputs", {})
-    return {phase: share for phase, share in shares.items() if share >= NOTABLE_SHARE}
+    return {phase: part for phase, part in shares.items() if part >= NOTABLE_SHARE}
 
 
-def warning_text(phase: str, share: float, slowdown: float | None = None, priced: bool = False) -> str:
+def warning_text(phase: str, part: float, slowdown: float | None = None, priced: bool = False) -> str:
     """What dnnperf says of a phase's subnormal outputs (the CLI's warning, ``dnnperf.predict``'s):
     ``slowdown``, where timed, is how much slower the phase ran with them than flushed when the model
     was described (between its descriptions' batches, where it was described at two); ``priced``,
@@ -155,7 +160,7 @@ def warning_text(phase: str, share: float, slowdown: float | None = None, priced
     charged = priced and slowdown is not None and slowdown > 1.0
     priced_text = "which the prediction prices" if charged else "which the prediction does not price"
     return (
-        f"{share:.1%} of the {phase}'s operator outputs are subnormal floats, slow on an x86 CPU: {cost}, "
+        f"{part:.1%} of the {phase}'s operator outputs are subnormal floats, slow on an x86 CPU: {cost}, "
         f"{priced_text} (torch.set_flush_denormal(True) flushes them to zero)"
     )
 
@@ -164,6 +169,6 @@ def warnings_of(detail: dict[str, Any]) -> list[str]:
     """The warnings of a prediction's ``detail``: one a phase with notable subnormal outputs."""
     slowdown, priced = detail.get("subnormal_slowdown", {}), bool(detail.get("subnormals_priced"))
     return [
-        warning_text(phase, share, slowdown.get(phase), priced)
-        for phase, share in notable_shares(detail).items()
+        warning_text(phase, part, slowdown.get(phase), priced)
+        for phase, part in notable_shares(detail).items()
     ]

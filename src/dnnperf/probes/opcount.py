@@ -897,12 +897,13 @@ def _arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterator[tuple
 
 def written_tensors(info: _OpInfo, call: OpCall) -> list[torch.Tensor]:
     """The tensors one call writes: the arguments its schema marks written (an in-place operator's
-    target, a foreach update's parameters) and its results; one an in-place call returns is there
-    once."""
+    target, a foreach update's parameters) and its results; the target an in-place call returns (the
+    same tensor object) is there once. Tensors without storage (a subclass, sparse) are fine: only
+    their identity is used."""
     arguments = _arguments(call.args, call.kwargs)
     written = [t for key, value in arguments if key in info.written for t in tensors_of(value)]
-    seen = {(t.data_ptr(), t.numel()) for t in written}
-    return written + [t for t in tensors_of(call.out) if (t.data_ptr(), t.numel()) not in seen]
+    seen = {id(t) for t in written}
+    return written + [t for t in tensors_of(call.out) if id(t) not in seen]
 
 
 def _traffic(info: _OpInfo, call: OpCall) -> tuple[int, int]:
