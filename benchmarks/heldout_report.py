@@ -284,7 +284,8 @@ SETS = (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
-        "notably subnormal priced at its slowdown, the model's default since the twenty-seventh set.",
+        "notably subnormal priced at its slowdown, the model's default from the twenty-seventh set to the "
+        "twenty-eighth.",
     ),
     (
         "shapes",

@@ -10,8 +10,9 @@ arithmetic, and its replays run on random operands with none. A description coun
 (``Prediction.detail["subnormal_outputs"]``); where a phase has a notable share (NOTABLE_SHARE), it
 also times the step as it runs against the same step with them flushed to zero
 (:func:`flushed_slowdown`): a ratio per phase that the warning gives and that
-``ComputeOptions.subnormals`` (on by default) multiplies the phase by, where the phase's own outputs
-are notably subnormal (:func:`priced_slowdown`). Only the model's own steps at the description's
+``ComputeOptions.subnormals`` (off by default: the slowdown can be a moment of training, not its
+steady state) multiplies the phase by, where the phase's own outputs are notably subnormal
+(:func:`priced_slowdown`). Only the model's own steps at the description's
 batch are timed, as its convolutions are replayed. A GPU computes on them at full speed: counted and
 timed on a CPU only.
 """

@@ -39,8 +39,8 @@ def predict(
     :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back.
     A phase whose operator outputs are 0.1% subnormal floats or more gets a RuntimeWarning
     (``.detail["subnormal_outputs"]`` has every phase's share, ``.detail["subnormal_slowdown"]`` how
-    much slower each phase ran with them than flushed to zero, which the prediction multiplies a phase
-    by where its own outputs are notably subnormal: perfmodel/subnormals.py)."""
+    much slower each phase ran with them than flushed to zero where the model was described:
+    perfmodel/subnormals.py)."""
     example = example_rows(batch)
     device = next(t.device for t in tensors_in(batch))
     resolved = resolve_machine(machine, device, fsdp=strategy == "fsdp")
