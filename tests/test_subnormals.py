@@ -192,7 +192,9 @@ def test_the_prediction_multiplies_each_phase_by_its_slowdown_and_says_so() -> N
     timed = {"subnormal_outputs": shares, "subnormal_slowdown": {"forward": 1.0, "backward": 3.0}}
     said = warnings_of(timed)
     assert "did not make the phase faster" in said[0] and "does not price" in said[0]
-    assert "ran 3.00x as long" in said[1] and "does not price" in said[1]
+    assert (
+        "ran 3.00x as long" in said[1] and "does not price" in said[1] and "a moment of training" in said[1]
+    )
     assert "was not timed" in said[2]
     said = warnings_of({**timed, "subnormals_priced": True})
     assert "does not price" in said[0] and "which the prediction prices" in said[1]

@@ -157,7 +157,10 @@ def warning_text(phase: str, part: float, slowdown: float | None = None, priced:
     elif slowdown <= 1.0:
         cost = "flushing them did not make the phase faster where the model was described"
     else:
-        cost = f"the phase ran {slowdown:.2f}x as long with them as flushed where the model was described"
+        cost = (
+            f"the phase ran {slowdown:.2f}x as long with them as flushed in the steps that described the "
+            "model (a moment of training: it can change as training goes on)"
+        )
     charged = priced and slowdown is not None and slowdown > 1.0
     priced_text = "which the prediction prices" if charged else "which the prediction does not price"
     return (
