@@ -736,11 +736,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.host_sets_page and not args.host_page:
         parser.error("--host-sets-page goes with --host-page")
-    documents = {
+    found = {
         key: json.loads((args.directory / f"{key}.json").read_text())
         for key, _, _ in SETS
         if (args.directory / f"{key}.json").is_file()
     }
+    # A run stopped after its steps were measured leaves them marked "partial": not a set's figures.
+    documents = {key: document for key, document in found.items() if "partial" not in document}
     if not documents:
         parser.error(f"no set's JSON in {args.directory} (first.json, fresh.json, ...)")
     if args.host_page:

@@ -76,10 +76,17 @@ def subnormal_share(count: float, total: float) -> float:
     return count / max(total, 1)
 
 
+def notable_phases(counts: dict[str, list[float]]) -> set[str]:
+    """The phases of a description's counts (``StepGraph.subnormal_outputs``) with at least
+    NOTABLE_SHARE of their outputs subnormal."""
+    return {
+        phase for phase, (count, total) in counts.items() if subnormal_share(count, total) >= NOTABLE_SHARE
+    }
+
+
 def notable(counts: dict[str, list[float]]) -> bool:
-    """Whether any phase of a description's counts (``StepGraph.subnormal_outputs``) has at least
-    NOTABLE_SHARE of its outputs subnormal."""
-    return any(subnormal_share(count, total) >= NOTABLE_SHARE for count, total in counts.values())
+    """Whether any phase of a description's counts is notably subnormal (:func:`notable_phases`)."""
+    return bool(notable_phases(counts))
 
 
 #: Timed pairs of steps (one as it runs, one flushed) behind a slowdown, after one untimed pair.
@@ -133,11 +140,8 @@ def priced_slowdown(outputs: dict[str, list[float]], slowdown: dict[str, float])
     notably subnormal (a StepGraph's ``subnormal_outputs``, ``subnormal_slowdown``). Another phase of the
     same step that ran slower than flushed is the host's noise or another phase's cost: a GRU
     language model's forward, which makes none, came out 1.09x."""
-    return {
-        phase: factor
-        for phase, factor in slowdown.items()
-        if phase in outputs and subnormal_share(*outputs[phase]) >= NOTABLE_SHARE
-    }
+    priced = notable_phases(outputs)
+    return {phase: factor for phase, factor in slowdown.items() if phase in priced}
 
 
 def notable_shares(detail: dict[str, Any]) -> dict[str, float]:
