@@ -281,6 +281,17 @@ SETS = (
         "nn.MultiheadAttention, a bidirectional LSTM tagger and a feature pyramid.",
     ),
     (
+        "twenty-ninth",
+        "twenty-ninth set",
+        "Seven models (`TWENTY_NINTH_MODELS`, `--twenty-ninth`), fixed (each built and stepped a few "
+        "times to choose its batches) before any of them was predicted, to judge each optimizer step's "
+        'fixed cost (variant "update with a fixed cost a step") and, again, the model\'s host seconds '
+        'between its operator calls (variant "host gaps"): hf:olmo3 and hf:exaone (transformers, '
+        "`small`, batch 2 and 3) and five networks written in torch.nn (`benchmarks/own_models.py`): a "
+        "temporal convolutional network, PointNet, a DLRM-like ranker of EmbeddingBags, graph "
+        "convolutions over a dense adjacency and a highway MLP.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -604,6 +615,31 @@ def subnormals(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+#: Each optimizer step at a fixed cost besides its calls and bytes (the variant's machine,
+#: validate.UPDATE_STEP_COST; runs since the twenty-ninth set have it), against the model's update.
+UPDATE_STEP_COST = "update with a fixed cost a step"
+UPDATE_CALLS_AND_BYTES = "update by its calls and bytes"
+
+
+def update_step(documents: dict[str, dict[str, Any]]) -> str:
+    """Each optimizer step at a fixed cost against the update by its calls and bytes alone, the model's
+    (option_table)."""
+    return option_table(
+        documents, UPDATE_CALLS_AND_BYTES, UPDATE_STEP_COST, ("calls and bytes", "with a fixed cost")
+    )
+
+
+#: The model's host seconds between its operator calls charged (heldout_validation.HOST_GAPS), against
+#: the model without them.
+HOST_GAPS = "host gaps"
+NO_HOST_GAPS = "no host gaps"
+
+
+def host_gaps(documents: dict[str, dict[str, Any]]) -> str:
+    """The model's host seconds between its calls charged against not (option_table)."""
+    return option_table(documents, NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"))
+
+
 def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
     """Each phase's error without an option of the model (variant ``off``) and with it (``on``), for a
     row whose run kept both variants' phases (``variants_phases_s``); none otherwise."""
@@ -710,6 +746,8 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "update-lead": update_after_backward,
     "subnormals": subnormals,
     "subnormal-phases": subnormal_phases,
+    "update-step": update_step,
+    "host-gaps": host_gaps,
 }
 
 

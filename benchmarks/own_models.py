@@ -11,6 +11,7 @@ presets.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -2070,6 +2071,11 @@ def _multi_label_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.binary_cross_entropy_with_logits(model(batch["image"]), tags)
 
 
+def _bucket_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """A ranker's loss: each sequence's last target token's bucket (of CLASSES) as its label."""
+    return nn.functional.cross_entropy(model(batch["tokens"]), batch["targets"][:, -1] % CLASSES)
+
+
 def _mixture_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # The label as a scalar in [0, 1): its likelihood under the mixture.
     weights, means, widths = model(batch["image"])
@@ -2400,6 +2406,119 @@ def _continuous() -> nn.Module:
         max_seq_len=TOKENS,
         attn_layers=Encoder(dim=256, depth=4, heads=8, attn_flash=True),
     )
+
+
+class TemporalConvNet(nn.Module):
+    """A temporal convolutional network over an image's rows laid end to end: residual blocks of two
+    dilated causal 1-D convolutions (kernel 3, dilations 1 to 16, weight norm off), ReLU, the last
+    step classified."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.inlet = nn.Conv1d(3, width, 1)
+        self.dilations = (1, 2, 4, 8, 16)
+        self.convs = nn.ModuleList(
+            nn.ModuleList(nn.Conv1d(width, width, 3, dilation=d) for _ in range(2)) for d in self.dilations
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.inlet(image.flatten(2))
+        for dilation, (first, second) in zip(self.dilations, self.convs, strict=True):
+            pad = (2 * dilation, 0)  # causal: only the past
+            y = torch.relu(first(nn.functional.pad(x, pad)))
+            x = torch.relu(x + second(nn.functional.pad(y, pad)))
+        return self.head(x[:, :, -1])
+
+
+class PointNetClassifier(nn.Module):
+    """PointNet: an image's pixels as 1,024 points of 3 coordinates, a shared MLP of 1x1 1-D
+    convolutions with batch norm (64, 128, 512), a max over the points, an MLP head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        widths = (3, 64, 128, 512)
+        self.shared = nn.Sequential(
+            *[
+                layer
+                for a, b in itertools.pairwise(widths)
+                for layer in (nn.Conv1d(a, b, 1), nn.BatchNorm1d(b), nn.ReLU())
+            ]
+        )
+        self.head = nn.Sequential(
+            nn.Linear(512, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, CLASSES)
+        )
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.head(self.shared(image.flatten(2)).amax(2))
+
+
+class SparseFeatureRanker(nn.Module):
+    """A recommender in DLRM's shape: each sequence's tokens as ids of 8 sparse features pooled by
+    EmbeddingBag (sum), a dense MLP over the first 16 ids scaled, the features' pairwise dot products,
+    a top MLP scoring each of the sequence's next tokens' bucket."""
+
+    def __init__(self, width: int = 32, features: int = 8) -> None:
+        super().__init__()
+        self.features = features
+        self.bags = nn.ModuleList(nn.EmbeddingBag(VOCABULARY, width, mode="sum") for _ in range(features))
+        self.bottom = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, width), nn.ReLU())
+        pairs = (features + 1) * features // 2
+        self.top = nn.Sequential(nn.Linear(width + pairs, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        dense = self.bottom(tokens[:, :16].float() / VOCABULARY)
+        chunks = tokens.chunk(self.features, dim=1)
+        vectors = torch.stack([dense, *[bag(c) for bag, c in zip(self.bags, chunks, strict=True)]], 1)
+        dots = vectors @ vectors.transpose(1, 2)
+        upper = torch.triu_indices(vectors.shape[1], vectors.shape[1], 1, device=tokens.device)
+        return self.top(torch.cat([dense, dots[:, upper[0], upper[1]]], 1))
+
+
+class DenseGraphConv(nn.Module):
+    """A graph network on an image's 32x32 pixels as 1,024 nodes of 3 features: a fixed 4-neighbour
+    adjacency normalized as GCN does, three graph convolutions (aggregate by a sparse-free dense
+    product, then a linear layer, ReLU) of width 64, mean-pooled."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        side = IMAGE_SIZE
+        index = torch.arange(side * side).view(side, side)
+        adjacency = torch.eye(side * side)
+        for a, b in ((index[:, :-1], index[:, 1:]), (index[:-1], index[1:])):
+            adjacency[a.flatten(), b.flatten()] = 1.0
+            adjacency[b.flatten(), a.flatten()] = 1.0
+        degree = adjacency.sum(1).rsqrt()
+        self.register_buffer("adjacency", degree[:, None] * adjacency * degree[None, :])
+        self.layers = nn.ModuleList(nn.Linear(a, width) for a in (3, width, width))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image.flatten(2).transpose(1, 2)
+        for layer in self.layers:
+            x = torch.relu(layer(self.adjacency @ x))
+        return self.head(x.mean(1))
+
+
+class HighwayMLP(nn.Module):
+    """Highway layers (a sigmoid transform gate mixing a ReLU layer with its input, gate bias -2) of
+    width 256 over the flattened image, eight of them."""
+
+    def __init__(self, width: int = 256, depth: int = 8) -> None:
+        super().__init__()
+        self.inlet = nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.gates = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        for gate in self.gates:
+            nn.init.constant_(gate.bias, -2.0)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.inlet(image.flatten(1)))
+        for layer, gate in zip(self.layers, self.gates, strict=True):
+            t = torch.sigmoid(gate(x))
+            x = t * torch.relu(layer(x)) + (1 - t) * x
+        return self.head(x)
 
 
 MODELS = (
@@ -3258,6 +3377,46 @@ MODELS = (
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,
+    ),
+    OwnModel(
+        "torch-tcn",
+        "torch.nn temporal convolutional network, dilated causal 1-D convolutions",
+        TemporalConvNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-pointnet",
+        "torch.nn PointNet, shared 1x1 MLP with batch norm, max over points",
+        PointNetClassifier,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-sparse-ranker",
+        "torch.nn DLRM-like ranker, EmbeddingBag features, pairwise dot products",
+        SparseFeatureRanker,
+        _bucket_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-graph-conv",
+        "torch.nn graph convolutions over a pixel grid, dense normalized adjacency",
+        DenseGraphConv,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-highway-mlp",
+        "torch.nn highway MLP, sigmoid transform gates",
+        HighwayMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
     ),
     OwnModel(
         "xt-narrow-decoder",

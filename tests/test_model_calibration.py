@@ -170,3 +170,35 @@ def test_the_update_calibrated_after_a_backward_runs_one_before_every_timed_step
     assert len(leads) == 2 * 3 * 2 * 1 and call_s >= 0 and share >= 0
     calibrate.measure_update_cost(machine, repeats=2, passes=1, after_backward=False)
     assert len(leads) == 12
+
+
+def test_the_update_calibration_finds_a_fixed_cost_injected_into_every_optimizer_step(monkeypatch) -> None:
+    """Every optimizer step of the update's calibration made 2 ms slower (a sleep after its own work):
+    the fit with a fixed cost a step (update_step_fit) finds at least those 2 ms a step, whatever the
+    step's size, and gives neither calls nor bytes the delay."""
+    from dnnperf.perfmodel import calibrate
+    from dnnperf.perfmodel.machine import preset
+
+    delay = 2e-3
+    made = calibrate._optimizers
+
+    def slowed(params):
+        found = made(params)
+        for optimizer in found.values():
+            step = optimizer.step
+
+            def slow_step(*args, _step=step, **kwargs):
+                result = _step(*args, **kwargs)
+                time.sleep(delay)
+                return result
+
+            optimizer.step = slow_step
+        return found
+
+    monkeypatch.setattr(calibrate, "_optimizers", slowed)
+    sets = ((16, 64), (2, 256), (4, 4096))
+    found = calibrate.update_samples(preset("seed002"), repeats=3, passes=1, after_backward=False, sets=sets)
+    step_s, call_s, _ = calibrate.update_step_fit(*found.fitted(step_sets=True))
+    assert step_s >= 0.9 * delay
+    # The delay is not read as calls: a step's calls at the fitted cost stay below a step's delay.
+    assert max(found.calls) * call_s < delay

@@ -355,6 +355,19 @@ def test_update_cost_fit_recovers_a_call_cost_and_a_share() -> None:
     assert min(fitted) >= 0
 
 
+def test_update_step_fit_recovers_a_fixed_cost_a_step_besides_calls_and_bytes() -> None:
+    from dnnperf.perfmodel.calibrate import update_step_fit
+
+    calls = [3000.0, 1500.0, 400.0, 60.0, 6.0, 24.0]
+    roofline = [1e-4, 1e-3, 1e-2, 5e-2, 1e-6, 1e-4]
+    # 0.4 ms a step, 3 us a call, two thirds of the roofline.
+    measured = [4e-4 + 3e-6 * c + 2 / 3 * r for c, r in zip(calls, roofline, strict=True)]
+    assert update_step_fit(calls, roofline, measured) == pytest.approx((4e-4, 3e-6, 2 / 3))
+    # Without a fixed cost the fit finds none.
+    measured = [3e-6 * c + 2 / 3 * r for c, r in zip(calls, roofline, strict=True)]
+    assert update_step_fit(calls, roofline, measured) == pytest.approx((0.0, 3e-6, 2 / 3), abs=1e-12)
+
+
 def _queue_by_call(
     rows: list[tuple[float, float, int]], issued: float = 0.0, free: float = 0.0
 ) -> list[float]:
@@ -856,3 +869,43 @@ def test_inner_calls_follow_the_batch_and_an_older_description_has_none() -> Non
     document = graph(2, 12.0).to_dict()
     del document["ops"]["inner_calls"]
     assert StepGraph.from_dict(document).ops["inner_calls"].tolist() == [0.0]
+
+
+def test_each_optimizer_step_pays_the_machines_fixed_cost_a_step_in_its_update() -> None:
+    """A step with one update (a supervised step described on the CPU) and one with three (WGAN-GP's
+    critic twice and its generator once): Machine.update_step_s once per optimizer step, in the update
+    phase and the overhead; nothing without overhead or an update."""
+    import torch
+    from torch import nn
+
+    from dnnperf.perfmodel.graph import describe_model
+
+    graph = describe_model(nn.Linear(8, 8), torch.randn(4, 8), count_faults=False)
+    assert graph.update_steps == 1
+    plain = preset("seed002")
+    fixed = dataclasses.replace(plain, update_step_s=1e-3)
+    before, after = step_time(graph, plain), step_time(graph, fixed)
+    assert after.update_s - before.update_s == pytest.approx(1e-3)
+    assert after.overhead_s - before.overhead_s == pytest.approx(1e-3)
+    assert after.forward_s == before.forward_s and after.backward_s == before.backward_s
+    no_overhead = ComputeOptions(overhead=False)
+    assert step_time(graph, fixed, no_overhead).update_s == step_time(graph, plain, no_overhead).update_s
+    no_update = dataclasses.replace(graph, ops=graph.ops[graph.ops["phase"] != "update"])
+    assert no_update.update_steps == 0
+    assert step_time(no_update, fixed).update_s == 0.0
+
+
+def test_a_wgan_step_takes_one_optimizer_step_a_cycle() -> None:
+    from dnnperf.perfmodel.predict import workload_graph
+
+    graph = workload_graph("wgan_gp", "tiny", 2)
+    cycles = {s.cycle for s in graph.memory_walk}
+    assert graph.update_steps == len(cycles) > 1
+
+
+def test_the_models_update_fit_leaves_out_the_sets_of_a_few_small_tensors() -> None:
+    from dnnperf.perfmodel.calibrate import UpdateSamples
+
+    samples = UpdateSamples([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [False, True, False])
+    assert samples.fitted(step_sets=False) == ([1.0, 3.0], [4.0, 6.0], [7.0, 9.0])
+    assert samples.fitted(step_sets=True) == ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0])

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -294,6 +294,28 @@ def inner_call_cost(refresh: bool = False) -> float:
 #: many tensors of a few elements (the per-call cost) to a few of millions (the bytes). Generic shapes:
 #: no network's.
 UPDATE_SETS = ((512, 64), (256, 1024), (64, 32768), (12, 1 << 20))
+#: And sets of a few small tensors, for what a step costs whatever its size (update_step_fit).
+STEP_SETS = ((2, 256), (8, 4096))
+
+
+class UpdateSamples(NamedTuple):
+    """The update's calibration steps (:func:`update_samples`), one entry per optimizer and parameter
+    set: kernel calls, roofline seconds as the model prices the rows, measured seconds, and whether
+    the set is one of ``STEP_SETS``."""
+
+    calls: list[float]
+    roofline: list[float]
+    measured: list[float]
+    step_set: list[bool]
+
+    def fitted(self, step_sets: bool) -> tuple[list[float], list[float], list[float]]:
+        """(calls, roofline, measured) of every set, or without ``STEP_SETS``' where not ``step_sets``."""
+        kept = [step_sets or not s for s in self.step_set]
+
+        def chosen(values: list[float]) -> list[float]:
+            return [v for v, k in zip(values, kept, strict=True) if k]
+
+        return chosen(self.calls), chosen(self.roofline), chosen(self.measured)
 
 
 def _optimizers(params: list[nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
@@ -338,25 +360,27 @@ def lead_network() -> Callable[[], None]:
     return lead
 
 
-def measure_update_cost(
-    machine: Machine, repeats: int = 9, passes: int = 3, after_backward: bool = True
-) -> tuple[float, float]:
-    """(host seconds per update call, share of the update's counted bytes it moves) on this CPU: each
-    of three optimizers (SGD with momentum, Adam, AdamW) stepped over each of ``UPDATE_SETS``, the
-    median of ``repeats`` steps, the fastest of ``passes`` interleaved passes; fitted (non-negative
-    least squares on the relative error) to ``calls * call_s + roofline * share``, the roofline
-    ``machine``'s as the model prices the rows (compute.op_times without overhead or the share).
-    ``after_backward``: each timed step right after a backward of a generic network (lead_network),
-    as a training step runs its update; otherwise back to back. On the Xeon of
-    validation-heldout-third-host.md an update after a backward took 1.1-1.5x its time back to back
-    (hf:mobilenet_v2's 1.35-1.7x); neither reading 256 MiB, nor writing it three times, nor 20 ms of
-    sleep in between moved it as much. Judged by the twenty-third held-out set run again (each lead
-    then a forward and backward): the rows it changes went from a median |error| of 4.9% to 3.0%, none
-    grown by 5 points. The leads cost most of the calibration: 324 timed steps, each after one."""
+def update_samples(
+    machine: Machine,
+    repeats: int = 9,
+    passes: int = 3,
+    after_backward: bool = True,
+    sets: Sequence[tuple[int, int]] = UPDATE_SETS + STEP_SETS,
+) -> UpdateSamples:
+    """Each of three optimizers (SGD with momentum, Adam, AdamW) stepped over each of ``sets``
+    (tensors, elements each) on this CPU: the median of ``repeats`` steps, the fastest of ``passes``
+    interleaved passes, beside the step's kernel calls and its roofline, ``machine``'s as the model
+    prices the rows (compute.op_times without overhead or the share). ``after_backward``: each timed
+    step right after a backward of a generic network (lead_network), as a training step runs its
+    update; otherwise back to back. On the Xeon of validation-heldout-third-host.md an update after a
+    backward took 1.1-1.5x its time back to back (hf:mobilenet_v2's 1.35-1.7x); neither reading 256
+    MiB, nor writing it three times, nor 20 ms of sleep in between moved it as much, and a step of one
+    tensor of 64 elements took 0.38 ms after a backward against 0.02 back to back. The leads cost most
+    of the calibration: one before each timed step (486 of them)."""
     torch.manual_seed(0)
     lead = lead_network() if after_backward else None
     configs = []
-    for tensors, elements in UPDATE_SETS:
+    for tensors, elements in sets:
         params = [nn.Parameter(torch.randn(elements)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.randn_like(p)
@@ -369,10 +393,10 @@ def measure_update_cost(
             )
             roofline = float(op_times(graph, machine, options)["compute_s"].sum())
             calls = float(rows.loc[~rows["family"].isin(NO_KERNEL), "calls"].sum())
-            configs.append((optimizer, calls, roofline))
+            configs.append((optimizer, calls, roofline, (tensors, elements) in STEP_SETS))
     best = [math.inf] * len(configs)
     for _ in range(passes):
-        for i, (optimizer, _, _) in enumerate(configs):
+        for i, (optimizer, *_) in enumerate(configs):
             samples = []
             for _ in range(repeats):
                 if lead is not None:
@@ -381,7 +405,18 @@ def measure_update_cost(
                 optimizer.step()
                 samples.append(time.perf_counter() - started)
             best[i] = min(best[i], statistics.median(samples))
-    return update_cost_fit([c[1] for c in configs], [c[2] for c in configs], best)
+    return UpdateSamples([c[1] for c in configs], [c[2] for c in configs], best, [c[3] for c in configs])
+
+
+def measure_update_cost(
+    machine: Machine, repeats: int = 9, passes: int = 3, after_backward: bool = True
+) -> tuple[float, float]:
+    """(host seconds per update call, share of the update's counted bytes it moves) on this CPU:
+    :func:`update_samples` fitted by :func:`update_cost_fit`. Judged by the twenty-third held-out set
+    run again (each lead then a forward and backward), the update calibrated after a backward took the
+    rows it changes from a median |error| of 4.9% to 3.0%, none grown by 5 points."""
+    found = update_samples(machine, repeats, passes, after_backward, sets=UPDATE_SETS)
+    return update_cost_fit(found.calls, found.roofline, found.measured)
 
 
 def update_cost_fit(
@@ -396,17 +431,39 @@ def update_cost_fit(
     return float(call_s), float(share)
 
 
-def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
-    """:func:`measure_update_cost` of this host's CPU at the current thread count, measured once and
+def update_step_fit(
+    calls: Sequence[float], roofline: Sequence[float], measured: Sequence[float]
+) -> tuple[float, float, float]:
+    """(seconds a step, seconds per call, share of the roofline) with ``measured ~ step_s + calls *
+    call_s + roofline * share``: :func:`update_cost_fit` with a fixed cost each optimizer step pays
+    whatever its size."""
+    y = np.asarray(measured, float)
+    columns = [np.ones(len(y)), np.asarray(calls, float), np.asarray(roofline, float)]
+    (step_s, call_s, share), _ = optimize.nnls(np.column_stack(columns) / y[:, None], np.ones(len(y)))
+    return float(step_s), float(call_s), float(share)
+
+
+def cached_update_samples(machine: Machine, refresh: bool = False) -> UpdateSamples:
+    """:func:`update_samples` of this host's CPU at the current thread count, measured once and
     cached."""
-    key = f"update-3/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"update-4/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    entries = 3 * len(UPDATE_SETS + STEP_SETS)
     found = _measured_once(
         key,
-        functools.partial(measure_update_cost, machine),
-        lambda cached: isinstance(cached, list) and len(cached) == 2 and cached[1] > 0,
+        lambda: list(update_samples(machine)),
+        lambda cached: (
+            isinstance(cached, list)
+            and len(cached) == 4
+            and all(isinstance(c, list) and len(c) == entries for c in cached)
+        ),
         refresh,
     )
-    return float(found[0]), float(found[1])
+    return UpdateSamples(*found)
+
+
+def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
+    """:func:`update_cost_fit` of :func:`cached_update_samples`."""
+    return update_cost_fit(*cached_update_samples(machine, refresh).fitted(step_sets=False))
 
 
 #: Generic matrix products (rows, inner, columns) for the cold-operand calibration: few to many rows,

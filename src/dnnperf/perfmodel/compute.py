@@ -460,6 +460,17 @@ def host_gap_seconds(
     }
 
 
+def update_step_seconds(
+    graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()
+) -> float:
+    """The optimizer's fixed cost a step (``Machine.update_step_s``) for each optimizer step of the
+    graph (``StepGraph.update_steps``); none without the host's overhead or on an asynchronous device,
+    whose host costs are its queue's."""
+    if not options.overhead or machine.asynchronous:
+        return 0.0
+    return machine.update_step_s * graph.update_steps
+
+
 def step_time(
     graph: StepGraph,
     machine: Machine,
@@ -473,13 +484,14 @@ def step_time(
         return queued_step(graph, machine, times, options)
     by_phase = times.groupby("phase")["seconds"].sum()
     gaps = host_gap_seconds(graph, machine, options)
+    fixed_update = update_step_seconds(graph, machine, options)
     return StepTime(
         forward_s=float(by_phase.get("forward", 0.0)) + gaps.get("forward", 0.0),
         backward_s=float(by_phase.get("backward", 0.0)) + gaps.get("backward", 0.0),
-        update_s=float(by_phase.get("update", 0.0)),
+        update_s=float(by_phase.get("update", 0.0)) + fixed_update,
         data_s=data_seconds(graph, machine),
         compute_s=float(times["compute_s"].sum()),
-        overhead_s=float(times["overhead_s"].sum()) + sum(gaps.values()),
+        overhead_s=float(times["overhead_s"].sum()) + sum(gaps.values()) + fixed_update,
         faults_s=fault_seconds(graph, machine, options),
     )
 

@@ -166,6 +166,14 @@ class StepGraph:
     #: multiplies the phase's operators by. Empty otherwise.
     subnormal_slowdown: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def update_steps(self) -> int:
+        """Optimizer steps the step takes: one a forward-backward-update cycle (``memory_walk``; one
+        where the description walked none), none without an update phase."""
+        if not (self.ops["phase"] == "update").any():
+            return 0
+        return len({s.cycle for s in self.memory_walk}) or 1
+
     def to_dict(self) -> dict[str, Any]:
         document = dataclasses.asdict(self)
         ops = _with_numbers(self.ops if "kind" in self.ops else self.ops.assign(kind=""))

@@ -35,6 +35,9 @@ from dnnperf.perfmodel.calibrate import (
     measure_split_region_cost,
     measure_update_cost,
     measure_zero_operand_cost,
+    update_cost_fit,
+    update_samples,
+    update_step_fit,
     zoo_calibration,
     zoo_fit,
 )
@@ -80,6 +83,9 @@ ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
 #: backward (calibrate.measure_update_cost): its own machine, the model's options.
 UPDATE_BACK_TO_BACK = "update calibrated back to back"
+#: The variant whose optimizer steps each pay a fixed cost besides their calls and bytes
+#: (calibrate.update_step_fit, Machine.update_step_s): its own machine, the model's options.
+UPDATE_STEP_COST = "update with a fixed cost a step"
 #: The variants that price normalization and pooling per element (at the zoo's sizes' rate or beyond
 #: the L2) or through the cache's curve (ComputeOptions.norms_per_element, norms_out_of_cache):
 #: :func:`calibrated_machines` fits each its own efficiencies.
@@ -131,11 +137,12 @@ def calibrated_machines(
     # (priced on the zoo's efficiencies, as the model prices it); a GPU's host issues asynchronously
     # and is calibrated by its own zoo (host_call_s).
     phase_call = {} if gpu else measure_phase_call_cost()
+    samples = None if gpu else update_samples(from_profile(profile, efficiency=efficiency, call_s=call_s))
     update_call, update_share = (
-        (0.0, 1.0)
-        if gpu
-        else measure_update_cost(from_profile(profile, efficiency=efficiency, call_s=call_s))
+        (0.0, 1.0) if samples is None else update_cost_fit(*samples.fitted(step_sets=False))
     )
+    # The same steps and those of a few small tensors, with a fixed cost a step besides: a variant.
+    update_step = (0.0, 0.0, 1.0) if samples is None else update_step_fit(*samples.fitted(step_sets=True))
     # The update calibrated back to back, where the model's is right after a backward: a variant.
     back_to_back = (
         (0.0, 1.0)
@@ -175,6 +182,12 @@ def calibrated_machines(
         for v in VARIANTS
     }
     if not gpu:
+        machines[UPDATE_STEP_COST] = dataclasses.replace(
+            machines["model"],
+            phase_call_s={**machines["model"].phase_call_s, "update": update_step[1]},
+            update_byte_share=update_step[2],
+            update_step_s=update_step[0],
+        )
         machines[UPDATE_BACK_TO_BACK] = dataclasses.replace(
             machines["model"],
             phase_call_s={**machines["model"].phase_call_s, "update": back_to_back[0]},
@@ -211,6 +224,9 @@ def calibrated_machines(
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
         "update_call_s_back_to_back": back_to_back[0],
+        "update_step_s_with_fixed_cost": update_step[0],
+        "update_call_s_with_fixed_cost": update_step[1],
+        "update_byte_share_with_fixed_cost": update_step[2],
         "update_byte_share_back_to_back": back_to_back[1],
         "cold_product_call_s": cold_product[0],
         "cold_product_byte_s": cold_product[1],
