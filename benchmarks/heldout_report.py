@@ -292,6 +292,17 @@ SETS = (
         "convolutions over a dense adjacency and a highway MLP.",
     ),
     (
+        "thirtieth",
+        "thirtieth set",
+        "Eight models (`THIRTIETH_MODELS`, `--thirtieth`), fixed (each built and stepped twice to "
+        "choose its batches) before any of them was predicted, to confirm each optimizer step's fixed "
+        "cost and the model's host seconds between its calls, on together since the twenty-ninth set: "
+        "hf:vaultgemma and hf:eurobert (transformers, `small`, batch 2 and 3) and six networks written "
+        "in torch.nn (`benchmarks/own_models.py`): a gated convolutional LM, a Set Transformer, a "
+        "NeRF-like coordinate MLP, atrous spatial pyramid pooling, ShuffleNet-like units and a "
+        "FiLM-modulated CNN.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -615,22 +626,23 @@ def subnormals(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
-#: Each optimizer step at a fixed cost besides its calls and bytes (the variant's machine,
-#: validate.UPDATE_STEP_COST; runs since the twenty-ninth set have it), against the model's update.
+#: Each optimizer step at a fixed cost besides its calls and bytes (the model's since the twenty-ninth
+#: set, whose run has it as a variant), against the update by its calls and bytes alone (a variant of
+#: the later runs: heldout_validation.UPDATE_CALLS_AND_BYTES).
 UPDATE_STEP_COST = "update with a fixed cost a step"
 UPDATE_CALLS_AND_BYTES = "update by its calls and bytes"
 
 
 def update_step(documents: dict[str, dict[str, Any]]) -> str:
-    """Each optimizer step at a fixed cost against the update by its calls and bytes alone, the model's
+    """Each optimizer step at a fixed cost against the update by its calls and bytes alone
     (option_table)."""
     return option_table(
         documents, UPDATE_CALLS_AND_BYTES, UPDATE_STEP_COST, ("calls and bytes", "with a fixed cost")
     )
 
 
-#: The model's host seconds between its operator calls charged (heldout_validation.HOST_GAPS), against
-#: the model without them.
+#: The model's host seconds between its operator calls charged (heldout_validation.HOST_GAPS; the
+#: model's since the twenty-ninth set), against not (NO_HOST_GAPS, a variant of the later runs).
 HOST_GAPS = "host gaps"
 NO_HOST_GAPS = "no host gaps"
 
@@ -638,6 +650,16 @@ NO_HOST_GAPS = "no host gaps"
 def host_gaps(documents: dict[str, dict[str, Any]]) -> str:
     """The model's host seconds between its calls charged against not (option_table)."""
     return option_table(documents, NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"))
+
+
+#: The model without its update's fixed cost and host gaps (heldout_validation.NEITHER).
+NEITHER = "neither the update's fixed cost nor host gaps"
+
+
+def update_step_and_gaps(documents: dict[str, dict[str, Any]]) -> str:
+    """The model against itself without its update's fixed cost and host gaps (option_table; the
+    model stands in for the pair, on since the twenty-ninth set)."""
+    return option_table(documents, NEITHER, "the update's fixed cost and host gaps", ("neither", "both"))
 
 
 def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
@@ -748,6 +770,7 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "subnormal-phases": subnormal_phases,
     "update-step": update_step,
     "host-gaps": host_gaps,
+    "update-step-and-gaps": update_step_and_gaps,
 }
 
 

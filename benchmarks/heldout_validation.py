@@ -60,7 +60,7 @@ from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import (
     NORM_PRICINGS,
     UPDATE_BACK_TO_BACK,
-    UPDATE_STEP_COST,
+    UPDATE_CALLS_AND_BYTES,
     calibrated_machines,
 )
 from dnnperf.perfmodel.validate import VARIANTS as VALIDATION_OPTIONS
@@ -589,6 +589,27 @@ TWENTY_NINTH_MODELS = (
     ("torch-graph-conv", "small", (4, 8), "graph convolutions, dense adjacency (torch.nn)"),
     ("torch-highway-mlp", "small", (4, 8), "highway MLP, sigmoid gates (torch.nn)"),
 )
+#: A thirtieth set, fixed (each model built and stepped twice to choose its batches, none of it
+#: predicted) before any of it was predicted, to confirm the model as the twenty-ninth set left it:
+#: each optimizer step's fixed cost and the model's host seconds between its calls, each of which
+#: passed its rule there, on together. Its rule, written before the run: the pair stays on if, on this
+#: set, the model's median |error| is no larger than without either (variant "neither the update's
+#: fixed cost nor host gaps"), its max no larger and its median signed error nearer zero; otherwise
+#: each is judged on its own by its twenty-ninth rule here (variants "update by its calls and bytes",
+#: "no host gaps"). Models of families the earlier sets lack: two third-party models (hf:vaultgemma,
+#: a Gemma-like decoder; hf:eurobert, an encoder) and six networks written in torch.nn: a gated
+#: convolutional LM, a Set Transformer, a NeRF-like coordinate MLP, atrous spatial pyramid pooling,
+#: ShuffleNet-like units and a FiLM-modulated CNN.
+THIRTIETH_MODELS = (
+    ("hf:vaultgemma", "small", (2, 3), "decoder LM, Gemma-like (transformers)"),
+    ("hf:eurobert", "small", (2, 3), "encoder, masked LM (transformers)"),
+    ("torch-gated-conv-lm", "small", (4, 8), "gated convolutional LM, GLU (torch.nn)"),
+    ("torch-set-transformer", "small", (4, 8), "Set Transformer, induced set attention (torch.nn)"),
+    ("torch-coordinate-mlp", "small", (4, 8), "NeRF-like coordinate MLP (torch.nn)"),
+    ("torch-atrous-pyramid", "small", (4, 8), "atrous spatial pyramid pooling (torch.nn)"),
+    ("torch-shuffle-units", "small", (4, 8), "ShuffleNet-like units, channel shuffle (torch.nn)"),
+    ("torch-film-cnn", "small", (4, 8), "CNN modulated by FiLM (torch.nn)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -641,8 +662,10 @@ TIMM_MODELS = (
 #: rows at their rows' rate or their FLOPs' ("products of few rows at their rate", "products of any
 #: rows"), the kernels a compiled function issues after its first at their own cost or at the
 #: forward's ("compiled calls' later kernels at their cost", "every forward call at its phase's cost"),
-#: and each phase at its slowdown from subnormal floats or not ("subnormals at their slowdown",
-#: "subnormals unpriced": ComputeOptions.subnormals).
+#: each phase at its slowdown from subnormal floats or not ("subnormals at their slowdown",
+#: "subnormals unpriced": ComputeOptions.subnormals), the update by its calls and bytes alone, without
+#: a fixed cost a step ("update by its calls and bytes"), the model's host seconds between its calls
+#: not charged ("no host gaps"), and neither ("neither the update's fixed cost nor host gaps").
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -664,6 +687,8 @@ COMPILED_AT_COST = "compiled calls' later kernels at their cost"
 EVERY_CALL_OUTER = "every forward call at its phase's cost"
 SUBNORMALS_PRICED = "subnormals at their slowdown"
 SUBNORMALS_UNPRICED = "subnormals unpriced"
+NO_HOST_GAPS = "no host gaps"
+NEITHER = "neither the update's fixed cost nor host gaps"
 NORMS_PER_ELEMENT, NORMS_IN_CACHE, NORMS_OUT_OF_CACHE, ZOO_NORMS_OUT_OF_CACHE = NORM_PRICINGS
 VARIANTS = (
     MODEL,
@@ -691,7 +716,9 @@ VARIANTS = (
     NORMS_OUT_OF_CACHE,
     ZOO_NORMS_OUT_OF_CACHE,
     UPDATE_BACK_TO_BACK,
-    UPDATE_STEP_COST,
+    UPDATE_CALLS_AND_BYTES,
+    NO_HOST_GAPS,
+    NEITHER,
     SUBNORMALS_PRICED,
     SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
@@ -717,6 +744,8 @@ OPTIONS = {
     EVERY_CALL_OUTER: ComputeOptions(composite_calls=False),
     SUBNORMALS_PRICED: ComputeOptions(subnormals=True),
     SUBNORMALS_UNPRICED: ComputeOptions(subnormals=False),
+    NO_HOST_GAPS: ComputeOptions(host_gaps=False),
+    NEITHER: ComputeOptions(host_gaps=False),
     **{variant: VALIDATION_OPTIONS[variant] for variant in NORM_PRICINGS},
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -972,6 +1001,8 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[EVERY_CALL_OUTER] = model
         every[SUBNORMALS_PRICED] = model
         every[SUBNORMALS_UNPRICED] = model
+        every[NO_HOST_GAPS] = model
+        every[NEITHER] = every[UPDATE_CALLS_AND_BYTES]
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
@@ -1304,6 +1335,11 @@ def main() -> None:
         help="the twenty-ninth held-out set (TWENTY_NINTH_MODELS: transformers and torch.nn)",
     )
     parser.add_argument(
+        "--thirtieth",
+        action="store_true",
+        help="the thirtieth held-out set (THIRTIETH_MODELS: transformers and torch.nn)",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -1355,6 +1391,7 @@ def main() -> None:
         "twenty_seventh": TWENTY_SEVENTH_MODELS,
         "twenty_eighth": TWENTY_EIGHTH_MODELS,
         "twenty_ninth": TWENTY_NINTH_MODELS,
+        "thirtieth": THIRTIETH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }

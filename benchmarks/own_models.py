@@ -2076,6 +2076,11 @@ def _bucket_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.cross_entropy(model(batch["tokens"]), batch["targets"][:, -1] % CLASSES)
 
 
+def _coordinate_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """A coordinate network's loss: each pixel's predicted colour against the image's."""
+    return nn.functional.mse_loss(model(batch["image"]), batch["image"].flatten(2).transpose(1, 2))
+
+
 def _mixture_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # The label as a scalar in [0, 1): its likelihood under the mixture.
     weights, means, widths = model(batch["image"])
@@ -2519,6 +2524,179 @@ class HighwayMLP(nn.Module):
             t = torch.sigmoid(gate(x))
             x = t * torch.relu(layer(x)) + (1 - t) * x
         return self.head(x)
+
+
+class GatedConvLM(nn.Module):
+    """A gated convolutional language model (Dauphin et al.): embeddings, six causal 1-D convolutions of
+    kernel 4 each gated by a GLU, residual, a linear head a token."""
+
+    def __init__(self, width: int = 128, depth: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.convs = nn.ModuleList(nn.Conv1d(width, 2 * width, 4) for _ in range(depth))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens).transpose(1, 2)
+        for conv in self.convs:
+            x = x + nn.functional.glu(conv(nn.functional.pad(x, (3, 0))), dim=1)
+        return self.head(x.transpose(1, 2))
+
+
+class InducedSetTransformer(nn.Module):
+    """A Set Transformer over an image's pixels as a set of 1,024 points: two induced set attention
+    blocks (16 inducing points, nn.MultiheadAttention, 4 heads of 32) and attention pooling by a seed."""
+
+    def __init__(self, width: int = 128, inducing: int = 16) -> None:
+        super().__init__()
+        self.inlet = nn.Linear(3, width)
+        self.inducing = nn.ParameterList(nn.Parameter(torch.randn(inducing, width) * 0.1) for _ in range(2))
+        self.gather = nn.ModuleList(nn.MultiheadAttention(width, 4, batch_first=True) for _ in range(2))
+        self.scatter = nn.ModuleList(nn.MultiheadAttention(width, 4, batch_first=True) for _ in range(2))
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2))
+        self.seed = nn.Parameter(torch.randn(1, 1, width) * 0.1)
+        self.pool = nn.MultiheadAttention(width, 4, batch_first=True)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.inlet(image.flatten(2).transpose(1, 2))
+        for points, gather, scatter, norm in zip(
+            self.inducing, self.gather, self.scatter, self.norms, strict=True
+        ):
+            queries = points.expand(x.shape[0], -1, -1)
+            summary = gather(queries, x, x, need_weights=False)[0]
+            x = norm(x + scatter(x, summary, summary, need_weights=False)[0])
+        pooled = self.pool(self.seed.expand(x.shape[0], -1, -1), x, x, need_weights=False)[0]
+        return self.head(pooled[:, 0])
+
+
+class CoordinateMLP(nn.Module):
+    """A NeRF-like coordinate network: each pixel's (row, column) in sin/cos positional encodings of 8
+    frequencies, an MLP of eight ReLU layers of 128 with a skip at the fifth, regressing its colour."""
+
+    def __init__(self, width: int = 128, frequencies: int = 8) -> None:
+        super().__init__()
+        side = torch.linspace(-1, 1, IMAGE_SIZE)
+        grid = torch.stack(torch.meshgrid(side, side, indexing="ij"), -1).view(-1, 2)
+        scales = 2.0 ** torch.arange(frequencies) * torch.pi
+        angles = grid[:, :, None] * scales
+        self.register_buffer("encoded", torch.cat([angles.sin(), angles.cos()], -1).flatten(1))
+        features = self.encoded.shape[1]
+        self.first = nn.ModuleList([nn.Linear(features, width), *[nn.Linear(width, width) for _ in range(3)]])
+        self.second = nn.ModuleList(
+            [nn.Linear(width + features, width), *[nn.Linear(width, width) for _ in range(3)]]
+        )
+        self.colour = nn.Linear(width, 3)
+        self.condition = nn.Linear(3, width)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        # Each image conditions the field by its mean colour: a batch of fields, one per image.
+        code = self.condition(image.mean((2, 3)))[:, None, :]
+        x = self.encoded.expand(image.shape[0], -1, -1)
+        h = x
+        for layer in self.first:
+            h = torch.relu(layer(h) + code)
+        h = torch.cat([h, x], -1)
+        for layer in self.second:
+            h = torch.relu(layer(h))
+        return self.colour(h)
+
+
+class AtrousPyramidNet(nn.Module):
+    """A DeepLab-like network: a strided stem, batch-normed 3x3 convolutions, then atrous spatial
+    pyramid pooling (a 1x1 and 3x3 convolutions at dilations 2, 4 and 6, and the image's mean), fused
+    by a 1x1 convolution, pooled and classified."""
+
+    def __init__(self, width: int = 96) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(*_conv_bn(3, width, 2), *_conv_bn(width, width, 1))
+        self.branches = nn.ModuleList(
+            [nn.Conv2d(width, width, 1)]
+            + [nn.Conv2d(width, width, 3, padding=d, dilation=d) for d in (2, 4, 6)]
+        )
+        self.image_pool = nn.Conv2d(width, width, 1)
+        self.fuse = nn.Sequential(nn.Conv2d(5 * width, width, 1), nn.BatchNorm2d(width), nn.ReLU())
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image)
+        pooled = self.image_pool(x.mean((2, 3), keepdim=True)).expand_as(x)
+        x = self.fuse(torch.cat([*[torch.relu(b(x)) for b in self.branches], pooled], 1))
+        return self.head(x.mean((2, 3)))
+
+
+def _grouped_bn(width: int, kernel: int, groups: int) -> list[nn.Module]:
+    """A grouped convolution keeping ``width`` channels and the map's size, then a batch norm."""
+    return [nn.Conv2d(width, width, kernel, padding=kernel // 2, groups=groups), nn.BatchNorm2d(width)]
+
+
+class ShuffleUnitNet(nn.Module):
+    """A ShuffleNet-like network: units of a grouped 1x1 convolution (4 groups), a channel shuffle, a
+    depthwise 3x3 and another grouped 1x1, batch norms, residual; three stages of two units."""
+
+    def __init__(self, widths: tuple[int, ...] = (64, 128, 256), groups: int = 4) -> None:
+        super().__init__()
+        self.groups = groups
+        self.stem = nn.Sequential(*_conv_bn(3, widths[0], 1))
+        self.units = nn.ModuleList()
+        self.downs = nn.ModuleList()
+        previous = widths[0]
+        for width in widths:
+            self.downs.append(nn.Sequential(*_conv_bn(previous, width, 2)))
+            for _ in range(2):
+                self.units.append(
+                    nn.ModuleList(
+                        [
+                            nn.Sequential(
+                                nn.Conv2d(width, width, 1, groups=groups), nn.BatchNorm2d(width), nn.ReLU()
+                            ),
+                            nn.Sequential(
+                                nn.Conv2d(width, width, 3, padding=1, groups=width), nn.BatchNorm2d(width)
+                            ),
+                            nn.Sequential(nn.Conv2d(width, width, 1, groups=groups), nn.BatchNorm2d(width)),
+                        ]
+                    )
+                )
+            previous = width
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image)
+        units = iter(self.units)
+        for down in self.downs:
+            x = down(x)
+            for first, depthwise, last in (next(units), next(units)):
+                y = first(x)
+                n, c, h, w = y.shape
+                y = y.view(n, self.groups, c // self.groups, h, w).transpose(1, 2).reshape(n, c, h, w)
+                x = torch.relu(x + last(depthwise(y)))
+        return self.head(x.mean((2, 3)))
+
+
+class FiLMConditionedCNN(nn.Module):
+    """A CNN whose blocks are modulated by FiLM: a per-channel scale and shift computed from the
+    image's own global features by a small MLP (batch norm without its own affine), three blocks."""
+
+    def __init__(self, widths: tuple[int, ...] = (48, 96, 192)) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        previous = 3
+        for width in widths:
+            self.convs.append(nn.Conv2d(previous, width, 3, stride=2, padding=1))
+            self.norms.append(nn.BatchNorm2d(width, affine=False))
+            previous = width
+        self.context = nn.Sequential(nn.Linear(3, 64), nn.ReLU())
+        self.films = nn.ModuleList(nn.Linear(64, 2 * w) for w in widths)
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        context = self.context(image.mean((2, 3)))
+        x = image
+        for conv, norm, film in zip(self.convs, self.norms, self.films, strict=True):
+            scale, shift = film(context)[:, :, None, None].chunk(2, 1)
+            x = torch.relu(norm(conv(x)) * (1 + scale) + shift)
+        return self.head(x.mean((2, 3)))
 
 
 MODELS = (
@@ -3414,6 +3592,54 @@ MODELS = (
         "torch-highway-mlp",
         "torch.nn highway MLP, sigmoid transform gates",
         HighwayMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gated-conv-lm",
+        "torch.nn gated convolutional LM, causal 1-D convolutions, GLU",
+        GatedConvLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-set-transformer",
+        "torch.nn Set Transformer, induced set attention over pixels",
+        InducedSetTransformer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-coordinate-mlp",
+        "torch.nn NeRF-like coordinate MLP, positional encodings, regressing colours",
+        CoordinateMLP,
+        _coordinate_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-atrous-pyramid",
+        "torch.nn DeepLab-like atrous spatial pyramid pooling",
+        AtrousPyramidNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-shuffle-units",
+        "torch.nn ShuffleNet-like units, grouped 1x1, channel shuffle, depthwise",
+        ShuffleUnitNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-film-cnn",
+        "torch.nn CNN modulated by FiLM from its own global features",
+        FiLMConditionedCNN,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,

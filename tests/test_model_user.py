@@ -178,7 +178,7 @@ def test_this_machine_calibrates_only_the_collectives_and_fsdp_a_prediction_need
     zoo = calibrate.ZooCalibration(efficiency={}, curves={}, call_s={}, kernel_s=0.0, host_call_s={})
     for name, value in [
         ("calibrated", zoo),
-        ("update_cost", (1e-6, 1.0)),
+        ("update_step_cost", (1e-4, 1e-6, 1.0)),
         ("op_overhead", 5e-6),
         ("page_fault_cost", 1e-6),
         ("phase_call_cost", {}),

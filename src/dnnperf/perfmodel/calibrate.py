@@ -461,9 +461,10 @@ def cached_update_samples(machine: Machine, refresh: bool = False) -> UpdateSamp
     return UpdateSamples(*found)
 
 
-def update_cost(machine: Machine, refresh: bool = False) -> tuple[float, float]:
-    """:func:`update_cost_fit` of :func:`cached_update_samples`."""
-    return update_cost_fit(*cached_update_samples(machine, refresh).fitted(step_sets=False))
+def update_step_cost(machine: Machine, refresh: bool = False) -> tuple[float, float, float]:
+    """:func:`update_step_fit` of :func:`cached_update_samples`: (seconds a step, seconds per call,
+    share of the roofline)."""
+    return update_step_fit(*cached_update_samples(machine, refresh).fitted(step_sets=True))
 
 
 #: Generic matrix products (rows, inner, columns) for the cold-operand calibration: few to many rows,

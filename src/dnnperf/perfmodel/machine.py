@@ -126,12 +126,12 @@ class Machine:
     inner_call_s: float = 0.0
     #: The share of the optimizer update's counted bytes (each kernel's operands, read and written)
     #: that the update moves at its bandwidth: a parameter's kernels run back to back on the same few
-    #: tensors, so later ones find them in cache. 1.0: as counted. Calibrated: calibrate.update_cost.
+    #: tensors, so later ones find them in cache. 1.0: as counted. Calibrated: calibrate.update_step_cost.
     update_byte_share: float = 1.0
     #: Host seconds each optimizer step costs whatever its size, beyond its calls and bytes: on the
     #: Xeon of validation-heldout-third-host.md a step of one tensor took 0.38 ms right after a
-    #: backward and 0.02 ms back to back. 0: not modelled (presets, and the model until a held-out set
-    #: judges it). Calibrated: calibrate.update_step_fit.
+    #: backward and 0.02 ms back to back. 0: not modelled (presets). Calibrated:
+    #: calibrate.update_step_cost.
     update_step_s: float = 0.0
     #: What a matrix product in a training step costs beyond its price from the calibrated curves,
     #: which are timed with the operands in cache: in a step each layer's weights were last touched a
@@ -400,7 +400,7 @@ def from_profile(
     kernel beyond its roofline, and ``host_call_s`` its host's seconds per call beyond the overhead, per
     family and phase (calibrate.zoo_calibration); default 0 and none. ``phase_call_s``: host seconds
     per kernel call by phase (calibrate.phase_call_cost) and ``update_byte_share``: the share of the
-    update's counted bytes it moves (calibrate.update_cost); default none and 1.0. ``update_step_s``:
+    update's counted bytes it moves (calibrate.update_step_cost); default none and 1.0. ``update_step_s``:
     host seconds a step of the optimizer costs whatever its size (calibrate.update_step_fit); default 0.
     ``gap_call_s``: host
     seconds between two calls of the calibration's network by phase (calibrate.gap_call_cost); default

@@ -83,9 +83,10 @@ ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
 #: backward (calibrate.measure_update_cost): its own machine, the model's options.
 UPDATE_BACK_TO_BACK = "update calibrated back to back"
-#: The variant whose optimizer steps each pay a fixed cost besides their calls and bytes
-#: (calibrate.update_step_fit, Machine.update_step_s): its own machine, the model's options.
-UPDATE_STEP_COST = "update with a fixed cost a step"
+#: The variant whose update is priced by its calls and bytes alone (calibrate.update_cost_fit), where
+#: the model's optimizer steps each pay a fixed cost besides (calibrate.update_step_fit,
+#: Machine.update_step_s): its own machine, the model's options.
+UPDATE_CALLS_AND_BYTES = "update by its calls and bytes"
 #: The variants that price normalization and pooling per element (at the zoo's sizes' rate or beyond
 #: the L2) or through the cache's curve (ComputeOptions.norms_per_element, norms_out_of_cache):
 #: :func:`calibrated_machines` fits each its own efficiencies.
@@ -138,11 +139,11 @@ def calibrated_machines(
     # and is calibrated by its own zoo (host_call_s).
     phase_call = {} if gpu else measure_phase_call_cost()
     samples = None if gpu else update_samples(from_profile(profile, efficiency=efficiency, call_s=call_s))
-    update_call, update_share = (
-        (0.0, 1.0) if samples is None else update_cost_fit(*samples.fitted(step_sets=False))
+    update_step_s, update_call, update_share = (
+        (0.0, 0.0, 1.0) if samples is None else update_step_fit(*samples.fitted(step_sets=True))
     )
-    # The same steps and those of a few small tensors, with a fixed cost a step besides: a variant.
-    update_step = (0.0, 0.0, 1.0) if samples is None else update_step_fit(*samples.fitted(step_sets=True))
+    # The update by its calls and bytes alone, fitted without the sets of a few small tensors: a variant.
+    calls_and_bytes = (0.0, 1.0) if samples is None else update_cost_fit(*samples.fitted(step_sets=False))
     # The update calibrated back to back, where the model's is right after a backward: a variant.
     back_to_back = (
         (0.0, 1.0)
@@ -174,6 +175,7 @@ def calibrated_machines(
             host_call_s=zoo.host_call_s,
             phase_call_s={} if v == "hw dispatch" else phase_call,
             update_byte_share=update_share,
+            update_step_s=update_step_s,
             cold_product_s=cold_product,
             product_rows_efficiency=product_rows,
             inner_call_s=inner_call,
@@ -182,11 +184,11 @@ def calibrated_machines(
         for v in VARIANTS
     }
     if not gpu:
-        machines[UPDATE_STEP_COST] = dataclasses.replace(
+        machines[UPDATE_CALLS_AND_BYTES] = dataclasses.replace(
             machines["model"],
-            phase_call_s={**machines["model"].phase_call_s, "update": update_step[1]},
-            update_byte_share=update_step[2],
-            update_step_s=update_step[0],
+            phase_call_s={**machines["model"].phase_call_s, "update": calls_and_bytes[0]},
+            update_byte_share=calls_and_bytes[1],
+            update_step_s=0.0,
         )
         machines[UPDATE_BACK_TO_BACK] = dataclasses.replace(
             machines["model"],
@@ -224,9 +226,9 @@ def calibrated_machines(
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
         "update_call_s_back_to_back": back_to_back[0],
-        "update_step_s_with_fixed_cost": update_step[0],
-        "update_call_s_with_fixed_cost": update_step[1],
-        "update_byte_share_with_fixed_cost": update_step[2],
+        "update_step_s": update_step_s,
+        "update_call_s_by_calls_and_bytes": calls_and_bytes[0],
+        "update_byte_share_by_calls_and_bytes": calls_and_bytes[1],
         "update_byte_share_back_to_back": back_to_back[1],
         "cold_product_call_s": cold_product[0],
         "cold_product_byte_s": cold_product[1],
@@ -812,7 +814,7 @@ def calibrated_machine(
         phase_call_cost,
         product_rows_efficiency,
         split_region_cost,
-        update_cost,
+        update_step_cost,
         zero_operand_cost,
     )
 
@@ -846,7 +848,7 @@ def calibrated_machine(
     step("the layer zoo", 0.0)
     zoo = calibrated(base)
     step("the optimizer update", 0.3)
-    update_call, update_share = update_cost(
+    update_step_s, update_call, update_share = update_step_cost(
         machines.from_profile(profile, efficiency=zoo.efficiency, call_s=zoo.call_s)
     )
     step("host costs: per call, inside compiled calls, page faults, zero operands, products", 0.4)
@@ -881,6 +883,7 @@ def calibrated_machine(
         efficiency=zoo.efficiency,
         call_s=zoo.call_s,
         update_byte_share=update_share,
+        update_step_s=update_step_s,
         **costs,
     )
     return dataclasses.replace(machine, sources={**machine.sources, **skipped})
