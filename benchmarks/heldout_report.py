@@ -546,18 +546,25 @@ def option_errors(
 
 
 def option_table(
-    documents: dict[str, dict[str, Any]], off: str, on: str, short: tuple[str, str], stand_in: bool = True
+    documents: dict[str, dict[str, Any]],
+    off: str,
+    on: str,
+    short: tuple[str, str],
+    stand_in: bool = True,
+    since: str | None = None,
 ) -> str:
     """An option of the model, off (variant ``off``) against on (``on``), on each set that ran a
-    variant of it: the set's median, max and signed error each way, and over the rows whose
-    prediction it moves by more than ``CHANGED`` their median |error| each way (``short`` names the
-    two) and those whose |error| grew by more than ``GROWN`` with it."""
+    variant of it (from set ``since`` on, in ``SETS``' order, where given): the set's median, max and
+    signed error each way, and over the rows whose prediction it moves by more than ``CHANGED`` their
+    median |error| each way (``short`` names the two) and those whose |error| grew by more than
+    ``GROWN`` with it."""
     lines = [
         f"| set | rows | {off} | {on} | rows it changes | "
         f"their median abs error, {short[0]} / {short[1]} | rows grown over 5 points |",
         "|---|---:|---|---|---:|---|---:|",
     ]
-    for key, title, _ in SETS:
+    first = [key for key, _, _ in SETS].index(since) if since else 0
+    for key, title, _ in SETS[first:]:
         found = [option_errors(r, off, on, stand_in) for r in documents.get(key, {}).get("rows", [])]
         pairs = [p for p in found if p is not None]
         if not pairs or len(pairs) < len(found):
@@ -642,23 +649,27 @@ def update_step(documents: dict[str, dict[str, Any]]) -> str:
 
 
 #: The model's host seconds between its operator calls charged (heldout_validation.HOST_GAPS; the
-#: model's since the twenty-ninth set), against not (NO_HOST_GAPS, a variant of the later runs).
+#: model's in the thirtieth set's run), against not (NO_HOST_GAPS, a variant of that run; the model
+#: elsewhere).
 HOST_GAPS = "host gaps"
 NO_HOST_GAPS = "no host gaps"
 
 
 def host_gaps(documents: dict[str, dict[str, Any]]) -> str:
     """The model's host seconds between its calls charged against not (option_table)."""
-    return option_table(documents, NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"))
+    return option_table(
+        documents, NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"), since="twenty-eighth"
+    )
 
 
-#: The model without its update's fixed cost and host gaps (heldout_validation.NEITHER).
+#: The model without its update's fixed cost and host gaps (a variant of the thirtieth set's run,
+#: whose model had both).
 NEITHER = "neither the update's fixed cost nor host gaps"
 
 
 def update_step_and_gaps(documents: dict[str, dict[str, Any]]) -> str:
-    """The model against itself without its update's fixed cost and host gaps (option_table; the
-    model stands in for the pair, on since the twenty-ninth set)."""
+    """The thirtieth set's model (the update's fixed cost and host gaps) against neither
+    (option_table)."""
     return option_table(documents, NEITHER, "the update's fixed cost and host gaps", ("neither", "both"))
 
 
@@ -751,10 +762,15 @@ def host_page(text: str, documents: dict[str, dict[str, Any]]) -> str:
     set's rows (where the page holds them) and the phases table written from ``documents``."""
     text = replace_between(text, "run", run_line(documents))
     text = replace_between(text, "summary", summary(documents))
+    return replace_between(host_tables(text, documents), "phases", phases(documents))
+
+
+def host_tables(text: str, documents: dict[str, dict[str, Any]]) -> str:
+    """``text`` with each of ``HOST_TABLES`` it has a marker of written from ``documents``."""
     for name, table in HOST_TABLES.items():
         if f"<!-- heldout_report:{name} -->" in text:
             text = replace_between(text, name, table(documents))
-    return replace_between(text, "phases", phases(documents))
+    return text
 
 
 #: The parts a host page may hold, by marker: each written where the page has its marker.
@@ -794,9 +810,14 @@ def main() -> None:
         help="with --host-page: the page (in docs/) each set's rows go to, apart; again as PAGE:SET for a "
         "further page holding the sets from SET on",
     )
+    parser.add_argument(
+        "--host-tables-page",
+        action="append",
+        help="with --host-page: a further page (in docs/) whose tables of the host's sets are written",
+    )
     args = parser.parse_args()
-    if args.host_sets_page and not args.host_page:
-        parser.error("--host-sets-page goes with --host-page")
+    if (args.host_sets_page or args.host_tables_page) and not args.host_page:
+        parser.error("--host-sets-page and --host-tables-page go with --host-page")
     found = {
         key: json.loads((args.directory / f"{key}.json").read_text())
         for key, _, _ in SETS
@@ -816,6 +837,11 @@ def main() -> None:
             if not page.is_file():
                 parser.error(f"no page {page}")
             write_text_atomic(page, replace_between(page.read_text(), "sets", host_sets(documents, keys)))
+        for name in args.host_tables_page or []:
+            page = DOCS / name
+            if not page.is_file():
+                parser.error(f"no page {page}")
+            write_text_atomic(page, host_tables(page.read_text(), documents))
         return
     page = DOCS / "validation-heldout.md"
     text = replace_between(page.read_text(), "run", run_line(documents))

@@ -663,9 +663,9 @@ TIMM_MODELS = (
 #: rows"), the kernels a compiled function issues after its first at their own cost or at the
 #: forward's ("compiled calls' later kernels at their cost", "every forward call at its phase's cost"),
 #: each phase at its slowdown from subnormal floats or not ("subnormals at their slowdown",
-#: "subnormals unpriced": ComputeOptions.subnormals), the update by its calls and bytes alone, without
-#: a fixed cost a step ("update by its calls and bytes"), the model's host seconds between its calls
-#: not charged ("no host gaps"), and neither ("neither the update's fixed cost nor host gaps").
+#: "subnormals unpriced": ComputeOptions.subnormals), and the update by its calls and bytes alone,
+#: without a fixed cost a step ("update by its calls and bytes"). The thirtieth set's run also had the
+#: model without host gaps ("no host gaps", then the model's) and without either.
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -687,8 +687,6 @@ COMPILED_AT_COST = "compiled calls' later kernels at their cost"
 EVERY_CALL_OUTER = "every forward call at its phase's cost"
 SUBNORMALS_PRICED = "subnormals at their slowdown"
 SUBNORMALS_UNPRICED = "subnormals unpriced"
-NO_HOST_GAPS = "no host gaps"
-NEITHER = "neither the update's fixed cost nor host gaps"
 NORMS_PER_ELEMENT, NORMS_IN_CACHE, NORMS_OUT_OF_CACHE, ZOO_NORMS_OUT_OF_CACHE = NORM_PRICINGS
 VARIANTS = (
     MODEL,
@@ -717,8 +715,6 @@ VARIANTS = (
     ZOO_NORMS_OUT_OF_CACHE,
     UPDATE_BACK_TO_BACK,
     UPDATE_CALLS_AND_BYTES,
-    NO_HOST_GAPS,
-    NEITHER,
     SUBNORMALS_PRICED,
     SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
@@ -744,8 +740,6 @@ OPTIONS = {
     EVERY_CALL_OUTER: ComputeOptions(composite_calls=False),
     SUBNORMALS_PRICED: ComputeOptions(subnormals=True),
     SUBNORMALS_UNPRICED: ComputeOptions(subnormals=False),
-    NO_HOST_GAPS: ComputeOptions(host_gaps=False),
-    NEITHER: ComputeOptions(host_gaps=False),
     **{variant: VALIDATION_OPTIONS[variant] for variant in NORM_PRICINGS},
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -1001,8 +995,6 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[EVERY_CALL_OUTER] = model
         every[SUBNORMALS_PRICED] = model
         every[SUBNORMALS_UNPRICED] = model
-        every[NO_HOST_GAPS] = model
-        every[NEITHER] = every[UPDATE_CALLS_AND_BYTES]
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

@@ -293,9 +293,8 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     gaps = {"forward": [5e-3, 400.0], "backward": [1e-3, 500.0], "update": [9e-3, 100.0]}
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0, gaps=gaps)
     here = toy_machine(replay_device="cpu", gap_call_s={"forward": 5e-6, "backward": 4e-6, "update": 1e-6})
-    off = ComputeOptions(host_gaps=False)
-    plain = step_time(graph, here, off)
-    charged = step_time(graph, here)  # the default: on
+    plain = step_time(graph, here)  # the default: off
+    charged = step_time(graph, here, ComputeOptions(host_gaps=True))
     # Forward: 5 ms between 400 calls, 2 ms of them at 5 us a call: 3 ms more. Backward: 1 ms between
     # 500 calls at 4 us (2 ms): nothing, never less. The update: its own calibration, not charged.
     assert charged.forward_s - plain.forward_s == pytest.approx(3e-3)
@@ -303,13 +302,14 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     assert charged.update_s == pytest.approx(plain.update_s)
     assert charged.overhead_s - plain.overhead_s == pytest.approx(3e-3)
     # A prediction's step and phases carry it (one device, and each rank of data parallelism).
-    with_gaps = predict(graph, here, batch_size=1)
-    without = predict(graph, here, batch_size=1, options=off)
+    with_gaps = predict(graph, here, batch_size=1, options=ComputeOptions(host_gaps=True))
+    without = predict(graph, here, batch_size=1)
     assert with_gaps.step_s - without.step_s == pytest.approx(3e-3)
     assert with_gaps.detail["phases_s"]["forward"] == pytest.approx(charged.forward_s)
     # Another machine (a preset) runs other Python at another speed: nothing charged.
     elsewhere = dataclasses.replace(here, replay_device="")
-    assert step_time(graph, elsewhere).total_s == pytest.approx(step_time(graph, elsewhere, off).total_s)
+    on = ComputeOptions(host_gaps=True)
+    assert step_time(graph, elsewhere, on).total_s == pytest.approx(step_time(graph, elsewhere).total_s)
     # Interpolated between two batches, the gaps are the two's in proportion; kept through JSON.
     other = dataclasses.replace(
         graph, batch_size=3, gaps={"forward": [7e-3, 400.0], "backward": [3e-3, 500.0]}
@@ -324,9 +324,8 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     fixed = ComputeOptions(host_gaps=True, fixed_gaps=True)
     for size in (1, 2, 5):
         at = ScalableGraph(graph, other).at(size)
-        charged_fixed = step_time(at, here, fixed).forward_s - step_time(at, here, off).forward_s
-        assert charged_fixed == pytest.approx(2e-3)
-        assert step_time(at, here, fixed).backward_s == pytest.approx(step_time(at, here, off).backward_s)
+        assert step_time(at, here, fixed).forward_s - step_time(at, here).forward_s == pytest.approx(2e-3)
+        assert step_time(at, here, fixed).backward_s == pytest.approx(step_time(at, here).backward_s)
     # One description has no fixed part to charge.
     assert step_time(graph, here, fixed).total_s == pytest.approx(plain.total_s)
 

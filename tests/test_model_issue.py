@@ -127,21 +127,8 @@ def test_the_gaps_hold_the_python_between_calls_and_not_the_calls_own_time() -> 
     assert inside["forward"][0] < 0.030
 
 
-def test_a_description_on_the_cpu_times_its_gaps_unless_told_not_to() -> None:
-    unasked = describe_model(_Gapped(0.0, 0.0), torch.randn(4, 8), count_faults=False, time_gaps=False)
-    assert unasked.gaps == {}
-    graph = describe_model(_Gapped(0.010, 0.0), torch.randn(4, 8), count_faults=False)
+def test_a_description_on_the_cpu_times_its_gaps_where_asked() -> None:
+    assert describe_model(_Gapped(0.0, 0.0), torch.randn(4, 8), count_faults=False).gaps == {}
+    graph = describe_model(_Gapped(0.010, 0.0), torch.randn(4, 8), count_faults=False, time_gaps=True)
     assert graph.gaps["forward"][0] >= 0.010 * 0.95
     assert graph.gaps["forward"][1] > 0
-
-
-def test_a_suite_workloads_description_times_its_gaps_where_this_hosts_costs_are_asked_for() -> None:
-    """Where its faults are counted (a prediction for this host), a workload's description also times
-    the host between its operator calls, as describe_model does a user's model; kept with it."""
-    from dnnperf.perfmodel.graph import describe_workload
-
-    graph = describe_workload("basic_cnn", "tiny", 2, "cpu", count_faults=True)
-    seconds, calls = graph.gaps["forward"]
-    assert seconds > 0 and calls > 0
-    # Cached with it: asked again, the same gaps come back.
-    assert describe_workload("basic_cnn", "tiny", 2, "cpu", count_faults=True).gaps == graph.gaps

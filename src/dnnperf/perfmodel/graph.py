@@ -794,14 +794,14 @@ def describe_model(
     optimizer: torch.optim.Optimizer | None = None,
     name: str = "model",
     count_faults: bool = True,
-    time_gaps: bool = True,
+    time_gaps: bool = False,
 ) -> StepGraph:
     """Describe one training step of a user's model on an example batch (a tensor, or a dict, tuple or
     list of tensors: :func:`example_rows`). Default loss: the sum of the output (the model called on
     the tensor, the dict's items as keywords, the tuple's as arguments); default optimizer: SGD with
     momentum. On the CPU, ``count_faults`` runs twelve more plain steps to count the step's page
     faults (``page_faults``); ``time_gaps`` seven more to time the host between their operator calls
-    (``gaps``, which ``ComputeOptions.host_gaps`` charges); where a phase's outputs are notably
+    (``gaps``, which ``ComputeOptions(host_gaps=True)`` charges); where a phase's outputs are notably
     subnormal, twelve more time their slowdown (``subnormal_slowdown``, subnormals.flushed_slowdown).
     The steps train the model: its weights, buffers, gradients, the optimizer's state and the random
     generators are put back as they were afterwards (``dnnperf.restore``)."""
@@ -922,8 +922,7 @@ def describe_workload(
     """One counted training step of a suite workload at ``batch_size`` (cached on disk). The step
     runs on ``device`` ("cpu": the operator stream this machine runs; "meta": shapes only, for presets
     too large to run here). ``count_faults``: also its page faults on this CPU (perfmodel/faults.py:
-    fresh processes) and the host's seconds between its operator calls (issue.gap_seconds), once,
-    kept with the description; only a machine that charges them needs them."""
+    fresh processes), once, kept with the description; only a machine that charges them needs them."""
     return describe_workload_batches(workload, preset, [batch_size], device, count_faults)[0]
 
 
@@ -965,14 +964,10 @@ def describe_workload_batches(
         for batch_size, faults in faults_counted().items():
             graphs[batch_size].page_faults = faults
             store.put(keys[batch_size], graphs[batch_size].to_dict())
-    # Timed once the fault counters beside it have stopped; the host's gaps where this host's costs
-    # are asked for (faults counted), as describe_model times a user's model's.
+    # Timed once the fault counters beside it have stopped.
     for batch_size, graph in graphs.items():
         if device == "cpu" and notable(graph.subnormal_outputs) and not graph.subnormal_slowdown:
             graph.subnormal_slowdown = _time_subnormals(spec, preset, batch_size)
-            store.put(keys[batch_size], graph.to_dict())
-        if counting and not graph.gaps:
-            graph.gaps = _time_gaps(spec, preset, batch_size)
             store.put(keys[batch_size], graph.to_dict())
     return [graphs[b] for b in batch_sizes]
 
@@ -1013,15 +1008,6 @@ def _time_subnormals(spec: Workload, preset: str, batch_size: int) -> dict[str, 
     batch = spec.data(preset).synthesize(batch_size, 0)
     task.step(batch)  # the optimizer's state made, as in the described step
     return flushed_slowdown(lambda stages: task.step(batch, stages))
-
-
-def _time_gaps(spec: Workload, preset: str, batch_size: int) -> dict[str, list[float]]:
-    """issue.gap_seconds of the suite workload ``spec``'s CPU step at ``batch_size``, built as
-    :func:`_capture_workload` builds it."""
-    torch.manual_seed(0)
-    task = spec.build(preset, "cpu")
-    batch = spec.data(preset).synthesize(batch_size, 0)
-    return gap_seconds(lambda stages: task.step(batch, stages))
 
 
 def workload_graph(

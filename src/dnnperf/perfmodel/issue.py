@@ -14,8 +14,8 @@ time measured is an upper bound: of two descriptions the smaller is kept (StepGr
 
 A CPU runs the operators itself, so its host time is the step's; what it spends *between* the
 operators can still be told apart (:func:`gap_seconds`, probes.opcount.GapClock): a model may run
-Python between its calls that the calibration's network does not, and the model charges the excess
-(``ComputeOptions.host_gaps``, compute.host_gap_seconds).
+Python between its calls that the calibration's network does not, and
+``ComputeOptions(host_gaps=True)`` charges the excess (compute.host_gap_seconds).
 """
 
 from __future__ import annotations
