@@ -180,7 +180,7 @@ def test_the_update_calibration_finds_a_fixed_cost_injected_into_every_optimizer
     from dnnperf.perfmodel.machine import preset
 
     delay = 2e-3
-    made = calibrate._optimizers
+    made = calibrate.update_optimizers
 
     def slowed(params):
         found = made(params)
@@ -195,7 +195,7 @@ def test_the_update_calibration_finds_a_fixed_cost_injected_into_every_optimizer
             optimizer.step = slow_step
         return found
 
-    monkeypatch.setattr(calibrate, "_optimizers", slowed)
+    monkeypatch.setattr(calibrate, "update_optimizers", slowed)
     sets = ((16, 64), (2, 256), (4, 4096))
     found = calibrate.update_samples(preset("seed002"), repeats=3, passes=1, after_backward=False, sets=sets)
     step_s, call_s, _ = calibrate.update_step_fit(*found.fitted(step_sets=True))

@@ -318,7 +318,8 @@ class UpdateSamples(NamedTuple):
         return chosen(self.calls), chosen(self.roofline), chosen(self.measured)
 
 
-def _optimizers(params: list[nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
+def update_optimizers(params: list[nn.Parameter]) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers the update's calibration steps, by name, over ``params``."""
     return {
         "sgd momentum": torch.optim.SGD(params, lr=1e-3, momentum=0.9),
         "adam": torch.optim.Adam(params, lr=1e-3),
@@ -384,7 +385,7 @@ def update_samples(
         params = [nn.Parameter(torch.randn(elements)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.randn_like(p)
-        for name, optimizer in _optimizers(params).items():
+        for name, optimizer in update_optimizers(params).items():
             optimizer.step()  # its state created: every later step is alike
             rows = update_rows(optimizer)
             graph = StepGraph(name, 1, rows, 0, {}, 0, 0, 0)
