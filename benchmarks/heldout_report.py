@@ -303,6 +303,16 @@ SETS = (
         "FiLM-modulated CNN.",
     ),
     (
+        "thirty-first",
+        "thirty-first set",
+        "Eight models (`THIRTY_FIRST_MODELS`, `--thirty-first`), fixed (each built and stepped twice to "
+        "choose its batches) before any of them was predicted, to judge the elementwise family priced "
+        'at the bandwidth from memory (variant "elementwise from memory"): hf:diffllama, hf:gte and '
+        "hf:flaubert (transformers, `small`, batch 2 and 3) and five networks written in torch.nn "
+        "(`benchmarks/own_models.py`): an RWKV-like LM of token shifts, a hypernetwork, a capsule "
+        "network, a WaveNet and Swin-like shifted window attention by hand.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -673,6 +683,19 @@ def update_step_and_gaps(documents: dict[str, dict[str, Any]]) -> str:
     return option_table(documents, NEITHER, "the update's fixed cost and host gaps", ("neither", "both"))
 
 
+#: The elementwise family at the bandwidth from memory (heldout_validation.ELEMENTWISE_FROM_MEMORY),
+#: against the model's cache curve.
+ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
+ELEMENTWISE_IN_CACHE = "elementwise through the cache's curve"
+
+
+def elementwise_from_memory(documents: dict[str, dict[str, Any]]) -> str:
+    """The elementwise family from memory against through the cache's curve (option_table)."""
+    return option_table(
+        documents, ELEMENTWISE_IN_CACHE, ELEMENTWISE_FROM_MEMORY, ("cache's curve", "from memory")
+    )
+
+
 def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
     """Each phase's error without an option of the model (variant ``off``) and with it (``on``), for a
     row whose run kept both variants' phases (``variants_phases_s``); none otherwise."""
@@ -787,6 +810,7 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "update-step": update_step,
     "host-gaps": host_gaps,
     "update-step-and-gaps": update_step_and_gaps,
+    "elementwise": elementwise_from_memory,
 }
 
 

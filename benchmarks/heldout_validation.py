@@ -58,6 +58,7 @@ from dnnperf.perfmodel.predict import Prediction, memory_estimate
 from dnnperf.perfmodel.predict import predict as predict_graph
 from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import (
+    ELEMENTWISE_FROM_MEMORY,
     NORM_PRICINGS,
     UPDATE_BACK_TO_BACK,
     UPDATE_CALLS_AND_BYTES,
@@ -610,6 +611,26 @@ THIRTIETH_MODELS = (
     ("torch-shuffle-units", "small", (4, 8), "ShuffleNet-like units, channel shuffle (torch.nn)"),
     ("torch-film-cnn", "small", (4, 8), "CNN modulated by FiLM (torch.nn)"),
 )
+#: A thirty-first set, fixed (each model built and stepped twice to choose its batches, none of it
+#: predicted) before any of it was predicted, to judge the elementwise family priced at the bandwidth
+#: from memory (``ComputeOptions(elementwise_from_memory=True)``, variant "elementwise from memory"),
+#: proposed on the thirtieth set's hf:vaultgemma, whose forward ran its multiplies at 16 GB/s where the
+#: cache's curve priced them at 38. Its rule, the twentieth's: it goes on by default if the median
+#: |error| of the rows it changes (their prediction moved by more than 2%) is smaller with it than
+#: without, and no such row's |error| grows with it by more than 5 points. Models of families the
+#: earlier sets lack: three third-party models (hf:diffllama, differential attention; hf:gte and
+#: hf:flaubert, encoders) and five networks written in torch.nn: an RWKV-like LM of token shifts, a
+#: hypernetwork, a capsule network, a WaveNet and Swin-like shifted window attention by hand.
+THIRTY_FIRST_MODELS = (
+    ("hf:diffllama", "small", (2, 3), "decoder LM, differential attention (transformers)"),
+    ("hf:gte", "small", (2, 3), "encoder (transformers)"),
+    ("hf:flaubert", "small", (2, 3), "encoder, XLM-like (transformers)"),
+    ("torch-token-shift-lm", "small", (4, 8), "RWKV-like LM of token shifts (torch.nn)"),
+    ("torch-hypernetwork", "small", (4, 8), "hypernetwork, per-example MLP (torch.nn)"),
+    ("torch-capsules", "small", (4, 8), "capsule network, routing by agreement (torch.nn)"),
+    ("torch-wavenet", "small", (4, 8), "WaveNet, gated dilated convolutions (torch.nn)"),
+    ("torch-window-attention", "small", (4, 8), "shifted window attention by hand (torch.nn)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -664,8 +685,9 @@ TIMM_MODELS = (
 #: forward's ("compiled calls' later kernels at their cost", "every forward call at its phase's cost"),
 #: each phase at its slowdown from subnormal floats or not ("subnormals at their slowdown",
 #: "subnormals unpriced": ComputeOptions.subnormals), and the update by its calls and bytes alone,
-#: without a fixed cost a step ("update by its calls and bytes"). The thirtieth set's run also had the
-#: model without host gaps ("no host gaps", then the model's) and without either.
+#: without a fixed cost a step ("update by its calls and bytes"), and the elementwise family at the
+#: bandwidth from memory ("elementwise from memory"). The thirtieth set's run also had the model
+#: without host gaps ("no host gaps", then the model's) and without either.
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
 NO_FEW_ROWS = "no few-rows classes"
@@ -715,6 +737,7 @@ VARIANTS = (
     ZOO_NORMS_OUT_OF_CACHE,
     UPDATE_BACK_TO_BACK,
     UPDATE_CALLS_AND_BYTES,
+    ELEMENTWISE_FROM_MEMORY,
     SUBNORMALS_PRICED,
     SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
@@ -740,7 +763,7 @@ OPTIONS = {
     EVERY_CALL_OUTER: ComputeOptions(composite_calls=False),
     SUBNORMALS_PRICED: ComputeOptions(subnormals=True),
     SUBNORMALS_UNPRICED: ComputeOptions(subnormals=False),
-    **{variant: VALIDATION_OPTIONS[variant] for variant in NORM_PRICINGS},
+    **{variant: VALIDATION_OPTIONS[variant] for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY)},
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 IN_SAMPLE = (
@@ -1332,6 +1355,11 @@ def main() -> None:
         help="the thirtieth held-out set (THIRTIETH_MODELS: transformers and torch.nn)",
     )
     parser.add_argument(
+        "--thirty-first",
+        action="store_true",
+        help="the thirty-first held-out set (THIRTY_FIRST_MODELS: transformers and torch.nn)",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -1384,6 +1412,7 @@ def main() -> None:
         "twenty_eighth": TWENTY_EIGHTH_MODELS,
         "twenty_ninth": TWENTY_NINTH_MODELS,
         "thirtieth": THIRTIETH_MODELS,
+        "thirty_first": THIRTY_FIRST_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }

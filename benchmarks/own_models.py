@@ -2699,6 +2699,148 @@ class FiLMConditionedCNN(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class TokenShiftLM(nn.Module):
+    """An RWKV-like language model without its recurrence: each of four blocks mixes every token with
+    the one before it (a learned per-channel interpolation), a sigmoid receptance gating a
+    squared-ReLU channel MLP, layer norms, residual; a linear head a token."""
+
+    def __init__(self, width: int = 128, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.mix = nn.ParameterList(nn.Parameter(torch.rand(width)) for _ in range(depth))
+        self.receptance = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+        self.key = nn.ModuleList(nn.Linear(width, 4 * width, bias=False) for _ in range(depth))
+        self.value = nn.ModuleList(nn.Linear(4 * width, width, bias=False) for _ in range(depth))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        blocks = zip(self.norms, self.mix, self.receptance, self.key, self.value, strict=True)
+        for norm, mix, receptance, key, value in blocks:
+            h = norm(x)
+            shifted = nn.functional.pad(h, (0, 0, 1, -1))
+            h = h * mix + shifted * (1 - mix)
+            x = x + torch.sigmoid(receptance(h)) * value(torch.relu(key(h)) ** 2)
+        return self.head(x)
+
+
+class HyperMLP(nn.Module):
+    """A hypernetwork: from each image's pooled colours a small MLP writes the weights of a per-example
+    two-layer network (64 -> 64 -> classes) applied to the image's 8x8-pooled features by batched
+    matrix products."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.width = width
+        self.encoder = nn.Sequential(nn.Linear(3, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU())
+        self.first = nn.Linear(128, (3 * 64) * width)
+        self.second = nn.Linear(128, width * CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        n = image.shape[0]
+        code = self.encoder(image.mean((2, 3)))
+        features = nn.functional.avg_pool2d(image, 4).flatten(1)[:, None, :]  # (n, 1, 3 * 64)
+        hidden = torch.relu(features @ self.first(code).view(n, 3 * 64, self.width))
+        return (hidden @ self.second(code).view(n, self.width, CLASSES))[:, 0]
+
+
+class CapsuleNet(nn.Module):
+    """A capsule network: convolutional primary capsules (32 maps of 8-D), squashed, routed by
+    agreement to one 16-D capsule a class over three iterations (softmax over classes), the class
+    capsules' lengths the logits."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.classes = classes
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 5, stride=2, padding=2), nn.ReLU())
+        self.primary = nn.Conv2d(64, 32 * 8, 3, stride=2, padding=1)
+        self.transform = nn.Parameter(torch.randn(1, 32 * 64, classes, 16, 8) * 0.05)
+        self.head = nn.Linear(classes, CLASSES)
+
+    @staticmethod
+    def squash(x: torch.Tensor) -> torch.Tensor:
+        norm2 = (x * x).sum(-1, keepdim=True)
+        return norm2 / (1 + norm2) * x / torch.sqrt(norm2 + 1e-8)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        n = image.shape[0]
+        u = self.primary(self.stem(image)).view(n, 32, 8, -1).permute(0, 1, 3, 2).reshape(n, -1, 8)
+        u = self.squash(u)
+        predictions = (self.transform @ u[:, :, None, :, None]).squeeze(-1)  # (n, capsules, classes, 16)
+        logits = torch.zeros(predictions.shape[:3], device=image.device)
+        for _ in range(3):
+            weights = logits.softmax(2)
+            v = self.squash((weights[..., None] * predictions).sum(1))
+            logits = logits + (predictions * v[:, None]).sum(-1)
+        return self.head(v.norm(dim=-1))
+
+
+class WaveNetClassifier(nn.Module):
+    """WaveNet over an image's rows laid end to end: ten dilated causal 1-D convolutions (dilations 1
+    to 512), each a tanh-sigmoid gated activation with residual and skip 1x1 convolutions, the skips
+    summed, pooled and classified."""
+
+    def __init__(self, width: int = 48, depth: int = 10) -> None:
+        super().__init__()
+        self.inlet = nn.Conv1d(3, width, 1)
+        self.dilations = [2**i for i in range(depth)]
+        self.filters = nn.ModuleList(nn.Conv1d(width, 2 * width, 2, dilation=d) for d in self.dilations)
+        self.residuals = nn.ModuleList(nn.Conv1d(width, width, 1) for _ in self.dilations)
+        self.skips = nn.ModuleList(nn.Conv1d(width, width, 1) for _ in self.dilations)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.inlet(image.flatten(2))
+        skipped = 0.0
+        for dilation, conv, residual, skip in zip(
+            self.dilations, self.filters, self.residuals, self.skips, strict=True
+        ):
+            filtered, gate = conv(nn.functional.pad(x, (dilation, 0))).chunk(2, 1)
+            h = torch.tanh(filtered) * torch.sigmoid(gate)
+            x = x + residual(h)
+            skipped = skipped + skip(h)
+        return self.head(torch.relu(skipped).mean(2))
+
+
+class WindowAttentionNet(nn.Module):
+    """Swin-like blocks written by hand: a 4x4 patch embedding, attention within 4x4 windows (the map
+    cut into windows by view and permute, scaled dot-product attention, 4 heads), the windows shifted
+    by half a window every other block (torch.roll), a GELU MLP, layer norms; four blocks."""
+
+    def __init__(self, width: int = 96, depth: int = 4, window: int = 4) -> None:
+        super().__init__()
+        self.window, self.heads = window, 4
+        self.embed = nn.Conv2d(3, width, 4, stride=4)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+        self.proj = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def attend(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        n, h, w, c = x.shape
+        s = self.window
+        windows = x.view(n, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, s * s, c)
+        heads = self.qkv[index](windows).view(-1, s * s, 3, self.heads, c // self.heads)
+        q, k, v = heads.permute(2, 0, 3, 1, 4)
+        out = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, s * s, c)
+        out = self.proj[index](out).view(n, h // s, w // s, s, s, c).permute(0, 1, 3, 2, 4, 5)
+        return out.reshape(n, h, w, c)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.embed(image).permute(0, 2, 3, 1)
+        for index, mlp in enumerate(self.mlps):
+            shift = self.window // 2 if index % 2 else 0
+            h = torch.roll(self.norms[2 * index](x), (-shift, -shift), (1, 2))
+            x = x + torch.roll(self.attend(h, index), (shift, shift), (1, 2))
+            x = x + mlp(self.norms[2 * index + 1](x))
+        return self.head(x.mean((1, 2)))
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -3640,6 +3782,46 @@ MODELS = (
         "torch-film-cnn",
         "torch.nn CNN modulated by FiLM from its own global features",
         FiLMConditionedCNN,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-token-shift-lm",
+        "torch.nn RWKV-like LM without recurrence, token shift, squared ReLU",
+        TokenShiftLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-hypernetwork",
+        "torch.nn hypernetwork writing a per-example MLP, batched products",
+        HyperMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-capsules",
+        "torch.nn capsule network, routing by agreement",
+        CapsuleNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-wavenet",
+        "torch.nn WaveNet, gated dilated causal 1-D convolutions",
+        WaveNetClassifier,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-window-attention",
+        "torch.nn Swin-like shifted window attention by hand",
+        WindowAttentionNet,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,

@@ -641,6 +641,34 @@ def test_per_element_kernels_take_one_bandwidth_whatever_fits_in_cache() -> None
     assert cached[0] == pytest.approx(1e6 / 1e12 / 0.25)  # the ablation: every kernel on the curve
 
 
+def test_elementwise_from_memory_takes_the_bandwidth_from_memory_at_every_size() -> None:
+    """With ComputeOptions.elementwise_from_memory an add's bytes take the machine's bandwidth from
+    memory at 1 MB as at 100 MB (through the cache's curve, 10x faster at 1 MB); other families keep
+    the curve."""
+    from dnnperf.perfmodel.machine import Curve
+
+    sizes = [1e6, 1e8]
+    rows = [
+        {"op": op, "family": family, "bytes": nbytes}
+        for op, family in (("aten.add", "elementwise"), ("aten.cat", "memory"))
+        for nbytes in sizes
+    ]
+    ops = pd.DataFrame(
+        [
+            {"phase": "forward", "module": "m", "dtype": "float32", "flops": 0.0, "calls": 1.0, **r}
+            for r in rows
+        ]
+    )
+    graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0)
+    machine = toy_machine(bandwidth_curve=Curve((1e6, 1e8), (1e12, 1e11)), memory_bandwidth=1e11)
+    on = ComputeOptions(overhead=False, elementwise_from_memory=True)
+    seconds = op_times(graph, machine, on)["seconds"].to_numpy()
+    assert seconds[:2] == pytest.approx([1e6 / 1e11, 1e8 / 1e11])
+    assert seconds[2:] == pytest.approx([1e6 / 1e12, 1e8 / 1e11])
+    off = op_times(graph, machine, ComputeOptions(overhead=False))["seconds"].to_numpy()
+    assert off[:2] == pytest.approx([1e6 / 1e12, 1e8 / 1e11])
+
+
 def test_norms_priced_per_element_keep_the_zoo_rate_at_every_size() -> None:
     """A batch norm that truly takes 0.2 ns a byte at any size and an add that truly runs at the cache
     curve's bandwidth, each timed once in a zoo of one size (4 MB): fitted and priced per element

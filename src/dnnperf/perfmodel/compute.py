@@ -186,6 +186,13 @@ class ComputeOptions:
     #: of 9.9% with it against 18.9% without, none of them worse by more than 5 points
     #: (validation-heldout-third-host.md, variant "every forward call at its phase's cost").
     composite_calls: bool = True
+    #: The elementwise family's rows (an add, a multiply, a power) at the machine's bandwidth from
+    #: memory rather than the cache's curve at their working set, their efficiencies fitted on the
+    #: zoo that way (calibrate.zoo_fit): in a step their operands were written layers before and come
+    #: from beyond the L2. hf:vaultgemma `small` at 2 (the thirtieth held-out set) ran its forward's
+    #: multiplies at 16 GB/s (torch's profiler), priced at 38 GB/s through the cache's curve; from
+    #: memory, 15.6. Off until a held-out set judges it (variant "elementwise from memory").
+    elementwise_from_memory: bool = False
     #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
     #: network's (host_gap_seconds): the model's own Python. Off: the twenty-ninth held-out set passed
     #: it (the set from 9.5%, 49.5%, -5.6% to 8.0%, 46.5%, +3.2%), the thirtieth, fixed to confirm it,
@@ -242,6 +249,8 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
             if norms and options.norms_zoo_only:
                 keys = ops["family"] + "/" + ops["phase"] + "/" + ops["op"]
                 at_memory &= per_element(ops) | keys.isin(list(machine.efficiency)).to_numpy()
+            if options.elementwise_from_memory:
+                at_memory |= families == "elementwise"
             bandwidth = np.where(at_memory, machine.memory_bandwidth, bandwidth)
     else:
         bandwidth = np.full(len(ops), machine.memory_bandwidth)
