@@ -313,6 +313,17 @@ SETS = (
         "network, a WaveNet and Swin-like shifted window attention by hand.",
     ),
     (
+        "thirty-second",
+        "thirty-second set",
+        "Eight models (`THIRTY_SECOND_MODELS`, `--thirty-second`), fixed (each built and stepped twice "
+        "to choose its batches) before any of them was predicted, to judge the memory family's "
+        "efficiencies fitted on the zoo's copies too (variant \"memory operators calibrated on "
+        'copies"): hf:doge and hf:seed_oss (transformers, `small`, batch 2 and 3) and six networks '
+        "written in torch.nn (`benchmarks/own_models.py`): a 1-D U-Net, an ESPCN-like upscaler, a CNN of "
+        "gated convolutions, Swin-like patch merging, a temporal channel shift and a densely connected "
+        "MLP.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -696,6 +707,19 @@ def elementwise_from_memory(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+#: The memory family's efficiencies fitted on the zoo's copies too
+#: (heldout_validation.COPIES_CALIBRATED), against on the recurrent layer's few alone (the model's).
+COPIES_CALIBRATED = "memory operators calibrated on copies"
+COPIES_UNCALIBRATED = "memory operators calibrated on a recurrent layer's"
+
+
+def copies_calibrated(documents: dict[str, dict[str, Any]]) -> str:
+    """The memory family fitted on the zoo's copies against on a recurrent layer's (option_table)."""
+    return option_table(
+        documents, COPIES_UNCALIBRATED, COPIES_CALIBRATED, ("a recurrent layer's", "copies too")
+    )
+
+
 def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
     """Each phase's error without an option of the model (variant ``off``) and with it (``on``), for a
     row whose run kept both variants' phases (``variants_phases_s``); none otherwise."""
@@ -811,6 +835,7 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "host-gaps": host_gaps,
     "update-step-and-gaps": update_step_and_gaps,
     "elementwise": elementwise_from_memory,
+    "copies": copies_calibrated,
 }
 
 

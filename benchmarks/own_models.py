@@ -2081,6 +2081,11 @@ def _coordinate_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.mse_loss(model(batch["image"]), batch["image"].flatten(2).transpose(1, 2))
 
 
+def _autoencoder_mse_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """An image-to-image network's loss: its output against the image."""
+    return nn.functional.mse_loss(model(batch["image"]), batch["image"])
+
+
 def _mixture_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     # The label as a scalar in [0, 1): its likelihood under the mixture.
     weights, means, widths = model(batch["image"])
@@ -2839,6 +2844,150 @@ class WindowAttentionNet(nn.Module):
             x = x + torch.roll(self.attend(h, index), (shift, shift), (1, 2))
             x = x + mlp(self.norms[2 * index + 1](x))
         return self.head(x.mean((1, 2)))
+
+
+class UNet1d(nn.Module):
+    """A 1-D U-Net over an image's rows laid end to end: three levels down (two 1-D convolutions of
+    kernel 3 with batch norm, a stride-2 pool), back up by transposed convolutions, each level's
+    features joined to the upsampled ones by concatenation, pooled and classified."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128)) -> None:
+        super().__init__()
+
+        def block(a: int, b: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv1d(a, b, 3, padding=1),
+                nn.BatchNorm1d(b),
+                nn.ReLU(),
+                nn.Conv1d(b, b, 3, padding=1),
+                nn.ReLU(),
+            )
+
+        self.down = nn.ModuleList(block(a, b) for a, b in zip((3, *widths[:-1]), widths, strict=True))
+        self.up = nn.ModuleList(nn.ConvTranspose1d(b, a, 2, stride=2) for a, b in itertools.pairwise(widths))
+        self.merge = nn.ModuleList(block(2 * a, a) for a in widths[:-1])
+        self.head = nn.Linear(widths[0], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image.flatten(2)
+        skips = []
+        for index, block in enumerate(self.down):
+            x = block(x)
+            if index < len(self.down) - 1:
+                skips.append(x)
+                x = nn.functional.max_pool1d(x, 2)
+        for up, merge in zip(reversed(self.up), reversed(self.merge), strict=True):
+            x = merge(torch.cat([skips.pop(), up(x)], 1))
+        return self.head(x.mean(2))
+
+
+class PixelShuffleUpscaler(nn.Module):
+    """A super-resolution network (ESPCN-like): from the image pooled to half its side, five 3x3
+    convolutions, then a convolution to 3 x 2 x 2 channels rearranged by pixel shuffle to the full
+    side; trained on the mean squared error against the image."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, width, 5, padding=2), nn.Tanh()]
+        for _ in range(4):
+            layers += [nn.Conv2d(width, width, 3, padding=1), nn.Tanh()]
+        self.body = nn.Sequential(*layers, nn.Conv2d(width, 3 * 4, 3, padding=1), nn.PixelShuffle(2))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.body(nn.functional.avg_pool2d(image, 2))
+
+
+class GatedConvNet(nn.Module):
+    """A 2-D CNN of gated convolutions: each 3x3 convolution makes twice the channels, split in halves,
+    one gating the other through a sigmoid (GLU), four stages of stride 2."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 256)) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            nn.Conv2d(a, 2 * b, 3, stride=2, padding=1)
+            for a, b in zip((3, *widths[:-1]), widths, strict=True)
+        )
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image
+        for conv in self.convs:
+            x = nn.functional.glu(conv(x), dim=1)
+        return self.head(x.mean((2, 3)))
+
+
+class PatchMergingNet(nn.Module):
+    """Patch merging as Swin's stages do it: the map's 2x2 neighbours gathered by strided slices and
+    concatenated along the channels, a layer norm and a linear reduction, then an MLP on each token,
+    three stages."""
+
+    def __init__(self, widths: tuple[int, ...] = (48, 96, 192)) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3, widths[0])
+        self.norms = nn.ModuleList(nn.LayerNorm(4 * w) for w in widths)
+        self.reduce = nn.ModuleList(
+            nn.Linear(4 * a, b) for a, b in zip(widths, (*widths[1:], widths[-1]), strict=True)
+        )
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(b, 2 * b), nn.GELU(), nn.Linear(2 * b, b))
+            for b in (*widths[1:], widths[-1])
+        )
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.embed(image.permute(0, 2, 3, 1))
+        for norm, reduce, mlp in zip(self.norms, self.reduce, self.mlps, strict=True):
+            merged = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+            x = reduce(norm(merged))
+            x = x + mlp(x)
+        return self.head(x.mean((1, 2)))
+
+
+class ChannelShiftNet(nn.Module):
+    """A temporal shift network over an image's 32 rows as frames: before each 1-D convolution over a
+    frame's pixels, an eighth of the channels shifted one frame back and an eighth one forward (zero
+    padded, by concatenation), residual, four blocks."""
+
+    def __init__(self, width: int = 64, depth: int = 4) -> None:
+        super().__init__()
+        self.inlet = nn.Conv1d(3, width, 1)
+        self.convs = nn.ModuleList(nn.Conv1d(width, width, 3, padding=1) for _ in range(depth))
+        self.norms = nn.ModuleList(nn.BatchNorm1d(width) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    @staticmethod
+    def shift(x: torch.Tensor, frames: int) -> torch.Tensor:
+        n, c, length = x.shape
+        x = x.view(n // frames, frames, c, length)
+        part = c // 8
+        zeros = torch.zeros_like(x[:, :1, :part])
+        back = torch.cat([x[:, 1:, :part], zeros], 1)
+        forth = torch.cat([zeros, x[:, :-1, part : 2 * part]], 1)
+        return torch.cat([back, forth, x[:, :, 2 * part :]], 2).view(n, c, length)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        n, c, rows, columns = image.shape
+        x = self.inlet(image.permute(0, 2, 1, 3).reshape(n * rows, c, columns))
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            x = x + torch.relu(norm(conv(self.shift(x, rows))))
+        return self.head(x.mean(2).view(n, rows, -1).mean(1))
+
+
+class DenseMLP(nn.Module):
+    """A densely connected MLP: each of six layers reads the concatenation of the input and every
+    earlier layer's output (growth 128), on the flattened image."""
+
+    def __init__(self, growth: int = 128, depth: int = 6) -> None:
+        super().__init__()
+        start = 3 * IMAGE_SIZE * IMAGE_SIZE // 4
+        self.layers = nn.ModuleList(nn.Linear(start + i * growth, growth) for i in range(depth))
+        self.head = nn.Linear(start + depth * growth, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        features = nn.functional.avg_pool2d(image, 2).flatten(1)
+        for layer in self.layers:
+            features = torch.cat([features, torch.relu(layer(features))], 1)
+        return self.head(features)
 
 
 MODELS = (
@@ -3822,6 +3971,54 @@ MODELS = (
         "torch-window-attention",
         "torch.nn Swin-like shifted window attention by hand",
         WindowAttentionNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-unet1d",
+        "torch.nn 1-D U-Net, concatenated skips",
+        UNet1d,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-pixel-shuffle",
+        "torch.nn ESPCN-like super-resolution, pixel shuffle",
+        PixelShuffleUpscaler,
+        _autoencoder_mse_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gated-conv2d",
+        "torch.nn CNN of gated (GLU) convolutions",
+        GatedConvNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-patch-merging",
+        "torch.nn Swin-like patch merging by strided slices and concatenation",
+        PatchMergingNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-channel-shift",
+        "torch.nn temporal shift of channels between frames",
+        ChannelShiftNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-dense-mlp",
+        "torch.nn densely connected MLP, concatenated features",
+        DenseMLP,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,

@@ -937,3 +937,37 @@ def test_the_models_update_fit_leaves_out_the_sets_of_a_few_small_tensors() -> N
     samples = UpdateSamples([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [False, True, False])
     assert samples.fitted(step_sets=False) == ([1.0, 3.0], [4.0, 6.0], [7.0, 9.0])
     assert samples.fitted(step_sets=True) == ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0])
+
+
+def test_the_memory_family_fitted_on_the_zoos_copies_too_where_asked() -> None:
+    """A recurrent layer's stack that runs at a tenth of the bandwidth curve and a copy of the sized
+    zoo (``sized``) at half of it: with ComputeOptions.copies_calibrated the copy's operator has its
+    own efficiency, 0.5, and the family's is their sums' ratio; otherwise the copy plays no part (the
+    stack's 0.1, exactly). Other families' sized rows never enter it."""
+    from dnnperf.perfmodel.calibrate import zoo_fit
+    from dnnperf.perfmodel.machine import Curve
+
+    machine = toy_machine(bandwidth_curve=Curve((4e5, 4e7), (4e11, 1e11)), memory_bandwidth=1e11)
+    curve = machine.bandwidth_curve
+    base = {"phase": "forward", "module": "m", "dtype": "float32", "kind": "", "flops": 0.0, "calls": 1.0}
+    base["rows"] = 0.0
+    stack = {**base, "op": "aten.stack", "family": "memory", "bytes": 1e6, "sized": False}
+    pad = {**base, "op": "aten.constant_pad_nd", "family": "memory", "bytes": 4e6, "sized": True}
+    add = {**base, "op": "aten.add", "family": "elementwise", "bytes": 4e6}
+    zoo = pd.DataFrame(
+        [
+            {**stack, "measured": 10 * 1e6 / curve(1e6)},
+            {**pad, "measured": 2 * 4e6 / curve(4e6)},
+            {**add, "measured": 2 * 4e6 / curve(4e6), "sized": False},
+            {**add, "measured": 9.0, "sized": True},  # never used: not a copy
+        ]
+    )
+    plain, _ = zoo_fit(zoo, machine)
+    assert plain["memory/forward"] == pytest.approx(0.1)
+    assert "memory/forward/aten.constant_pad_nd" not in plain
+    copies, _ = zoo_fit(zoo, machine, ComputeOptions(copies_calibrated=True))
+    assert copies["memory/forward/aten.constant_pad_nd"] == pytest.approx(0.5)
+    assert copies["memory/forward/aten.stack"] == pytest.approx(0.1)
+    both = (1e6 / curve(1e6) + 4e6 / curve(4e6)) / (10 * 1e6 / curve(1e6) + 2 * 4e6 / curve(4e6))
+    assert copies["memory/forward"] == pytest.approx(both)
+    assert copies["elementwise/forward"] == plain["elementwise/forward"] == pytest.approx(0.5)

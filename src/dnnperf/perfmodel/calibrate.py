@@ -1033,15 +1033,61 @@ def _zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     ]
 
 
+class _BlockTranspose(nn.Module):
+    """A copy that swaps two outer dimensions: its rows (the last dimension) move whole, as an
+    attention's heads do."""
+
+    calibrates = ("aten.clone", "aten.copy_")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).contiguous()
+
+
+class _GatedHalves(nn.Module):
+    """A gated linear unit's split (GLU, a WaveNet's gate): its backward joins the halves' gradients
+    by concatenation."""
+
+    calibrates = ("aten.cat",)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, 1)
+        return a * b
+
+
+class _Padded(nn.Module):
+    """A padding (a causal convolution's): forward a fill and a copy, backward a copy out."""
+
+    calibrates = ("aten.constant_pad_nd",)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.pad(x, (4, 0))
+
+
+class _Joined(nn.Module):
+    """A concatenation (a U-Net's skip, a DenseNet's features)."""
+
+    calibrates = ("aten.cat",)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x * 1.0], dim=1)
+
+
 def _sized_zoo() -> list[tuple[nn.Module, tuple[int, ...]]]:
     """The zoo's normalization and pooling layers again at 8 MiB in (twice the side): beyond a core's
-    L2, where ``ComputeOptions.norms_out_of_cache`` takes their rate from (zoo_fit)."""
+    L2, where ``ComputeOptions.norms_out_of_cache`` takes their rate from (zoo_fit); and copies the
+    zoo runs only beside a recurrent layer (a pad, a concatenation, a block transpose), 1-4 MiB in,
+    for ``ComputeOptions.copies_calibrated``. Generic shapes: no network's."""
     return [
         (nn.BatchNorm2d(64), (8, 64, 64, 64)),
         (nn.GroupNorm(1, 64), (8, 64, 64, 64)),
         (nn.MaxPool2d(2), (8, 64, 64, 64)),
         (nn.AvgPool2d(3, stride=1, padding=1), (8, 64, 64, 64)),
         (nn.LayerNorm(256), (256, 32, 256)),
+        (_Padded(), (8, 64, 1024)),
+        (_Joined(), (8, 64, 32, 32)),
+        (_GatedHalves(), (8, 128, 1024)),
+        (_BlockTranspose(), (8, 256, 4, 64)),
+        (_BlockTranspose(), (8, 64, 16, 256)),
     ]
 
 
@@ -1215,7 +1261,10 @@ def zoo_fit(
     if "sized" in rows:
         sized = rows["sized"].astype(bool)
         norms = rows["family"].isin(PER_ELEMENT_NORMS)
-        rows = rows[(norms & sized) | (~norms & ~sized) if options.norms_out_of_cache else ~sized]
+        keep = (norms & sized) | (~norms & ~sized) if options.norms_out_of_cache else ~sized
+        if options.copies_calibrated:
+            keep = keep | (sized & (rows["family"] == "memory"))
+        rows = rows[keep]
     graph = StepGraph("zoo", 1, rows.drop(columns=["measured", "sized"], errors="ignore"), 0, {}, 0, 0, 0)
     # The zoo prices its rows as timed: in cache; every one of its operators is the zoo's.
     priced = dataclasses.replace(options, overhead=False, cold_products=False, norms_zoo_only=False)

@@ -195,6 +195,12 @@ class ComputeOptions:
     #: from a median |error| of 9.2% to 6.5%, but grew four by more than 5 points, a hypernetwork's and
     #: a WaveNet's, already over (validation-heldout-third-host-pricings.md, "Elementwise from memory").
     elementwise_from_memory: bool = False
+    #: The memory family's efficiencies (copies, pads, concatenations) fitted on the zoo's copies too
+    #: (calibrate._sized_zoo: a pad, a concatenation, a GLU's split, block transposes, 1-4 MiB in),
+    #: not only on the few a recurrent layer runs: from those, 0.08 of the cache's curve forward and
+    #: 0.14 backward, a WaveNet's pads at batch 8 came to 12.5 ms where its step ran them in about 4.
+    #: Off until a held-out set judges it (variant "memory operators calibrated on copies").
+    copies_calibrated: bool = False
     #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
     #: network's (host_gap_seconds): the model's own Python. Off: the twenty-ninth held-out set passed
     #: it (the set from 9.5%, 49.5%, -5.6% to 8.0%, 46.5%, +3.2%), the thirtieth, fixed to confirm it,

@@ -79,6 +79,7 @@ VARIANTS = {
         norms_out_of_cache=True, norms_zoo_only=True
     ),
     "elementwise from memory": ComputeOptions(elementwise_from_memory=True),
+    "memory operators calibrated on copies": ComputeOptions(copies_calibrated=True),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
@@ -100,6 +101,9 @@ NORM_PRICINGS = (
 #: The variant that prices the elementwise family at the bandwidth from memory
 #: (ComputeOptions.elementwise_from_memory), its efficiencies fitted that way too.
 ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
+#: The variant whose memory family's efficiencies come from the zoo's copies too
+#: (ComputeOptions.copies_calibrated).
+COPIES_CALIBRATED = "memory operators calibrated on copies"
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -200,11 +204,11 @@ def calibrated_machines(
             update_byte_share=back_to_back[1],
         )
     # The model with normalization and pooling priced each way (ComputeOptions.norms_per_element),
-    # and with the elementwise family from memory, each with the efficiencies the zoo's own calls come
-    # out at under that pricing. (A zoo read from the cache has no timed rows: its variants keep the
-    # model's efficiencies.)
+    # with the elementwise family from memory, and with the memory family fitted on copies too, each
+    # with the efficiencies the zoo's own calls come out at under that pricing. (A zoo read from the
+    # cache has no timed rows: its variants keep the model's efficiencies.)
     timed = zoo.timed
-    for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY) if timed is not None else ():
+    for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED) if timed is not None else ():
         fitted, fixed_s = zoo_fit(timed, from_profile(profile), VARIANTS[variant])
         machines[variant] = dataclasses.replace(machines["model"], efficiency=fitted, call_s=fixed_s)
     if gpu:
