@@ -324,6 +324,16 @@ SETS = (
         "MLP.",
     ),
     (
+        "thirty-third",
+        "thirty-third set",
+        "Eight models (`THIRTY_THIRD_MODELS`, `--thirty-third`), fixed (each built and stepped twice to "
+        "choose its batches) before any of them was predicted, to judge the memory family fitted on the "
+        'zoo\'s copies and host gaps together (variant "copies calibrated and host gaps"): '
+        "hf:roberta-prelayernorm, hf:granite_swa and hf:mra (transformers, `small`, batch 2 and 3) and "
+        "five networks written in torch.nn (`benchmarks/own_models.py`): a CRNN, SIREN, involution "
+        "layers, a spatial transformer and PixelCNN-like masked convolutions.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -720,6 +730,16 @@ def copies_calibrated(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
+#: The memory family fitted on the zoo's copies and host gaps together
+#: (heldout_validation.COPIES_AND_GAPS), against the model.
+COPIES_AND_GAPS = "copies calibrated and host gaps"
+
+
+def copies_and_gaps(documents: dict[str, dict[str, Any]]) -> str:
+    """The memory family fitted on copies and host gaps together against the model (option_table)."""
+    return option_table(documents, "neither", COPIES_AND_GAPS, ("neither", "both"))
+
+
 def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
     """Each phase's error without an option of the model (variant ``off``) and with it (``on``), for a
     row whose run kept both variants' phases (``variants_phases_s``); none otherwise."""
@@ -836,6 +856,7 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "update-step-and-gaps": update_step_and_gaps,
     "elementwise": elementwise_from_memory,
     "copies": copies_calibrated,
+    "copies-and-gaps": copies_and_gaps,
 }
 
 

@@ -58,6 +58,7 @@ from dnnperf.perfmodel.predict import Prediction, memory_estimate
 from dnnperf.perfmodel.predict import predict as predict_graph
 from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import (
+    COPIES_AND_GAPS,
     COPIES_CALIBRATED,
     ELEMENTWISE_FROM_MEMORY,
     NORM_PRICINGS,
@@ -653,6 +654,28 @@ THIRTY_SECOND_MODELS = (
     ("torch-channel-shift", "small", (4, 8), "temporal channel shift (torch.nn)"),
     ("torch-dense-mlp", "small", (4, 8), "densely connected MLP (torch.nn)"),
 )
+#: A thirty-third set, fixed (each model built and stepped twice to choose its batches, none of it
+#: predicted) before any of it was predicted, to judge the memory family fitted on the zoo's copies
+#: and the model's host seconds between its calls charged together (variant "copies calibrated and
+#: host gaps"): each alone failed, the copies on the thirty-second set (they made rows already under
+#: more so), the gaps on the twenty-eighth, thirtieth and thirty-first sets on their max alone, each
+#: time through a row the copies' pricing had over (a Set Transformer's clones, a WaveNet's pads);
+#: the gaps took every set's median and bias down. Its rule, the twenty-eighth's, for a charge that
+#: moves every row: the pair goes on by default if, on this set, with it the median |error| is
+#: smaller than without, the max |error| no larger, and the median signed error nearer zero. Models of
+#: families the earlier sets lack: three third-party models (hf:roberta-prelayernorm, hf:granite_swa,
+#: hf:mra) and five networks written in torch.nn: a CRNN, SIREN, involution layers, a spatial
+#: transformer and PixelCNN-like masked convolutions.
+THIRTY_THIRD_MODELS = (
+    ("hf:roberta-prelayernorm", "small", (2, 3), "encoder, pre-layer-norm (transformers)"),
+    ("hf:granite_swa", "small", (2, 3), "decoder LM, sliding window (transformers)"),
+    ("hf:mra", "small", (2, 3), "encoder, multi-resolution attention (transformers)"),
+    ("torch-crnn", "small", (4, 8), "CRNN, CNN columns read by a bidirectional GRU (torch.nn)"),
+    ("torch-siren", "small", (4, 8), "SIREN, sine activations (torch.nn)"),
+    ("torch-involution", "small", (4, 8), "involution, per-pixel kernels over unfolded patches (torch.nn)"),
+    ("torch-spatial-transformer", "small", (4, 8), "spatial transformer, grid sampling (torch.nn)"),
+    ("torch-masked-conv", "small", (4, 8), "PixelCNN-like masked gated convolutions (torch.nn)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -709,7 +732,8 @@ TIMM_MODELS = (
 #: "subnormals unpriced": ComputeOptions.subnormals), and the update by its calls and bytes alone,
 #: without a fixed cost a step ("update by its calls and bytes"), and the elementwise family at the
 #: bandwidth from memory ("elementwise from memory"), the memory family's efficiencies fitted on the
-#: zoo's copies too ("memory operators calibrated on copies"). The thirtieth set's run also had the model
+#: zoo's copies too ("memory operators calibrated on copies"), and that with the model's host seconds
+#: between its calls charged ("copies calibrated and host gaps"). The thirtieth set's run also had the model
 #: without host gaps ("no host gaps", then the model's) and without either.
 MODEL = "model"
 ONE_CONVOLUTION = "one convolution efficiency"
@@ -762,6 +786,7 @@ VARIANTS = (
     UPDATE_CALLS_AND_BYTES,
     ELEMENTWISE_FROM_MEMORY,
     COPIES_CALIBRATED,
+    COPIES_AND_GAPS,
     SUBNORMALS_PRICED,
     SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
@@ -789,7 +814,7 @@ OPTIONS = {
     SUBNORMALS_UNPRICED: ComputeOptions(subnormals=False),
     **{
         variant: VALIDATION_OPTIONS[variant]
-        for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED)
+        for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED, COPIES_AND_GAPS)
     },
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -1392,6 +1417,11 @@ def main() -> None:
         help="the thirty-second held-out set (THIRTY_SECOND_MODELS: transformers and torch.nn)",
     )
     parser.add_argument(
+        "--thirty-third",
+        action="store_true",
+        help="the thirty-third held-out set (THIRTY_THIRD_MODELS: transformers and torch.nn)",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -1446,6 +1476,7 @@ def main() -> None:
         "thirtieth": THIRTIETH_MODELS,
         "thirty_first": THIRTY_FIRST_MODELS,
         "thirty_second": THIRTY_SECOND_MODELS,
+        "thirty_third": THIRTY_THIRD_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }

@@ -2990,6 +2990,131 @@ class DenseMLP(nn.Module):
         return self.head(features)
 
 
+class ConvRecurrentReader(nn.Module):
+    """A CRNN (text recognition's shape): a small CNN down to one row of features per image column,
+    a bidirectional GRU over the 16 columns, each column's state pooled and classified."""
+
+    def __init__(self, width: int = 64, hidden: int = 96) -> None:
+        super().__init__()
+        self.cnn = nn.Sequential(
+            *_conv_bn(3, width, 1), nn.MaxPool2d(2), *_conv_bn(width, 2 * width, 1), nn.MaxPool2d((2, 1))
+        )
+        self.rnn = nn.GRU(2 * width * (IMAGE_SIZE // 4), hidden, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        features = self.cnn(image)  # (n, c, h, w): the columns are the sequence
+        columns = features.permute(0, 3, 1, 2).flatten(2)
+        return self.head(self.rnn(columns)[0].mean(1))
+
+
+class SineMLP(nn.Module):
+    """SIREN: an MLP of sine activations (frequency 30 at the first layer) over each pixel's
+    coordinates, conditioned by the image's mean colour, regressing its colour."""
+
+    def __init__(self, width: int = 128, depth: int = 4) -> None:
+        super().__init__()
+        side = torch.linspace(-1, 1, IMAGE_SIZE)
+        self.register_buffer("grid", torch.stack(torch.meshgrid(side, side, indexing="ij"), -1).view(-1, 2))
+        self.first = nn.Linear(2, width)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.condition = nn.Linear(3, width)
+        self.colour = nn.Linear(width, 3)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        code = self.condition(image.mean((2, 3)))[:, None, :]
+        h = torch.sin(30.0 * self.first(self.grid)) + code
+        for layer in self.layers:
+            h = torch.sin(layer(h))
+        return self.colour(h)
+
+
+class InvolutionNet(nn.Module):
+    """Involution layers: from each pixel's features a 3x3 kernel per group of 16 channels, applied to
+    its neighbourhood gathered by unfold, multiplied and summed; batch norm, ReLU, three stages."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128), group: int = 16) -> None:
+        super().__init__()
+        self.group = group
+        self.steps = nn.ModuleList(
+            nn.Sequential(*_conv_bn(a, b, 2)) for a, b in zip((3, *widths[:-1]), widths, strict=True)
+        )
+        self.kernels = nn.ModuleList(nn.Conv2d(w, 9 * (w // group), 1) for w in widths)
+        self.norms = nn.ModuleList(nn.BatchNorm2d(w) for w in widths)
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def involve(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        n, c, h, w = x.shape
+        groups = c // self.group
+        kernel = self.kernels[index](x).view(n, groups, 1, 9, h, w)
+        patches = nn.functional.unfold(x, 3, padding=1).view(n, groups, self.group, 9, h, w)
+        return (kernel * patches).sum(3).view(n, c, h, w)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image
+        for index, (step, norm) in enumerate(zip(self.steps, self.norms, strict=True)):
+            x = step(x)
+            x = x + torch.relu(norm(self.involve(x, index)))
+        return self.head(x.mean((2, 3)))
+
+
+class SpatialTransformerNet(nn.Module):
+    """A spatial transformer: a localisation CNN predicts an affine transform (started at the
+    identity), the image resampled through it (affine_grid, bilinear grid_sample), then a small CNN
+    classifies it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.locate = nn.Sequential(
+            nn.Conv2d(3, 16, 5, stride=2, padding=2),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 5, stride=2, padding=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+            nn.Linear(32 * 16, 6),
+        )
+        nn.init.zeros_(self.locate[-1].weight)
+        with torch.no_grad():
+            self.locate[-1].bias.copy_(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]))
+        self.classify = nn.Sequential(
+            *_conv_bn(3, 64, 1),
+            nn.MaxPool2d(2),
+            *_conv_bn(64, 128, 1),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, CLASSES),
+        )
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        theta = self.locate(image).view(-1, 2, 3)
+        grid = nn.functional.affine_grid(theta, list(image.shape), align_corners=False)
+        return self.classify(nn.functional.grid_sample(image, grid, align_corners=False))
+
+
+class MaskedConvNet(nn.Module):
+    """PixelCNN-like masked convolutions (each 5x5 kernel multiplied by a causal mask every call),
+    gated, residual, predicting each pixel's colour from those above and left of it."""
+
+    def __init__(self, width: int = 64, depth: int = 5) -> None:
+        super().__init__()
+        mask = torch.ones(5, 5)
+        mask[2, 2:] = 0
+        mask[3:] = 0
+        self.register_buffer("mask", mask)
+        self.inlet = nn.Conv2d(3, width, 1)
+        self.convs = nn.ModuleList(nn.Conv2d(width, 2 * width, 5, padding=2) for _ in range(depth))
+        self.outlet = nn.Conv2d(width, 3, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.inlet(image)
+        for conv in self.convs:
+            gated = nn.functional.conv2d(x, conv.weight * self.mask, conv.bias, padding=2)
+            a, b = gated.chunk(2, 1)
+            x = x + torch.tanh(a) * torch.sigmoid(b)
+        return self.outlet(x)
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -4020,6 +4145,46 @@ MODELS = (
         "torch.nn densely connected MLP, concatenated features",
         DenseMLP,
         _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-crnn",
+        "torch.nn CRNN, CNN columns read by a bidirectional GRU",
+        ConvRecurrentReader,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-siren",
+        "torch.nn SIREN, sine activations over pixel coordinates",
+        SineMLP,
+        _coordinate_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-involution",
+        "torch.nn involution layers, per-pixel kernels over unfolded patches",
+        InvolutionNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-spatial-transformer",
+        "torch.nn spatial transformer, affine grid sampling",
+        SpatialTransformerNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-masked-conv",
+        "torch.nn PixelCNN-like masked, gated convolutions",
+        MaskedConvNet,
+        _autoencoder_mse_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),

@@ -80,6 +80,7 @@ VARIANTS = {
     ),
     "elementwise from memory": ComputeOptions(elementwise_from_memory=True),
     "memory operators calibrated on copies": ComputeOptions(copies_calibrated=True),
+    "copies calibrated and host gaps": ComputeOptions(copies_calibrated=True, host_gaps=True),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
@@ -104,6 +105,8 @@ ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
 #: The variant whose memory family's efficiencies come from the zoo's copies too
 #: (ComputeOptions.copies_calibrated).
 COPIES_CALIBRATED = "memory operators calibrated on copies"
+#: And the model's host seconds between its calls charged too (ComputeOptions.host_gaps).
+COPIES_AND_GAPS = "copies calibrated and host gaps"
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -208,7 +211,8 @@ def calibrated_machines(
     # with the efficiencies the zoo's own calls come out at under that pricing. (A zoo read from the
     # cache has no timed rows: its variants keep the model's efficiencies.)
     timed = zoo.timed
-    for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED) if timed is not None else ():
+    refitted = (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED, COPIES_AND_GAPS)
+    for variant in refitted if timed is not None else ():
         fitted, fixed_s = zoo_fit(timed, from_profile(profile), VARIANTS[variant])
         machines[variant] = dataclasses.replace(machines["model"], efficiency=fitted, call_s=fixed_s)
     if gpu:
