@@ -1,10 +1,11 @@
 """How far the model's calibration moves between back-to-back runs on this host; prints a markdown table.
 
 Each repeat measures the layer zoo (``calibrate.zoo_calibration``: each family's efficiency against
-the profile's curves) and the optimizer update's cost (``calibrate.measure_update_cost``: the share
-of its counted bytes it moves) anew, one thread, against one `dnnperf hw` profile; the table gives
-each figure's median and range over the repeats. What moves here moves every prediction made with
-the calibration (docs/validation-heldout.md: a set's bias between runs).
+the profile's curves) and the optimizer update's cost (``calibrate.update_samples`` fitted by
+``update_step_fit``: the share of its counted bytes it moves) anew, one thread, against one
+`dnnperf hw` profile; the table gives each figure's median and range over the repeats. What moves
+here moves every prediction made with the calibration (docs/validation-heldout.md: a set's bias
+between runs).
 
 ``--profile PATH`` (required): the `dnnperf hw` profile; ``--json PATH`` keeps every repeat.
 """
@@ -22,7 +23,7 @@ import torch
 from dnnperf import environment, hardware
 from dnnperf.jsonio import write_json_atomic
 from dnnperf.perfmodel import machine as machines
-from dnnperf.perfmodel.calibrate import measure_update_cost, zoo_calibration
+from dnnperf.perfmodel.calibrate import update_samples, update_step_fit, zoo_calibration
 
 #: The families the held-out steps spend most of their non-product time in, and the compute-bound ones.
 FAMILIES = (
@@ -47,7 +48,7 @@ def measure(profile: hardware.HardwareProfile, repeats: int) -> list[dict[str, f
         zoo = zoo_calibration(base)
         zoo_machine = machines.from_profile(profile, efficiency=zoo.efficiency, call_s=zoo.call_s)
         figures = {f: zoo.efficiency[f] for f in FAMILIES if f in zoo.efficiency}
-        figures[UPDATE_SHARE] = measure_update_cost(zoo_machine)[1]
+        figures[UPDATE_SHARE] = update_step_fit(*update_samples(zoo_machine).fitted(step_sets=True))[2]
         found.append(figures)
         print(f"repeat {number + 1} of {repeats} done", flush=True)
     return found

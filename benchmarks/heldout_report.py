@@ -19,6 +19,7 @@ to PAGE, and with ``--host-sets-page PAGE2:SET`` as well those from set SET on t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -664,80 +665,42 @@ def subnormals(documents: dict[str, dict[str, Any]]) -> str:
     )
 
 
-#: Each optimizer step at a fixed cost besides its calls and bytes (the model's since the twenty-ninth
-#: set, whose run has it as a variant), against the update by its calls and bytes alone (a variant of
-#: the later runs: heldout_validation.UPDATE_CALLS_AND_BYTES).
+#: Variants of the model named in the sets' JSON, judged from the twenty-eighth set on: each optimizer
+#: step at a fixed cost (the model's since the twenty-ninth set, whose run has it as a variant)
+#: against the update by its calls and bytes alone (a variant of the later runs); the model's host
+#: seconds between its calls charged (the thirtieth run's model) against not (a variant of that
+#: run, the model elsewhere); the thirtieth run's model (both) against neither; the elementwise
+#: family from memory, the memory family fitted on the zoo's copies, and that with host gaps, each
+#: against the model (its name never in the JSON: the model stands in).
 UPDATE_STEP_COST = "update with a fixed cost a step"
 UPDATE_CALLS_AND_BYTES = "update by its calls and bytes"
-
-
-def update_step(documents: dict[str, dict[str, Any]]) -> str:
-    """Each optimizer step at a fixed cost against the update by its calls and bytes alone
-    (option_table)."""
-    return option_table(
-        documents, UPDATE_CALLS_AND_BYTES, UPDATE_STEP_COST, ("calls and bytes", "with a fixed cost")
-    )
-
-
-#: The model's host seconds between its operator calls charged (heldout_validation.HOST_GAPS; the
-#: model's in the thirtieth set's run), against not (NO_HOST_GAPS, a variant of that run; the model
-#: elsewhere).
 HOST_GAPS = "host gaps"
 NO_HOST_GAPS = "no host gaps"
-
-
-def host_gaps(documents: dict[str, dict[str, Any]]) -> str:
-    """The model's host seconds between its calls charged against not (option_table)."""
-    return option_table(
-        documents, NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"), since="twenty-eighth"
-    )
-
-
-#: The model without its update's fixed cost and host gaps (a variant of the thirtieth set's run,
-#: whose model had both).
 NEITHER = "neither the update's fixed cost nor host gaps"
-
-
-def update_step_and_gaps(documents: dict[str, dict[str, Any]]) -> str:
-    """The thirtieth set's model (the update's fixed cost and host gaps) against neither
-    (option_table)."""
-    return option_table(documents, NEITHER, "the update's fixed cost and host gaps", ("neither", "both"))
-
-
-#: The elementwise family at the bandwidth from memory (heldout_validation.ELEMENTWISE_FROM_MEMORY),
-#: against the model's cache curve.
 ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
-ELEMENTWISE_IN_CACHE = "elementwise through the cache's curve"
-
-
-def elementwise_from_memory(documents: dict[str, dict[str, Any]]) -> str:
-    """The elementwise family from memory against through the cache's curve (option_table)."""
-    return option_table(
-        documents, ELEMENTWISE_IN_CACHE, ELEMENTWISE_FROM_MEMORY, ("cache's curve", "from memory")
-    )
-
-
-#: The memory family's efficiencies fitted on the zoo's copies too
-#: (heldout_validation.COPIES_CALIBRATED), against on the recurrent layer's few alone (the model's).
 COPIES_CALIBRATED = "memory operators calibrated on copies"
-COPIES_UNCALIBRATED = "memory operators calibrated on a recurrent layer's"
-
-
-def copies_calibrated(documents: dict[str, dict[str, Any]]) -> str:
-    """The memory family fitted on the zoo's copies against on a recurrent layer's (option_table)."""
-    return option_table(
-        documents, COPIES_UNCALIBRATED, COPIES_CALIBRATED, ("a recurrent layer's", "copies too")
-    )
-
-
-#: The memory family fitted on the zoo's copies and host gaps together
-#: (heldout_validation.COPIES_AND_GAPS), against the model.
 COPIES_AND_GAPS = "copies calibrated and host gaps"
 
-
-def copies_and_gaps(documents: dict[str, dict[str, Any]]) -> str:
-    """The memory family fitted on copies and host gaps together against the model (option_table)."""
-    return option_table(documents, "neither", COPIES_AND_GAPS, ("neither", "both"))
+#: Each such table by its marker: option_table's off and on variants, the short names of the two, and
+#: the first set it shows (None: every set that ran a variant of it).
+LATER_OPTIONS: dict[str, tuple[str, str, tuple[str, str], str | None]] = {
+    "update-step": (UPDATE_CALLS_AND_BYTES, UPDATE_STEP_COST, ("calls and bytes", "with a fixed cost"), None),
+    "host-gaps": (NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"), "twenty-eighth"),
+    "update-step-and-gaps": (NEITHER, "the update's fixed cost and host gaps", ("neither", "both"), None),
+    "elementwise": (
+        "elementwise through the cache's curve",
+        ELEMENTWISE_FROM_MEMORY,
+        ("cache's curve", "from memory"),
+        None,
+    ),
+    "copies": (
+        "memory operators calibrated on a recurrent layer's",
+        COPIES_CALIBRATED,
+        ("a recurrent layer's", "copies too"),
+        None,
+    ),
+    "copies-and-gaps": ("neither", COPIES_AND_GAPS, ("neither", "both"), None),
+}
 
 
 def phase_errors(row: dict[str, Any], off: str, on: str) -> list[tuple[float, float]]:
@@ -851,12 +814,10 @@ HOST_TABLES: dict[str, Callable[[dict[str, dict[str, Any]]], str]] = {
     "update-lead": update_after_backward,
     "subnormals": subnormals,
     "subnormal-phases": subnormal_phases,
-    "update-step": update_step,
-    "host-gaps": host_gaps,
-    "update-step-and-gaps": update_step_and_gaps,
-    "elementwise": elementwise_from_memory,
-    "copies": copies_calibrated,
-    "copies-and-gaps": copies_and_gaps,
+    **{
+        name: functools.partial(option_table, off=off, on=on, short=short, since=since)
+        for name, (off, on, short, since) in LATER_OPTIONS.items()
+    },
 }
 
 

@@ -429,7 +429,7 @@ TWENTY_SECOND_MODELS = (
 #: more than 2%) is smaller with it than without, and no such row's |error| grows with it by more than
 #: 5 points.
 #: The twenty-third set run again (``--twenty-third``) judged the update calibrated right after a
-#: backward (calibrate.measure_update_cost(after_backward=True); then the variant "update calibrated
+#: backward (calibrate.update_samples(after_backward=True); then the variant "update calibrated
 #: after a backward", now the model's, "update calibrated back to back" the variant), proposed on the
 #: first set's models (hf:mobilenet_v2's update 1.35-1.7x its time back to back) and synthetic
 #: parameter sets, none of this set's. Its rule, written before the run, the twentieth's: the

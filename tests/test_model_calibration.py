@@ -158,17 +158,18 @@ def test_each_compiled_loss_and_its_twin_run_the_same_outer_calls() -> None:
 def test_the_update_calibrated_after_a_backward_runs_one_before_every_timed_step(monkeypatch) -> None:
     """Each timed optimizer step of the update's calibration follows one backward of the lead network
     where ``after_backward`` (the default) and none otherwise: counted against the steps the
-    calibration times (UPDATE_SETS x 3 optimizers x repeats x passes)."""
+    calibration times (sets x 3 optimizers x repeats x passes)."""
     from dnnperf.perfmodel import calibrate
     from dnnperf.perfmodel.machine import preset
 
     leads = []
     monkeypatch.setattr(calibrate, "lead_network", lambda: lambda: leads.append(1))
-    monkeypatch.setattr(calibrate, "UPDATE_SETS", ((4, 64), (2, 256)))
     machine = preset("seed002")
-    call_s, share = calibrate.measure_update_cost(machine, repeats=2, passes=1)
+    sets = ((4, 64), (2, 256))
+    found = calibrate.update_samples(machine, repeats=2, passes=1, sets=sets)
+    call_s, share = calibrate.update_cost_fit(*found.fitted(step_sets=False))
     assert len(leads) == 2 * 3 * 2 * 1 and call_s >= 0 and share >= 0
-    calibrate.measure_update_cost(machine, repeats=2, passes=1, after_backward=False)
+    calibrate.update_samples(machine, repeats=2, passes=1, after_backward=False, sets=sets)
     assert len(leads) == 12
 
 

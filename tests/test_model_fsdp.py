@@ -224,11 +224,15 @@ def test_validation_calibrates_fsdp_only_when_asked_and_its_machines_say_so(monk
     from dnnperf import calibration
     from dnnperf.errors import UsageError
     from dnnperf.perfmodel import validate
-    from dnnperf.perfmodel.calibrate import ZooCalibration
+    from dnnperf.perfmodel.calibrate import UpdateSamples, ZooCalibration
     from dnnperf.perfmodel.fsdp_calibration import FsdpCost
     from dnnperf.perfmodel.machine import NOT_CALIBRATED
 
     measured = FsdpCost(3e-3, 1e-3, 1e-4, 1e-5)
+    # 2 us a call and the roofline as priced: a fit with a positive share.
+    update_calls, roofline = [10.0, 100.0, 1e3], [1e-4, 1e-5, 1e-6]
+    measured_steps = [2e-6 * c + r for c, r in zip(update_calls, roofline, strict=True)]
+    samples = UpdateSamples(update_calls, roofline, measured_steps, [True, False, False])
     calls = []
     stubs = {
         "measure_op_overhead": lambda **_: 5e-6,
@@ -239,7 +243,7 @@ def test_validation_calibrates_fsdp_only_when_asked_and_its_machines_say_so(monk
         "measure_fsdp_cost": lambda: calls.append("fsdp") or measured,
         "zoo_calibration": lambda machine, **_: ZooCalibration({}, {}, {}, 0.0),
         "measure_phase_call_cost": lambda: {},
-        "measure_update_cost": lambda machine, **_: (1e-6, 1.0),
+        "update_samples": lambda machine, **_: samples,
         "measure_cold_product_cost": lambda: (0.0, 0.0),
         "measure_product_rows_efficiency": lambda: {},
         "measure_inner_call_cost": lambda: 0.0,

@@ -376,8 +376,10 @@ def update_samples(
     update; otherwise back to back. On the Xeon of validation-heldout-third-host.md an update after a
     backward took 1.1-1.5x its time back to back (hf:mobilenet_v2's 1.35-1.7x); neither reading 256
     MiB, nor writing it three times, nor 20 ms of sleep in between moved it as much, and a step of one
-    tensor of 64 elements took 0.38 ms after a backward against 0.02 back to back. The leads cost most
-    of the calibration: one before each timed step (486 of them)."""
+    tensor of 64 elements took 0.38 ms after a backward against 0.02 back to back. Judged by the
+    twenty-third held-out set run again (each lead then a forward and backward), the update
+    calibrated after a backward took the rows it changes from a median |error| of 4.9% to 3.0%, none
+    grown by 5 points. The leads cost most of the calibration: one before each timed step (486)."""
     torch.manual_seed(0)
     lead = lead_network() if after_backward else None
     configs = []
@@ -409,27 +411,14 @@ def update_samples(
     return UpdateSamples([c[1] for c in configs], [c[2] for c in configs], best, [c[3] for c in configs])
 
 
-def measure_update_cost(
-    machine: Machine, repeats: int = 9, passes: int = 3, after_backward: bool = True
-) -> tuple[float, float]:
-    """(host seconds per update call, share of the update's counted bytes it moves) on this CPU:
-    :func:`update_samples` fitted by :func:`update_cost_fit`. Judged by the twenty-third held-out set
-    run again (each lead then a forward and backward), the update calibrated after a backward took the
-    rows it changes from a median |error| of 4.9% to 3.0%, none grown by 5 points."""
-    found = update_samples(machine, repeats, passes, after_backward, sets=UPDATE_SETS)
-    return update_cost_fit(found.calls, found.roofline, found.measured)
-
-
 def update_cost_fit(
     calls: Sequence[float], roofline: Sequence[float], measured: Sequence[float]
 ) -> tuple[float, float]:
     """(seconds per call, share of the roofline) with ``measured ~ calls * call_s + roofline * share``:
     non-negative least squares on the relative error (a step of a few tensors counts as much as one
     of millions of elements)."""
-    y = np.asarray(measured, float)
-    a = np.column_stack([np.asarray(calls, float), np.asarray(roofline, float)]) / y[:, None]
-    (call_s, share), _ = optimize.nnls(a, np.ones(len(y)))
-    return float(call_s), float(share)
+    call_s, share = _relative_nnls([calls, roofline], measured)
+    return call_s, share
 
 
 def update_step_fit(
@@ -438,10 +427,17 @@ def update_step_fit(
     """(seconds a step, seconds per call, share of the roofline) with ``measured ~ step_s + calls *
     call_s + roofline * share``: :func:`update_cost_fit` with a fixed cost each optimizer step pays
     whatever its size."""
+    step_s, call_s, share = _relative_nnls([[1.0] * len(measured), calls, roofline], measured)
+    return step_s, call_s, share
+
+
+def _relative_nnls(columns: Sequence[Sequence[float]], measured: Sequence[float]) -> list[float]:
+    """Non-negative coefficients of ``columns`` that fit ``measured`` in least squares on the relative
+    error."""
     y = np.asarray(measured, float)
-    columns = [np.ones(len(y)), np.asarray(calls, float), np.asarray(roofline, float)]
-    (step_s, call_s, share), _ = optimize.nnls(np.column_stack(columns) / y[:, None], np.ones(len(y)))
-    return float(step_s), float(call_s), float(share)
+    a = np.column_stack([np.asarray(c, float) for c in columns]) / y[:, None]
+    found, _ = optimize.nnls(a, np.ones(len(y)))
+    return [float(x) for x in found]
 
 
 def cached_update_samples(machine: Machine, refresh: bool = False) -> UpdateSamples:

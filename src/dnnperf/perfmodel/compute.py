@@ -457,7 +457,7 @@ def product_rows_factor(rows_per_call: np.ndarray, efficiency: dict[str, float])
 
 
 #: Phases whose gaps between calls are charged: the update's per-call cost is calibrated on
-#: optimizers themselves (calibrate.measure_update_cost), whose loops are the same in any model.
+#: optimizers themselves (calibrate.update_samples), whose loops are the same in any model.
 GAP_PHASES = ("forward", "backward")
 
 

@@ -33,7 +33,6 @@ from dnnperf.perfmodel.calibrate import (
     measure_phase_call_cost,
     measure_product_rows_efficiency,
     measure_split_region_cost,
-    measure_update_cost,
     measure_zero_operand_cost,
     update_cost_fit,
     update_samples,
@@ -84,7 +83,7 @@ VARIANTS = {
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
-#: backward (calibrate.measure_update_cost): its own machine, the model's options.
+#: backward (calibrate.update_samples): its own machine, the model's options.
 UPDATE_BACK_TO_BACK = "update calibrated back to back"
 #: The variant whose update is priced by its calls and bytes alone (calibrate.update_cost_fit), where
 #: the model's optimizer steps each pay a fixed cost besides (calibrate.update_step_fit,
@@ -149,20 +148,17 @@ def calibrated_machines(
     # (priced on the zoo's efficiencies, as the model prices it); a GPU's host issues asynchronously
     # and is calibrated by its own zoo (host_call_s).
     phase_call = {} if gpu else measure_phase_call_cost()
-    samples = None if gpu else update_samples(from_profile(profile, efficiency=efficiency, call_s=call_s))
+    # The update's steps right after a backward (the model's) and back to back (a variant), priced on
+    # the zoo's efficiencies; the model's fit without the sets of a few small tensors, and so without a
+    # fixed cost a step, is another variant (update by its calls and bytes).
+    priced_on_zoo = from_profile(profile, efficiency=efficiency, call_s=call_s)
+    after = None if gpu else update_samples(priced_on_zoo)
+    back = None if gpu else update_samples(priced_on_zoo, after_backward=False)
     update_step_s, update_call, update_share = (
-        (0.0, 0.0, 1.0) if samples is None else update_step_fit(*samples.fitted(step_sets=True))
+        (0.0, 0.0, 1.0) if after is None else update_step_fit(*after.fitted(step_sets=True))
     )
-    # The update by its calls and bytes alone, fitted without the sets of a few small tensors: a variant.
-    calls_and_bytes = (0.0, 1.0) if samples is None else update_cost_fit(*samples.fitted(step_sets=False))
-    # The update calibrated back to back, where the model's is right after a backward: a variant.
-    back_to_back = (
-        (0.0, 1.0)
-        if gpu
-        else measure_update_cost(
-            from_profile(profile, efficiency=efficiency, call_s=call_s), after_backward=False
-        )
-    )
+    calls_and_bytes = (0.0, 1.0) if after is None else update_cost_fit(*after.fitted(step_sets=False))
+    back_to_back = (0.0, 0.0, 1.0) if back is None else update_step_fit(*back.fitted(step_sets=True))
     if not gpu:
         phase_call["update"] = update_call
     cold_product = (0.0, 0.0) if gpu else measure_cold_product_cost()
@@ -203,8 +199,9 @@ def calibrated_machines(
         )
         machines[UPDATE_BACK_TO_BACK] = dataclasses.replace(
             machines["model"],
-            phase_call_s={**machines["model"].phase_call_s, "update": back_to_back[0]},
-            update_byte_share=back_to_back[1],
+            phase_call_s={**machines["model"].phase_call_s, "update": back_to_back[1]},
+            update_byte_share=back_to_back[2],
+            update_step_s=back_to_back[0],
         )
     # The model with normalization and pooling priced each way (ComputeOptions.norms_per_element),
     # with the elementwise family from memory, and with the memory family fitted on copies too, each
@@ -238,11 +235,12 @@ def calibrated_machines(
         **({f"fsdp_{name}": cost for name, cost in fsdp_cost._asdict().items()} if fsdp else {}),
         "kernel_s": zoo.kernel_s,
         "update_byte_share": update_share,
-        "update_call_s_back_to_back": back_to_back[0],
+        "update_step_s_back_to_back": back_to_back[0],
+        "update_call_s_back_to_back": back_to_back[1],
         "update_step_s": update_step_s,
         "update_call_s_by_calls_and_bytes": calls_and_bytes[0],
         "update_byte_share_by_calls_and_bytes": calls_and_bytes[1],
-        "update_byte_share_back_to_back": back_to_back[1],
+        "update_byte_share_back_to_back": back_to_back[2],
         "cold_product_call_s": cold_product[0],
         "cold_product_byte_s": cold_product[1],
         **{f"phase_call_s[{phase}]": cost for phase, cost in phase_call.items()},
