@@ -60,8 +60,10 @@ from dnnperf.perfmodel.user import scalable
 from dnnperf.perfmodel.validate import (
     COPIES_AND_GAPS,
     COPIES_CALIBRATED,
+    DATA_MOVEMENT_REPLAYED,
     ELEMENTWISE_FROM_MEMORY,
     NORM_PRICINGS,
+    REPLAYED_AND_FROM_MEMORY,
     UPDATE_BACK_TO_BACK,
     UPDATE_CALLS_AND_BYTES,
     calibrated_machines,
@@ -676,6 +678,31 @@ THIRTY_THIRD_MODELS = (
     ("torch-spatial-transformer", "small", (4, 8), "spatial transformer, grid sampling (torch.nn)"),
     ("torch-masked-conv", "small", (4, 8), "PixelCNN-like masked gated convolutions (torch.nn)"),
 )
+#: A thirty-fourth set, fixed (each model built and stepped twice to choose its batches, none of it
+#: predicted) before any of it was predicted, to judge (1) each distinct call of data movement and of
+#: the operators with no formula replayed on this host (``ComputeOptions(replay_data_movement=True)``,
+#: variant "data movement replayed"), proposed on the thirty-third set's involution layers (unfold's
+#: col2im run in 1.59 ms, priced at 0.26 by its bytes) and the thirty-first's WaveNet (its pads
+#: priced at 12.5 ms, run in about 4), and tried, before this set was fixed, on the thirty-first to
+#: thirty-third sets' descriptions against their stored steps; and (2) with it, the elementwise family
+#: from memory (variant "data movement replayed, elementwise from memory"). Their rule, the
+#: twenty-eighth's, for a pricing that moves most rows: (1) goes on by default if, on this set, with it
+#: the median |error| is smaller than without, the max |error| no larger, and the median signed error
+#: nearer zero; (2) goes on with it if (1) does and, by the same rule, it betters (1) alone. Models of
+#: families the earlier sets lack: three third-party models (hf:bitnet, hf:jetmoe, a mixture of
+#: experts in attention and MLP; hf:minimax, lightning attention and experts) and five networks written
+#: in torch.nn: ResNeXt-like grouped convolutions, a causal linear-attention LM, a RealNVP-like
+#: coupling flow, a neural ODE stepped by Runge-Kutta and a Fourier neural operator.
+THIRTY_FOURTH_MODELS = (
+    ("hf:bitnet", "small", (2, 3), "decoder LM, BitNet (transformers)"),
+    ("hf:jetmoe", "small", (2, 3), "decoder LM, experts in attention and MLP (transformers)"),
+    ("hf:minimax", "small", (2, 3), "decoder LM, lightning attention and experts (transformers)"),
+    ("torch-resnext", "small", (4, 8), "ResNeXt-like, grouped 3x3 convolutions (torch.nn)"),
+    ("torch-linear-attention-lm", "small", (4, 8), "causal linear-attention LM, cumulative sums (torch.nn)"),
+    ("torch-coupling-flow", "small", (4, 8), "RealNVP-like affine coupling flow (torch.nn)"),
+    ("torch-neural-ode", "small", (4, 8), "neural ODE, fixed-step Runge-Kutta (torch.nn)"),
+    ("torch-fourier-operator", "small", (4, 8), "Fourier neural operator, FFT (torch.nn)"),
+)
 #: The convolutional models of the first three sets at batch sizes none of their rows had (6 and
 #: 12: calls of other output rows, and examples of 9 and 18), for the same rule.
 _CONVOLUTIONAL = frozenset(
@@ -787,6 +814,8 @@ VARIANTS = (
     ELEMENTWISE_FROM_MEMORY,
     COPIES_CALIBRATED,
     COPIES_AND_GAPS,
+    DATA_MOVEMENT_REPLAYED,
+    REPLAYED_AND_FROM_MEMORY,
     SUBNORMALS_PRICED,
     SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
@@ -814,7 +843,14 @@ OPTIONS = {
     SUBNORMALS_UNPRICED: ComputeOptions(subnormals=False),
     **{
         variant: VALIDATION_OPTIONS[variant]
-        for variant in (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED, COPIES_AND_GAPS)
+        for variant in (
+            *NORM_PRICINGS,
+            ELEMENTWISE_FROM_MEMORY,
+            COPIES_CALIBRATED,
+            COPIES_AND_GAPS,
+            DATA_MOVEMENT_REPLAYED,
+            REPLAYED_AND_FROM_MEMORY,
+        )
     },
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -1070,6 +1106,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[EVERY_CALL_OUTER] = model
         every[SUBNORMALS_PRICED] = model
         every[SUBNORMALS_UNPRICED] = model
+        every[DATA_MOVEMENT_REPLAYED] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}
@@ -1422,6 +1459,11 @@ def main() -> None:
         help="the thirty-third held-out set (THIRTY_THIRD_MODELS: transformers and torch.nn)",
     )
     parser.add_argument(
+        "--thirty-fourth",
+        action="store_true",
+        help="the thirty-fourth held-out set (THIRTY_FOURTH_MODELS: transformers and torch.nn)",
+    )
+    parser.add_argument(
         "--shapes-again", action="store_true", help="the CNNs of the first three sets at batches 5 and 10"
     )
     parser.add_argument(
@@ -1477,6 +1519,7 @@ def main() -> None:
         "thirty_first": THIRTY_FIRST_MODELS,
         "thirty_second": THIRTY_SECOND_MODELS,
         "thirty_third": THIRTY_THIRD_MODELS,
+        "thirty_fourth": THIRTY_FOURTH_MODELS,
         "shapes": SHAPES_MODELS,
         "shapes_again": SHAPES_AGAIN_MODELS,
     }

@@ -2081,6 +2081,11 @@ def _coordinate_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.mse_loss(model(batch["image"]), batch["image"].flatten(2).transpose(1, 2))
 
 
+def _flow_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """A normalizing flow's loss: the model returns the batch's negative log-likelihood itself."""
+    return model(batch["image"])
+
+
 def _autoencoder_mse_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """An image-to-image network's loss: its output against the image."""
     return nn.functional.mse_loss(model(batch["image"]), batch["image"])
@@ -2808,6 +2813,18 @@ class WaveNetClassifier(nn.Module):
         return self.head(torch.relu(skipped).mean(2))
 
 
+def _add_attention_blocks(module: nn.Module, width: int, depth: int) -> None:
+    """``depth`` pre-norm blocks' layers on ``module``: two layer norms a block, a QKV and an output
+    projection, a GELU MLP of 4x width."""
+    module.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
+    module.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+    module.proj = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+    module.mlps = nn.ModuleList(
+        nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        for _ in range(depth)
+    )
+
+
 class WindowAttentionNet(nn.Module):
     """Swin-like blocks written by hand: a 4x4 patch embedding, attention within 4x4 windows (the map
     cut into windows by view and permute, scaled dot-product attention, 4 heads), the windows shifted
@@ -2817,13 +2834,7 @@ class WindowAttentionNet(nn.Module):
         super().__init__()
         self.window, self.heads = window, 4
         self.embed = nn.Conv2d(3, width, 4, stride=4)
-        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
-        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
-        self.proj = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-        self.mlps = nn.ModuleList(
-            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-            for _ in range(depth)
-        )
+        _add_attention_blocks(self, width, depth)
         self.head = nn.Linear(width, CLASSES)
 
     def attend(self, x: torch.Tensor, index: int) -> torch.Tensor:
@@ -3113,6 +3124,175 @@ class MaskedConvNet(nn.Module):
             a, b = gated.chunk(2, 1)
             x = x + torch.tanh(a) * torch.sigmoid(b)
         return self.outlet(x)
+
+
+class ResNeXtNet(nn.Module):
+    """ResNeXt-like bottlenecks: a 1x1 reduction, a 3x3 convolution of 8 groups, a 1x1 expansion, batch
+    norms, identity or projected shortcuts; three stages of two blocks, the first of each strided."""
+
+    def __init__(self, widths: tuple[int, ...] = (64, 128, 256), groups: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(*_conv_bn(3, widths[0], 1))
+        blocks: list[nn.Module] = []
+        channels = widths[0]
+        for stage, width in enumerate(widths):
+            for index in range(2):
+                stride = 2 if index == 0 and stage > 0 else 1
+                blocks.append(_ResNeXtBlock(channels, width, stride, groups))
+                channels = width
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(channels, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(image)).mean((2, 3)))
+
+
+class _ResNeXtBlock(nn.Module):
+    def __init__(self, channels: int, width: int, stride: int, groups: int) -> None:
+        super().__init__()
+        inner = width // 2
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, inner, 1, bias=False),
+            nn.BatchNorm2d(inner),
+            nn.ReLU(),
+            nn.Conv2d(inner, inner, 3, stride, 1, groups=groups, bias=False),
+            nn.BatchNorm2d(inner),
+            nn.ReLU(),
+            nn.Conv2d(inner, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+        )
+        same = stride == 1 and channels == width
+        self.shortcut = (
+            nn.Identity()
+            if same
+            else nn.Sequential(nn.Conv2d(channels, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class LinearAttentionLM(nn.Module):
+    """A causal linear-attention language model (Katharopoulos et al.): queries and keys through
+    elu + 1, the causal sums of keys times values by cumulative sums over the sequence, 4 heads,
+    layer norms, a GELU MLP; four blocks."""
+
+    def __init__(self, width: int = 128, depth: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(VOCABULARY, width)
+        _add_attention_blocks(self, width, depth)
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def attend(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        n, t, c = x.shape
+        q, k, v = self.qkv[index](x).view(n, t, 3, self.heads, c // self.heads).unbind(2)
+        q, k = nn.functional.elu(q) + 1, nn.functional.elu(k) + 1
+        state = torch.cumsum(k.unsqueeze(-1) * v.unsqueeze(-2), 1)  # (n, t, heads, d, d)
+        norm = torch.cumsum(k, 1)
+        out = (q.unsqueeze(-2) @ state).squeeze(-2) / (q * norm).sum(-1, keepdim=True)
+        return self.proj[index](out.reshape(n, t, c))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for index, mlp in enumerate(self.mlps):
+            x = x + self.attend(self.norms[2 * index](x), index)
+            x = x + mlp(self.norms[2 * index + 1](x))
+        return self.head(x)
+
+
+class CouplingFlow(nn.Module):
+    """A RealNVP-like normalizing flow on flattened 16x16 images: affine coupling layers (a checkerboard
+    half conditions the scale and shift of the other through an MLP, tanh-bounded log-scales), the
+    halves swapped between layers; trained on the negative log-likelihood under a standard normal."""
+
+    def __init__(self, width: int = 512, depth: int = 6) -> None:
+        super().__init__()
+        features = 3 * (IMAGE_SIZE // 2) ** 2
+        self.half = features // 2
+        self.nets = nn.ModuleList(
+            nn.Sequential(
+                nn.Linear(self.half, width),
+                nn.ReLU(),
+                nn.Linear(width, width),
+                nn.ReLU(),
+                nn.Linear(width, 2 * self.half),
+            )
+            for _ in range(depth)
+        )
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.avg_pool2d(image, 2).flatten(1)
+        a, b = x[:, : self.half], x[:, self.half :]
+        log_det = torch.zeros(x.shape[0], device=x.device)
+        for net in self.nets:
+            scale, shift = net(a).chunk(2, 1)
+            scale = torch.tanh(scale)
+            b = b * torch.exp(scale) + shift
+            log_det = log_det + scale.sum(1)
+            a, b = b, a
+        z = torch.cat([a, b], 1)
+        return (0.5 * (z**2).sum(1) - log_det).mean()
+
+
+class NeuralODE(nn.Module):
+    """A neural ODE classifier: the image's 4x4-pooled features lifted to 256, integrated over [0, 1]
+    by eight fixed steps of the classic Runge-Kutta method through a time-conditioned tanh MLP
+    (backpropagated through the solver), then classified."""
+
+    def __init__(self, width: int = 256, steps: int = 8) -> None:
+        super().__init__()
+        self.steps = steps
+        self.lift = nn.Linear(3 * (IMAGE_SIZE // 4) ** 2, width)
+        self.field = nn.Sequential(nn.Linear(width + 1, width), nn.Tanh(), nn.Linear(width, width))
+        self.head = nn.Linear(width, CLASSES)
+
+    def velocity(self, t: float, h: torch.Tensor) -> torch.Tensor:
+        return self.field(torch.cat([h, torch.full_like(h[:, :1], t)], 1))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        h = self.lift(nn.functional.avg_pool2d(image, 4).flatten(1))
+        dt = 1.0 / self.steps
+        for index in range(self.steps):
+            t = index * dt
+            k1 = self.velocity(t, h)
+            k2 = self.velocity(t + dt / 2, h + dt / 2 * k1)
+            k3 = self.velocity(t + dt / 2, h + dt / 2 * k2)
+            k4 = self.velocity(t + dt, h + dt * k3)
+            h = h + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        return self.head(h)
+
+
+class FourierOperator(nn.Module):
+    """A Fourier neural operator (Li et al.): each of four layers multiplies the image's lowest 8x8
+    Fourier modes by learned complex weights per channel pair (rfft2, irfft2), adds a 1x1
+    convolution, GELU; an image-to-image regression."""
+
+    def __init__(self, width: int = 32, depth: int = 4, modes: int = 8) -> None:
+        super().__init__()
+        self.modes = modes
+        self.lift = nn.Conv2d(3, width, 1)
+        scale = 1.0 / (width * width)
+        self.weights = nn.ParameterList(
+            nn.Parameter(scale * torch.randn(width, width, modes, modes, dtype=torch.cfloat))
+            for _ in range(depth)
+        )
+        self.mixes = nn.ModuleList(nn.Conv2d(width, width, 1) for _ in range(depth))
+        self.project = nn.Conv2d(width, 3, 1)
+
+    def spectral(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        m = self.modes
+        spectrum = torch.fft.rfft2(x)
+        out = torch.zeros(n, c, h, w // 2 + 1, dtype=spectrum.dtype, device=x.device)
+        out[:, :, :m, :m] = torch.einsum("nixy,ioxy->noxy", spectrum[:, :, :m, :m], weight)
+        return torch.fft.irfft2(out, s=(h, w))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.lift(image)
+        for weight, mix in zip(self.weights, self.mixes, strict=True):
+            x = nn.functional.gelu(self.spectral(x, weight) + mix(x))
+        return self.project(x)
 
 
 MODELS = (
@@ -4184,6 +4364,46 @@ MODELS = (
         "torch-masked-conv",
         "torch.nn PixelCNN-like masked, gated convolutions",
         MaskedConvNet,
+        _autoencoder_mse_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-resnext",
+        "torch.nn ResNeXt-like bottlenecks, grouped 3x3 convolutions",
+        ResNeXtNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-linear-attention-lm",
+        "torch.nn causal linear-attention LM, cumulative sums",
+        LinearAttentionLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-coupling-flow",
+        "torch.nn RealNVP-like affine coupling flow, negative log-likelihood",
+        CouplingFlow,
+        _flow_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-neural-ode",
+        "torch.nn neural ODE, fixed-step Runge-Kutta solver",
+        NeuralODE,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-fourier-operator",
+        "torch.nn Fourier neural operator, spectral convolutions by FFT",
+        FourierOperator,
         _autoencoder_mse_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,

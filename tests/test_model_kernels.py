@@ -81,7 +81,7 @@ def test_the_description_keeps_each_distinct_convolution_with_its_rows() -> None
     assert [k["call"]["args"][0]["shape"] for k in forward] == [[2, 4, 8, 8], [2, 4, 4, 4]]
     counted: dict[tuple[str, str, str], int] = {}
     for kernel in graph.kernels:
-        for module, phase, op, count in kernel["rows"]:
+        for module, phase, op, count in kernel["rows"] if not kernel.get("moves") else []:
             counted[module, phase, op] = counted.get((module, phase, op), 0) + count
     conv = graph.ops[graph.ops["family"] == "convolution"]
     assert counted == {
@@ -144,6 +144,86 @@ def test_a_row_replayed_on_this_host_takes_the_replays_time(
         first = op_times(_sleepy_graph(2), here)["seconds"].iloc[0]
         assert op_times(_sleepy_graph(2), here)["seconds"].iloc[0] == first == pytest.approx(2 * 0.5 + 2e-6)
     assert len(timed) == 1
+
+
+class _Mover(nn.Module):
+    """Data movement (a pad, a concatenation, an unfold) around a linear layer, and a call of the sleepy
+    operator, which has no formula, on a side path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)  # (2, 4, 8, 8)
+        padded = nn.functional.pad(h, (1, 1, 1, 1))
+        patches = nn.functional.unfold(padded, 3)
+        joined = torch.cat([patches, patches.transpose(1, 2).contiguous().transpose(1, 2)], 1)
+        side = torch.ops.dnnperf_test.sleepy(x.detach())
+        return joined.mean() + 0 * side.sum()
+
+
+def test_the_description_keeps_data_movement_of_forward_and_backward_whole() -> None:
+    """Every call of the memory family and of operators without a formula in forward and backward is
+    kept, marked as data movement: row by row, the kept counts are the description's own."""
+    torch.manual_seed(0)
+    model = _Mover()
+    graph = describe_model(
+        model,
+        torch.randn(2, 4, 8, 8),
+        name="mover",
+        count_faults=False,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    )
+    moved = [k for k in graph.kernels if k.get("moves")]
+    ops = {k["call"]["op"] for k in moved}
+    assert {"aten.constant_pad_nd", "aten.im2col", "aten.col2im", "aten.cat", "dnnperf_test.sleepy"} <= ops
+    counted: dict[tuple[str, str, str], int] = {}
+    for kernel in moved:
+        for module, phase, op, count in kernel["rows"]:
+            counted[module, phase, op] = counted.get((module, phase, op), 0) + count
+    assert {phase for _, phase, _ in counted} == {"forward", "backward"}
+    rows = graph.ops[graph.ops["family"].isin(kernels.DATA_MOVEMENT_FAMILIES)]
+    expected = {
+        (m, p, o): int(c)
+        for m, p, o, c in zip(rows.module, rows.phase, rows.op, rows.calls, strict=True)
+        if p in kernels.DATA_MOVEMENT_PHASES
+    }
+    assert counted == expected
+    # A clone's memory format is kept, and replays.
+    clone = next(k["call"] for k in moved if k["call"]["op"] == "aten.clone")
+    assert clone.get("kwargs", {}).get("memory_format") == {"torch": "contiguous_format"}
+    assert math.isfinite(kernels.time_call(clone, "cpu").seconds)
+    # A concatenation's list of tensors is kept as a list of operands, and replays.
+    cat = next(k["call"] for k in moved if k["call"]["op"] == "aten.cat")
+    assert isinstance(cat["args"][0], list) and len(cat["args"][0]) == 2
+    assert math.isfinite(kernels.time_call(cat, "cpu").seconds)
+    assert StepGraph.from_dict(graph.to_dict()).kernels == graph.kernels
+
+
+def test_data_movement_takes_its_replays_time_only_where_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sleepy operator (no formula: family "uncovered"), described in a forward, priced at its
+    replay (its logged sleeps) with ``replay_data_movement`` and at its bytes without."""
+    kernels.forget_replays()
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    graph = describe_model(_Mover(), torch.randn(2, 4, 8, 8), name="mover", count_faults=False)
+    row = (graph.ops["op"] == "dnnperf_test.sleepy").to_numpy()
+    assert graph.ops.loc[row, "family"].tolist() == ["uncovered"]
+    here = _machine(replay_device="cpu")
+    by_bytes = op_times(graph, here)["seconds"].to_numpy()[row][0]
+    assert by_bytes < SLEEP_S / 10  # 256 floats at the toy machine's bandwidth
+    _slept.clear()
+    replayed = op_times(graph, here, ComputeOptions(replay_data_movement=True))["seconds"].to_numpy()[row][0]
+    sleep = _replays_sleep()
+    floor = kernels.replay_floor("cpu")  # the replay's own cost a call, charged apart as dispatch
+    assert 0 < floor < CALL_S
+    assert sleep - floor <= replayed - here.dispatch_s < sleep + CALL_S
+    # Not on a machine that is not this host's device: no replay to stand on.
+    elsewhere = op_times(graph, _machine(), ComputeOptions(replay_data_movement=True))
+    assert elsewhere["seconds"].to_numpy()[row][0] == pytest.approx(by_bytes)
 
 
 @torch.library.custom_op("dnnperf_test::fresh", mutates_args=())
@@ -324,7 +404,7 @@ def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
     loss_fn = lambda m, b: m(b["x"]).square().mean()  # noqa: E731
     graph = describe_model(model, {"x": torch.randn(4, 16)}, loss_fn=loss_fn, count_faults=False)
     assert {k["call"]["op"] for k in graph.kernels} >= {"aten.addmm", "aten.mm"}
-    flops = [kernels.product_flops(k["call"]) for k in graph.kernels]
+    flops = [kernels.product_flops(k["call"]) for k in graph.kernels if not k.get("moves")]
     assert max(flops) == 2 * 4 * 16 * 16 and min(flops) == 2 * 4 * 16 * 1
 
     def products(starts_at: float, replay_device: str = "cpu", **options: bool) -> pd.DataFrame:

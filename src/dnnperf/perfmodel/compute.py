@@ -210,6 +210,10 @@ class ComputeOptions:
     #: already over), as the twenty-eighth had, and the twelfth on the second host, its language models
     #: over (validation-heldout-third-host.md, "The model's own Python"; variant "host gaps").
     host_gaps: bool = False
+    #: On a CPU, each distinct call of data movement and of the operators with no formula in the
+    #: forward and backward replayed (kernels.DATA_MOVEMENT_FAMILIES), its replay's time for its row
+    #: rather than its bytes at the memory family's efficiency.
+    replay_data_movement: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
     #: "host gaps, fixed part").
@@ -316,12 +320,12 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         # Matrix products smaller than the calibrated curve's first size (kernels.MATRIX_OPS).
         matmul = [c.sizes[0] for n, c in curves.items() if n.split("/")[0] == "matmul"]
         below = min(matmul) if matmul and options.replay_matrix_products else 0.0
-        attention = options.replay_attention
+        attention, moves = options.replay_attention, options.replay_data_movement
         if graph.kernels:
-            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below, attention)
+            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below, attention, moves)
         else:
             replayed = replayed_between(
-                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below, attention
+                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below, attention, moves
             )
         measured = np.array([replayed.get(key, np.nan) for key in keys])
         found = ~np.isnan(measured)

@@ -64,6 +64,14 @@ ATTENTION_OPS = (
 )
 #: Operators a description keeps the distinct calls of.
 REPLAYED_OPS = CONVOLUTION_OPS + MATRIX_OPS + ATTENTION_OPS
+#: Families whose forward and backward calls a description keeps too, to be replayed where asked
+#: (``ComputeOptions.replay_data_movement``): data movement (copies, pads, concatenations, gathers,
+#: unfold's im2col and its col2im) and the operators with no formula. Their bytes do not tell their
+#: time: the layout does. On this host a 3x3 unfold's col2im ran 1.59 ms where its bytes at the memory
+#: family's efficiency came to 0.26, and a broadcast operand's clone 12 ms where they came to 50.
+DATA_MOVEMENT_FAMILIES = ("memory", "uncovered")
+#: The phases whose data movement a description keeps (the update's is the optimizer's, priced apart).
+DATA_MOVEMENT_PHASES = ("forward", "backward")
 #: Timed calls per replay (after one untimed call that lets the library set up its caches).
 REPEATS = 5
 #: Bytes written between timed calls where the caches are not known (see flush_bytes).
@@ -81,10 +89,19 @@ def _encoded(value: Any) -> Any:
         if value.device.type == "meta" or value.layout != torch.strided:
             return _NOT_PLAIN
         return {"shape": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype)[6:]}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": str(value)}  # a mask's fill, -inf: JSON has no such number
     if value is None or isinstance(value, (bool, int, float)):
         return value
+    if isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
+        return {"torch": str(value).removeprefix("torch.")}  # a copy's dtype, a clone's memory format
+    if isinstance(value, torch.device):
+        return {"device": value.type}  # a factory's: replayed on the replay's device
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int)) for v in value):
         return list(value)
+    if isinstance(value, (list, tuple)) and all(v is None or isinstance(v, torch.Tensor) for v in value):
+        items = [_encoded(v) for v in value]  # a concatenation's tensors, an index's indices
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in items) else items
     return _NOT_PLAIN
 
 
@@ -101,8 +118,16 @@ def signature(
 
 
 def _operand(value: Any, device: torch.device) -> Any:
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        return [_operand(v, device) for v in value]
     if not isinstance(value, dict):
         return value
+    if "torch" in value:
+        return getattr(torch, value["torch"])
+    if "float" in value:
+        return float(value["float"])
+    if "device" in value:
+        return device
     dtype = getattr(torch, value["dtype"])
     shape, stride = value["shape"], value["stride"]
     # The storage the strides reach (an expanded gradient has stride 0: one element per row).
@@ -201,16 +226,20 @@ def split_kernels(
 
 
 class KernelCalls:
-    """An ``OpCounter`` observer: the distinct calls of :data:`REPLAYED_OPS` in a step, each with how
-    many times each (module, phase, operator) row made it."""
+    """An ``OpCounter`` observer: the distinct calls of :data:`REPLAYED_OPS` in a step, and of the
+    :data:`DATA_MOVEMENT_FAMILIES` in its forward and backward, each with how many times each (module,
+    phase, operator) row made it."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.rows: list[dict[tuple[str, str, str], int]] = []
         self._index: dict[str, int] = {}
+        #: Of ``calls``, the indices kept for their family alone (DATA_MOVEMENT_FAMILIES).
+        self._moves: set[int] = set()
 
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
-        if info.name not in REPLAYED_OPS:
+        moves = info.family in DATA_MOVEMENT_FAMILIES and phase in DATA_MOVEMENT_PHASES
+        if info.name not in REPLAYED_OPS and not moves:
             return
         # The overload packet is replayed (resolve: its default overload), so an ``out=`` is left out.
         named = {name: value for name, value in call.kwargs.items() if name != "out"}
@@ -220,6 +249,8 @@ class KernelCalls:
         key = repr(found)
         if key not in self._index:
             self._index[key] = len(self.calls)
+            if info.name not in REPLAYED_OPS:
+                self._moves.add(len(self.calls))
             self.calls.append(found)
             self.rows.append({})
         rows = self.rows[self._index[key]]
@@ -227,10 +258,14 @@ class KernelCalls:
 
     def to_list(self) -> list[dict[str, Any]]:
         """As ``StepGraph.kernels`` keeps them: ``{"call": signature, "rows": [[module, phase, op,
-        count], ...]}``."""
+        count], ...]}``, with ``"moves": True`` where kept for its family (data movement)."""
         return [
-            {"call": call, "rows": [[*key, count] for key, count in rows.items()]}
-            for call, rows in zip(self.calls, self.rows, strict=True)
+            {
+                "call": call,
+                "rows": [[*key, count] for key, count in rows.items()],
+                **({"moves": True} if index in self._moves else {}),
+            }
+            for index, (call, rows) in enumerate(zip(self.calls, self.rows, strict=True))
         ]
 
 
@@ -390,6 +425,19 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     return [_TIMED[key] for key, _ in keys]
 
 
+#: A call that moves next to nothing: its replay is the replay's own cost a call (the operator's
+#: dispatch from Python, the timer), which the model charges apart as the call's dispatch.
+FLOOR_CALL = {"op": "aten.clone", "args": [{"shape": [1], "stride": [1], "dtype": "float32"}]}
+
+
+def replay_floor(device: str) -> float:
+    """Seconds a replay of :data:`FLOOR_CALL` takes on ``device`` (cached as replays are): what comes off
+    each replay of data movement, whose calls can be as short as the replay's own cost; 0 where it
+    cannot be replayed."""
+    seconds = replays([FLOOR_CALL], device)[0].seconds
+    return seconds if math.isfinite(seconds) else 0.0
+
+
 def product_flops(call: Mapping[str, Any]) -> float:
     """A matrix product's FLOPs from its signature (its last two tensors are the factors; a bmm's
     first dimension is its batch); infinite where they are not there."""
@@ -408,6 +456,7 @@ def replayed_between(
     fault_s: float = 0.0,
     products_below: float = 0.0,
     attention: bool = False,
+    data_movement: bool = False,
 ) -> dict[tuple[str, str, str], float]:
     """An interpolated description's rows from its two sources' replays (``StepGraph.kernels_between``):
     each row replayed whole in both, its seconds interpolated linearly in the batch to ``batch_size``
@@ -417,7 +466,9 @@ def replayed_between(
     (a, rows_a), (b, rows_b) = (
         (
             float(s["batch"]),
-            replayed_rows(s["kernels"], calls_per_row, device, fault_s, products_below, attention),
+            replayed_rows(
+                s["kernels"], calls_per_row, device, fault_s, products_below, attention, data_movement
+            ),
         )
         for s in sources
     )
@@ -434,28 +485,34 @@ def replayed_rows(
     fault_s: float = 0.0,
     products_below: float = 0.0,
     attention: bool = False,
+    data_movement: bool = False,
 ) -> dict[tuple[str, str, str], float]:
     """(module, phase, operator) -> the step's seconds in that row from replays, for the rows whose
     every call (``calls_per_row``, the description's count) was replayed; each replay's page faults
     at ``fault_s`` apiece taken off (the step's are charged apart). Matrix products only on a CPU
     and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`); the CPU's attention
-    kernel only where ``attention`` (:data:`ATTENTION_OPS`)."""
+    kernel only where ``attention`` (:data:`ATTENTION_OPS`); data movement
+    (:data:`DATA_MOVEMENT_FAMILIES`) only on a CPU and where ``data_movement``."""
     cpu = device.startswith("cpu")
 
-    def wanted(call: Mapping[str, Any]) -> bool:
+    def wanted(kernel: Mapping[str, Any]) -> bool:
+        call = kernel["call"]
         if call["op"] in MATRIX_OPS:
             return cpu and product_flops(call) < products_below
         if call["op"] in ATTENTION_OPS:
             return cpu and attention
+        if kernel.get("moves"):  # kept for its family (KernelCalls)
+            return cpu and data_movement
         return True
 
-    kernels = [k for k in kernels if wanted(k["call"])]
+    kernels = [k for k in kernels if wanted(k)]
     if not kernels:
         return {}
+    floor = replay_floor(device) if any(k.get("moves") for k in kernels) else 0.0
     total: dict[tuple[str, str, str], float] = {}
     counted: dict[tuple[str, str, str], int] = {}
     for kernel, replay in zip(kernels, replays([k["call"] for k in kernels], device), strict=True):
-        each = max(replay.seconds - replay.faults * fault_s, 0.0)
+        each = max(replay.seconds - replay.faults * fault_s - (floor if kernel.get("moves") else 0.0), 0.0)
         for module, phase, op, count in kernel["rows"]:
             key = (module, phase, op)
             total[key] = total.get(key, 0.0) + count * each

@@ -80,6 +80,10 @@ VARIANTS = {
     "elementwise from memory": ComputeOptions(elementwise_from_memory=True),
     "memory operators calibrated on copies": ComputeOptions(copies_calibrated=True),
     "copies calibrated and host gaps": ComputeOptions(copies_calibrated=True, host_gaps=True),
+    "data movement replayed": ComputeOptions(replay_data_movement=True),
+    "data movement replayed, elementwise from memory": ComputeOptions(
+        replay_data_movement=True, elementwise_from_memory=True
+    ),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
@@ -106,6 +110,11 @@ ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
 COPIES_CALIBRATED = "memory operators calibrated on copies"
 #: And the model's host seconds between its calls charged too (ComputeOptions.host_gaps).
 COPIES_AND_GAPS = "copies calibrated and host gaps"
+#: The variant that replays each distinct call of data movement and of the operators with no formula
+#: (ComputeOptions.replay_data_movement): the model's machine.
+DATA_MOVEMENT_REPLAYED = "data movement replayed"
+#: And the elementwise family from memory, its efficiencies fitted that way.
+REPLAYED_AND_FROM_MEMORY = "data movement replayed, elementwise from memory"
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -208,7 +217,13 @@ def calibrated_machines(
     # with the efficiencies the zoo's own calls come out at under that pricing. (A zoo read from the
     # cache has no timed rows: its variants keep the model's efficiencies.)
     timed = zoo.timed
-    refitted = (*NORM_PRICINGS, ELEMENTWISE_FROM_MEMORY, COPIES_CALIBRATED, COPIES_AND_GAPS)
+    refitted = (
+        *NORM_PRICINGS,
+        ELEMENTWISE_FROM_MEMORY,
+        COPIES_CALIBRATED,
+        COPIES_AND_GAPS,
+        REPLAYED_AND_FROM_MEMORY,
+    )
     for variant in refitted if timed is not None else ():
         fitted, fixed_s = zoo_fit(timed, from_profile(profile), VARIANTS[variant])
         machines[variant] = dataclasses.replace(machines["model"], efficiency=fitted, call_s=fixed_s)
