@@ -335,6 +335,17 @@ SETS = (
         "layers, a spatial transformer and PixelCNN-like masked convolutions.",
     ),
     (
+        "thirty-fourth",
+        "thirty-fourth set",
+        "Eight models (`THIRTY_FOURTH_MODELS`, `--thirty-fourth`), fixed (each built and stepped twice "
+        "to choose its batches) before any of them was predicted, to judge data movement replayed "
+        '(variant "data movement replayed") and, with it, the elementwise family from memory: '
+        "hf:bitnet, hf:jetmoe and hf:minimax (transformers, `small`, batch 2 and 3) and five networks "
+        "written in torch.nn (`benchmarks/own_models.py`): ResNeXt-like grouped convolutions, a causal "
+        "linear-attention LM, a RealNVP-like coupling flow, a neural ODE stepped by Runge-Kutta and a "
+        "Fourier neural operator.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -680,6 +691,8 @@ NEITHER = "neither the update's fixed cost nor host gaps"
 ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
 COPIES_CALIBRATED = "memory operators calibrated on copies"
 COPIES_AND_GAPS = "copies calibrated and host gaps"
+DATA_MOVEMENT_REPLAYED = "data movement replayed"
+REPLAYED_AND_FROM_MEMORY = "data movement replayed, elementwise from memory"
 
 #: Each such table by its marker: option_table's off and on variants, the short names of the two, and
 #: the first set it shows (None: every set that ran a variant of it).
@@ -700,6 +713,18 @@ LATER_OPTIONS: dict[str, tuple[str, str, tuple[str, str], str | None]] = {
         None,
     ),
     "copies-and-gaps": ("neither", COPIES_AND_GAPS, ("neither", "both"), None),
+    "data-movement": (
+        "data movement by its bytes",
+        DATA_MOVEMENT_REPLAYED,
+        ("by its bytes", "replayed"),
+        None,
+    ),
+    "data-movement-and-elementwise": (
+        DATA_MOVEMENT_REPLAYED,
+        REPLAYED_AND_FROM_MEMORY,
+        ("replayed", "and elementwise from memory"),
+        None,
+    ),
 }
 
 

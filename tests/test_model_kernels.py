@@ -4,6 +4,7 @@ model uses it, against injected delays and the description's own counts."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import mmap
 import statistics
@@ -199,6 +200,14 @@ def test_the_description_keeps_data_movement_of_forward_and_backward_whole() -> 
     assert isinstance(cat["args"][0], list) and len(cat["args"][0]) == 2
     assert math.isfinite(kernels.time_call(cat, "cpu").seconds)
     assert StepGraph.from_dict(graph.to_dict()).kernels == graph.kernels
+
+
+def test_a_calls_infinite_fill_is_plain_data_and_replays_as_such() -> None:
+    """A causal mask's -inf fill goes through JSON (which has no infinities) and replays with -inf."""
+    call = kernels.signature("aten.fill", [torch.zeros(3), -math.inf])
+    assert call is not None and json.loads(json.dumps(call, allow_nan=False)) == call
+    assert kernels.operands(call, torch.device("cpu"))[1] == -math.inf
+    assert math.isfinite(kernels.time_call(call, "cpu").seconds)
 
 
 def test_data_movement_takes_its_replays_time_only_where_asked(

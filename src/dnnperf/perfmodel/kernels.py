@@ -153,7 +153,9 @@ def keyword_operands(call: Mapping[str, Any], device: torch.device) -> dict[str,
 def resolve(op_name: str) -> Any:
     """The operator overload a signature names (``"aten.convolution"``)."""
     namespace, name = op_name.split(".", 1)
-    return getattr(getattr(torch.ops, namespace), name).default
+    packet = getattr(getattr(torch.ops, namespace), name)
+    # Without a default overload (fill: Scalar and Tensor), the packet picks one by the arguments.
+    return getattr(packet, "default", packet)
 
 
 #: Per replayed operator: where its weight, output-channel operand (dim 1), bias and groups sit.
