@@ -213,10 +213,10 @@ class ComputeOptions:
     #: On a CPU, each distinct call of data movement and of the operators with no formula in the
     #: forward and backward replayed (kernels.DATA_MOVEMENT_FAMILIES), its replay's time for its row
     #: rather than its bytes at the memory family's efficiency. Off: judged by the thirty-fourth
-    #: held-out set, it took the set from 10.1%, 32.8%, +4.0% to 12.9%, 34.0%, +2.8%: a fresh output's
-    #: pages, first touched in the step, cost there what a replay's reused ones do not (a cumulative
-    #: sum's backward flips, a spectrum's zeros) (validation-heldout-third-host-pricings.md, "Data
-    #: movement replayed").
+    #: held-out set, it took the set from 10.1%, 32.8%, +4.0% to 12.9%, 34.0%, +2.8%: its replays
+    #: priced a cumulative sum's backward flips and a spectrum's zeros nearer the step, and so uncovered
+    #: what their bytes' over-price had covered, the sums themselves and uncounted copies
+    #: (validation-heldout-third-host-pricings.md, "Data movement replayed").
     replay_data_movement: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
