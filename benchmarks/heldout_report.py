@@ -346,6 +346,17 @@ SETS = (
         "Fourier neural operator.",
     ),
     (
+        "thirty-fifth",
+        "thirty-fifth set",
+        "Eight models (`THIRTY_FIFTH_MODELS`, `--thirty-fifth`), fixed (each built and stepped twice "
+        "to choose its batches) before any of them was predicted, to judge the operators the layer zoo "
+        'never timed replayed (variant "untimed operators replayed"): hf:rwkv, hf:recurrent_gemma and '
+        "hf:xlm-roberta-xl (transformers, `small`, batch 2 and 3) and five networks written in "
+        "torch.nn (`benchmarks/own_models.py`): a message-passing graph network, a product-key memory, "
+        "an S4D-like state space LM, a decoder with rotary embeddings by hand and an autoencoder that "
+        "upsamples bilinearly and by transposed convolutions.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -693,6 +704,7 @@ COPIES_CALIBRATED = "memory operators calibrated on copies"
 COPIES_AND_GAPS = "copies calibrated and host gaps"
 DATA_MOVEMENT_REPLAYED = "data movement replayed"
 REPLAYED_AND_FROM_MEMORY = "data movement replayed, elementwise from memory"
+UNTIMED_REPLAYED = "untimed operators replayed"
 
 #: Each such table by its marker: option_table's off and on variants, the short names of the two, and
 #: the first set it shows (None: every set that ran a variant of it).
@@ -717,6 +729,12 @@ LATER_OPTIONS: dict[str, tuple[str, str, tuple[str, str], str | None]] = {
         "data movement by its bytes",
         DATA_MOVEMENT_REPLAYED,
         ("by its bytes", "replayed"),
+        None,
+    ),
+    "untimed": (
+        "untimed operators by their family",
+        UNTIMED_REPLAYED,
+        ("by their family", "replayed"),
         None,
     ),
     "data-movement-and-elementwise": (

@@ -3295,6 +3295,181 @@ class FourierOperator(nn.Module):
         return self.project(x)
 
 
+class MessagePassingNet(nn.Module):
+    """A message-passing graph network on an image's pixels as nodes joined to their 8 neighbours:
+    each of three layers computes a message per edge from its two ends' features (gathered by index),
+    sums them into the receiving node with index_add, and updates the node by an MLP; mean-pooled."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        side = IMAGE_SIZE
+        index = torch.arange(side * side).view(side, side)
+        sources, targets = [], []
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                if dy or dx:
+                    a = index[max(dy, 0) : side + min(dy, 0), max(dx, 0) : side + min(dx, 0)]
+                    b = index[max(-dy, 0) : side + min(-dy, 0), max(-dx, 0) : side + min(-dx, 0)]
+                    sources.append(a.flatten())
+                    targets.append(b.flatten())
+        self.register_buffer("sources", torch.cat(sources))
+        self.register_buffer("targets", torch.cat(targets))
+        self.embed = nn.Linear(3, width)
+        self.messages = nn.ModuleList(nn.Linear(2 * width, width) for _ in range(3))
+        self.updates = nn.ModuleList(
+            nn.Sequential(nn.Linear(2 * width, width), nn.ReLU(), nn.Linear(width, width)) for _ in range(3)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.embed(image.flatten(2).transpose(1, 2))  # (n, nodes, width)
+        for message, update in zip(self.messages, self.updates, strict=True):
+            edges = torch.cat([x[:, self.sources], x[:, self.targets]], -1)
+            summed = torch.zeros_like(x).index_add_(1, self.targets, torch.relu(message(edges)))
+            x = x + update(torch.cat([x, summed], -1))
+        return self.head(x.mean(1))
+
+
+class ProductKeyMemory(nn.Module):
+    """A product-key memory layer (Lample et al.) in a small token classifier: each token's query split
+    in halves, each half scored against 64 sub-keys, the top 8 of each combined, the best 8 of those
+    64 pairs' values (an embedding bag of 4,096 rows) summed by their softmax weights; two layers."""
+
+    def __init__(self, width: int = 128, keys: int = 64, top: int = 8) -> None:
+        super().__init__()
+        self.keys, self.top = keys, top
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.queries = nn.ModuleList(nn.Linear(width, width) for _ in range(2))
+        self.sub_keys = nn.ParameterList(nn.Parameter(torch.randn(2, keys, width // 2)) for _ in range(2))
+        self.values = nn.ModuleList(nn.EmbeddingBag(keys * keys, width, mode="sum") for _ in range(2))
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def lookup(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        n, t, c = x.shape
+        q = self.queries[index](x).view(n * t, 2, c // 2)
+        scores = torch.einsum("bhd,hkd->bhk", q, self.sub_keys[index])
+        best, which = scores.topk(self.top, -1)  # (b, 2, top)
+        pair_scores = (best[:, 0, :, None] + best[:, 1, None, :]).flatten(1)
+        pair_index = (which[:, 0, :, None] * self.keys + which[:, 1, None, :]).flatten(1)
+        chosen, slot = pair_scores.topk(self.top, -1)
+        rows = pair_index.gather(1, slot)
+        weights = torch.softmax(chosen, -1)
+        out = self.values[index](rows, per_sample_weights=weights)
+        return out.view(n, t, c)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for index, norm in enumerate(self.norms):
+            x = x + self.lookup(norm(x), index)
+        return self.head(x)
+
+
+class DiagonalStateSpace(nn.Module):
+    """An S4D-like state space model: each of four layers convolves every channel with a long kernel
+    made from a diagonal complex state matrix (exp of its discretized eigenvalues times the step
+    index), by FFT over twice the sequence; a GLU mix, layer norms, residual; a token LM."""
+
+    def __init__(self, width: int = 128, state: int = 32, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.log_dt = nn.ParameterList(nn.Parameter(torch.rand(width) * 3 - 6) for _ in range(depth))
+        self.real = nn.ParameterList(nn.Parameter(torch.full((width, state), -0.5)) for _ in range(depth))
+        self.imag = nn.ParameterList(
+            nn.Parameter(torch.pi * torch.arange(state).float().repeat(width, 1)) for _ in range(depth)
+        )
+        self.c = nn.ParameterList(nn.Parameter(torch.randn(width, state, 2) * 0.5) for _ in range(depth))
+        self.mix = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(depth))
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def kernel(self, index: int, length: int) -> torch.Tensor:
+        dt = torch.exp(self.log_dt[index])[:, None]
+        a = torch.complex(-torch.exp(self.real[index]), self.imag[index]) * dt  # (width, state)
+        c = torch.view_as_complex(self.c[index]) * (torch.exp(a) - 1) / a
+        steps = torch.arange(length, device=dt.device)
+        return 2 * torch.einsum("hn,hnl->hl", c, torch.exp(a[..., None] * steps)).real
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        length = x.shape[1]
+        for index, (mix, norm) in enumerate(zip(self.mix, self.norms, strict=True)):
+            h = norm(x).transpose(1, 2)  # (n, width, length)
+            k = self.kernel(index, length)
+            y = torch.fft.irfft(torch.fft.rfft(h, 2 * length) * torch.fft.rfft(k, 2 * length), 2 * length)
+            y = nn.functional.gelu(y[..., :length]).transpose(1, 2)
+            x = x + nn.functional.glu(mix(y), -1)
+        return self.head(x)
+
+
+class RotaryLM(nn.Module):
+    """A decoder written by hand with rotary position embeddings: queries and keys rotated pairwise by
+    cos/sin tables (stacked and flattened halves), causal scaled dot-product attention, RMS norms by
+    hand, a SiLU-gated MLP; four blocks."""
+
+    def __init__(self, width: int = 128, depth: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        head = width // heads
+        frequencies = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+        angles = torch.arange(TOKENS).float()[:, None] * frequencies[None, :]
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.scales = nn.ParameterList(nn.Parameter(torch.ones(width)) for _ in range(2 * depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width, bias=False) for _ in range(depth))
+        self.proj = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+        self.gates = nn.ModuleList(nn.Linear(width, 6 * width, bias=False) for _ in range(depth))
+        self.downs = nn.ModuleList(nn.Linear(3 * width, width, bias=False) for _ in range(depth))
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[2]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        cos, sin = self.cos[:t], self.sin[:t]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
+
+    def norm(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scales[index]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        n, t, c = x.shape
+        for index, (qkv, proj, gate, down) in enumerate(
+            zip(self.qkv, self.proj, self.gates, self.downs, strict=True)
+        ):
+            q, k, v = qkv(self.norm(x, 2 * index)).view(n, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            out = nn.functional.scaled_dot_product_attention(
+                self.rotate(q), self.rotate(k), v, is_causal=True
+            )
+            x = x + proj(out.transpose(1, 2).reshape(n, t, c))
+            a, b = gate(self.norm(x, 2 * index + 1)).chunk(2, -1)
+            x = x + down(nn.functional.silu(a) * b)
+        return self.head(x)
+
+
+class UpsamplingDecoder(nn.Module):
+    """A convolutional autoencoder whose decoder upsamples bilinearly (then a 3x3 convolution) and by
+    transposed convolutions in turn, batch norms, a sigmoid output; trained on the squared error."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128)) -> None:
+        super().__init__()
+        down: list[nn.Module] = []
+        for a, b in zip((3, *widths[:-1]), widths, strict=True):
+            down += _conv_bn(a, b, 2)
+        self.encoder = nn.Sequential(*down)
+        up: list[nn.Module] = []
+        for index, (a, b) in enumerate(zip(widths[::-1], (*widths[::-1][1:], 16), strict=True)):
+            if index % 2 == 0:
+                up += [nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), *_conv_bn(a, b)]
+            else:
+                up += [nn.ConvTranspose2d(a, b, 4, 2, 1, bias=False), nn.BatchNorm2d(b), nn.ReLU()]
+        self.decoder = nn.Sequential(*up, nn.Conv2d(16, 3, 3, padding=1), nn.Sigmoid())
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.encoder(image))
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -4407,6 +4582,46 @@ MODELS = (
         _autoencoder_mse_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
+    ),
+    OwnModel(
+        "torch-message-passing",
+        "torch.nn message-passing graph network, gathers and index_add",
+        MessagePassingNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-product-keys",
+        "torch.nn product-key memory, top-k and embedding bags",
+        ProductKeyMemory,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-state-space",
+        "torch.nn S4D-like diagonal state space LM, FFT convolutions",
+        DiagonalStateSpace,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-rotary-lm",
+        "torch.nn decoder with rotary embeddings and RMS norms by hand",
+        RotaryLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-upsampling-decoder",
+        "torch.nn autoencoder, bilinear and transposed-convolution upsampling",
+        UpsamplingDecoder,
+        _autoencoder_mse_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
     ),
     OwnModel(
         "xt-narrow-decoder",

@@ -82,7 +82,7 @@ def test_the_description_keeps_each_distinct_convolution_with_its_rows() -> None
     assert [k["call"]["args"][0]["shape"] for k in forward] == [[2, 4, 8, 8], [2, 4, 4, 4]]
     counted: dict[tuple[str, str, str], int] = {}
     for kernel in graph.kernels:
-        for module, phase, op, count in kernel["rows"] if not kernel.get("moves") else []:
+        for module, phase, op, count in kernel["rows"] if "family" not in kernel else []:
             counted[module, phase, op] = counted.get((module, phase, op), 0) + count
     conv = graph.ops[graph.ops["family"] == "convolution"]
     assert counted == {
@@ -176,7 +176,7 @@ def test_the_description_keeps_data_movement_of_forward_and_backward_whole() -> 
         count_faults=False,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
     )
-    moved = [k for k in graph.kernels if k.get("moves")]
+    moved = [k for k in graph.kernels if k.get("family") in kernels.DATA_MOVEMENT_FAMILIES]
     ops = {k["call"]["op"] for k in moved}
     assert {"aten.constant_pad_nd", "aten.im2col", "aten.col2im", "aten.cat", "dnnperf_test.sleepy"} <= ops
     counted: dict[tuple[str, str, str], int] = {}
@@ -233,6 +233,32 @@ def test_data_movement_takes_its_replays_time_only_where_asked(
     # Not on a machine that is not this host's device: no replay to stand on.
     elsewhere = op_times(graph, _machine(), ComputeOptions(replay_data_movement=True))
     assert elsewhere["seconds"].to_numpy()[row][0] == pytest.approx(by_bytes)
+
+
+def test_an_operator_the_zoo_never_timed_takes_its_replay_where_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With ``replay_untimed``, the sleepy operator is replayed (its logged sleeps) on a machine whose
+    zoo did not time it, and priced by its family where the zoo timed it or the zoo is not known; the
+    linear layer's product (timed by the zoo, and one of the products' own replays) is left alone."""
+    kernels.forget_replays()
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    graph = describe_model(_Mover(), torch.randn(2, 4, 8, 8), name="mover", count_faults=False)
+    sleepy = (graph.ops["op"] == "dnnperf_test.sleepy").to_numpy()
+    others = ~sleepy & ~graph.ops["family"].isin(kernels.DATA_MOVEMENT_FAMILIES).to_numpy()
+    asked = ComputeOptions(replay_untimed=True)
+    unknown = op_times(graph, _machine(replay_device="cpu"), asked)["seconds"].to_numpy()
+    every_op = frozenset(graph.ops["op"])
+    timed = op_times(graph, _machine(replay_device="cpu", zoo_ops=every_op), asked)["seconds"].to_numpy()
+    assert unknown == pytest.approx(timed)  # an unknown zoo: nothing replayed
+    assert timed[sleepy][0] < SLEEP_S / 10
+    zoo = frozenset(every_op - {"dnnperf_test.sleepy", "aten.constant_pad_nd", "aten.im2col"})
+    _slept.clear()
+    replayed = op_times(graph, _machine(replay_device="cpu", zoo_ops=zoo), asked)["seconds"].to_numpy()
+    sleep = _replays_sleep()
+    assert sleep - kernels.replay_floor("cpu") <= replayed[sleepy][0] - 1e-6 < sleep + CALL_S
+    assert replayed[others] == pytest.approx(timed[others])  # the timed operators keep their price
 
 
 @torch.library.custom_op("dnnperf_test::fresh", mutates_args=())
@@ -413,7 +439,7 @@ def test_a_matrix_product_takes_its_replay_only_where_slower_than_the_roofline(
     loss_fn = lambda m, b: m(b["x"]).square().mean()  # noqa: E731
     graph = describe_model(model, {"x": torch.randn(4, 16)}, loss_fn=loss_fn, count_faults=False)
     assert {k["call"]["op"] for k in graph.kernels} >= {"aten.addmm", "aten.mm"}
-    flops = [kernels.product_flops(k["call"]) for k in graph.kernels if not k.get("moves")]
+    flops = [kernels.product_flops(k["call"]) for k in graph.kernels if "family" not in k]
     assert max(flops) == 2 * 4 * 16 * 16 and min(flops) == 2 * 4 * 16 * 1
 
     def products(starts_at: float, replay_device: str = "cpu", **options: bool) -> pd.DataFrame:

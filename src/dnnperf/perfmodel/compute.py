@@ -32,13 +32,14 @@ these choices is in docs/validation.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from dnnperf.perfmodel.graph import StepGraph
-from dnnperf.perfmodel.kernels import MATRIX_OPS, replayed_between, replayed_rows
+from dnnperf.perfmodel.kernels import DATA_MOVEMENT_FAMILIES, MATRIX_OPS, replayed_between, replayed_rows
 from dnnperf.perfmodel.machine import Machine
 from dnnperf.perfmodel.subnormals import priced_slowdown
 
@@ -218,6 +219,11 @@ class ComputeOptions:
     #: what their bytes' over-price had covered, the sums themselves and uncounted copies
     #: (validation-heldout-third-host-pricings.md, "Data movement replayed").
     replay_data_movement: bool = False
+    #: On a CPU, each distinct call in the forward and backward of an operator the machine's layer zoo
+    #: never timed (Machine.zoo_ops) replayed, its replay's time for its row rather than its family's
+    #: price: a cumulative sum, an FFT, a flip, an unfold's col2im. Not the calls that take indices
+    #: or masks (kernels.reads_values), whose random operands would not do the step's work.
+    replay_untimed: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
     #: "host gaps, fixed part").
@@ -226,6 +232,21 @@ class ComputeOptions:
     def __post_init__(self) -> None:
         if self.combine not in ("max", "sum"):
             raise ValueError(f"combine must be 'max' or 'sum', got {self.combine!r}")
+
+
+def other_replays(machine: Machine, options: ComputeOptions) -> Callable[[str, str], bool] | None:
+    """Which of the other operators a description keeps (kernels.KernelCalls) are replayed, by
+    operator and family: data movement (``replay_data_movement``), the operators the machine's layer
+    zoo never timed (``replay_untimed``); None: none."""
+    timed = {op.split("[")[0] for op in machine.zoo_ops}
+    movement, untimed = options.replay_data_movement, options.replay_untimed and bool(timed)
+    if not movement and not untimed:
+        return None
+
+    def replayed(op: str, family: str) -> bool:
+        return (movement and family in DATA_MOVEMENT_FAMILIES) or (untimed and op not in timed)
+
+    return replayed
 
 
 def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = ComputeOptions()) -> pd.DataFrame:
@@ -324,12 +345,12 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
         # Matrix products smaller than the calibrated curve's first size (kernels.MATRIX_OPS).
         matmul = [c.sizes[0] for n, c in curves.items() if n.split("/")[0] == "matmul"]
         below = min(matmul) if matmul and options.replay_matrix_products else 0.0
-        attention, moves = options.replay_attention, options.replay_data_movement
+        attention, others = options.replay_attention, other_replays(machine, options)
         if graph.kernels:
-            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below, attention, moves)
+            replayed = replayed_rows(graph.kernels, per_row, device, fault_s, below, attention, others)
         else:
             replayed = replayed_between(
-                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below, attention, moves
+                graph.kernels_between, graph.batch_size, per_row, device, fault_s, below, attention, others
             )
         measured = np.array([replayed.get(key, np.nan) for key in keys])
         found = ~np.isnan(measured)

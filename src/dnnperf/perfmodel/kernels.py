@@ -70,8 +70,12 @@ REPLAYED_OPS = CONVOLUTION_OPS + MATRIX_OPS + ATTENTION_OPS
 #: time: the layout does. On this host a 3x3 unfold's col2im ran 1.59 ms where its bytes at the memory
 #: family's efficiency came to 0.26, and a broadcast operand's clone 12 ms where they came to 50.
 DATA_MOVEMENT_FAMILIES = ("memory", "uncovered")
-#: The phases whose data movement a description keeps (the update's is the optimizer's, priced apart).
+#: The phases whose other calls a description keeps, each with its family (the update's are the
+#: optimizer's, priced apart), for the replays of data movement or of the operators the layer zoo
+#: never timed (``ComputeOptions.replay_untimed``).
 DATA_MOVEMENT_PHASES = ("forward", "backward")
+#: Families a description never keeps the calls of: views and metadata, which run no kernel.
+UNKEPT_FAMILIES = ("free",)
 #: Timed calls per replay (after one untimed call that lets the library set up its caches).
 REPEATS = 5
 #: Bytes written between timed calls where the caches are not known (see flush_bytes).
@@ -236,12 +240,12 @@ class KernelCalls:
         self.calls: list[dict[str, Any]] = []
         self.rows: list[dict[tuple[str, str, str], int]] = []
         self._index: dict[str, int] = {}
-        #: Of ``calls``, the indices kept for their family alone (DATA_MOVEMENT_FAMILIES).
-        self._moves: set[int] = set()
+        #: Of ``calls``, the family of each kept for the replays of other operators (not REPLAYED_OPS).
+        self._families: dict[int, str] = {}
 
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
-        moves = info.family in DATA_MOVEMENT_FAMILIES and phase in DATA_MOVEMENT_PHASES
-        if info.name not in REPLAYED_OPS and not moves:
+        other = phase in DATA_MOVEMENT_PHASES and info.family not in UNKEPT_FAMILIES
+        if info.name not in REPLAYED_OPS and not other:
             return
         # The overload packet is replayed (resolve: its default overload), so an ``out=`` is left out.
         named = {name: value for name, value in call.kwargs.items() if name != "out"}
@@ -252,7 +256,7 @@ class KernelCalls:
         if key not in self._index:
             self._index[key] = len(self.calls)
             if info.name not in REPLAYED_OPS:
-                self._moves.add(len(self.calls))
+                self._families[len(self.calls)] = info.family
             self.calls.append(found)
             self.rows.append({})
         rows = self.rows[self._index[key]]
@@ -260,12 +264,12 @@ class KernelCalls:
 
     def to_list(self) -> list[dict[str, Any]]:
         """As ``StepGraph.kernels`` keeps them: ``{"call": signature, "rows": [[module, phase, op,
-        count], ...]}``, with ``"moves": True`` where kept for its family (data movement)."""
+        count], ...]}``, with the operator's ``"family"`` where it is not one of REPLAYED_OPS."""
         return [
             {
                 "call": call,
                 "rows": [[*key, count] for key, count in rows.items()],
-                **({"moves": True} if index in self._moves else {}),
+                **({"family": self._families[index]} if index in self._families else {}),
             }
             for index, (call, rows) in enumerate(zip(self.calls, self.rows, strict=True))
         ]
@@ -427,6 +431,20 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     return [_TIMED[key] for key, _ in keys]
 
 
+def reads_values(call: Mapping[str, Any]) -> bool:
+    """Whether ``call`` takes an integer or boolean tensor: indices or a mask, whose values (zeros and
+    all-true in a replay, :func:`operands`) choose what the kernel does, so a replay on them is no
+    measure of the step's call (a gather from one row, every token routed to one expert)."""
+
+    def integral(value: Any) -> bool:
+        if isinstance(value, list):
+            return any(integral(v) for v in value)
+        dtype = value.get("dtype", "") if isinstance(value, dict) else ""
+        return bool(dtype) and not dtype.startswith(("float", "bfloat", "complex"))
+
+    return any(integral(v) for v in (*call["args"], *call.get("kwargs", {}).values()))
+
+
 #: A call that moves next to nothing: its replay is the replay's own cost a call (the operator's
 #: dispatch from Python, the timer), which the model charges apart as the call's dispatch.
 FLOOR_CALL = {"op": "aten.clone", "args": [{"shape": [1], "stride": [1], "dtype": "float32"}]}
@@ -458,7 +476,7 @@ def replayed_between(
     fault_s: float = 0.0,
     products_below: float = 0.0,
     attention: bool = False,
-    data_movement: bool = False,
+    others: Callable[[str, str], bool] | None = None,
 ) -> dict[tuple[str, str, str], float]:
     """An interpolated description's rows from its two sources' replays (``StepGraph.kernels_between``):
     each row replayed whole in both, its seconds interpolated linearly in the batch to ``batch_size``
@@ -468,9 +486,7 @@ def replayed_between(
     (a, rows_a), (b, rows_b) = (
         (
             float(s["batch"]),
-            replayed_rows(
-                s["kernels"], calls_per_row, device, fault_s, products_below, attention, data_movement
-            ),
+            replayed_rows(s["kernels"], calls_per_row, device, fault_s, products_below, attention, others),
         )
         for s in sources
     )
@@ -487,14 +503,15 @@ def replayed_rows(
     fault_s: float = 0.0,
     products_below: float = 0.0,
     attention: bool = False,
-    data_movement: bool = False,
+    others: Callable[[str, str], bool] | None = None,
 ) -> dict[tuple[str, str, str], float]:
     """(module, phase, operator) -> the step's seconds in that row from replays, for the rows whose
     every call (``calls_per_row``, the description's count) was replayed; each replay's page faults
     at ``fault_s`` apiece taken off (the step's are charged apart). Matrix products only on a CPU
     and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`); the CPU's attention
-    kernel only where ``attention`` (:data:`ATTENTION_OPS`); data movement
-    (:data:`DATA_MOVEMENT_FAMILIES`) only on a CPU and where ``data_movement``."""
+    kernel only where ``attention`` (:data:`ATTENTION_OPS`); the other operators a description
+    keeps (with their family, KernelCalls) only on a CPU and where ``others(operator, family)``,
+    net of a replay's own cost a call (:func:`replay_floor`)."""
     cpu = device.startswith("cpu")
 
     def wanted(kernel: Mapping[str, Any]) -> bool:
@@ -503,18 +520,20 @@ def replayed_rows(
             return cpu and product_flops(call) < products_below
         if call["op"] in ATTENTION_OPS:
             return cpu and attention
-        if kernel.get("moves"):  # kept for its family (KernelCalls)
-            return cpu and data_movement
+        if "family" in kernel:
+            wanted_op = others is not None and others(call["op"], kernel["family"])
+            return cpu and wanted_op and not reads_values(call)
         return True
 
     kernels = [k for k in kernels if wanted(k)]
     if not kernels:
         return {}
-    floor = replay_floor(device) if any(k.get("moves") for k in kernels) else 0.0
+    floor = replay_floor(device) if any("family" in k for k in kernels) else 0.0
     total: dict[tuple[str, str, str], float] = {}
     counted: dict[tuple[str, str, str], int] = {}
     for kernel, replay in zip(kernels, replays([k["call"] for k in kernels], device), strict=True):
-        each = max(replay.seconds - replay.faults * fault_s - (floor if kernel.get("moves") else 0.0), 0.0)
+        own = floor if "family" in kernel else 0.0
+        each = max(replay.seconds - replay.faults * fault_s - own, 0.0)
         for module, phase, op, count in kernel["rows"]:
             key = (module, phase, op)
             total[key] = total.get(key, 0.0) + count * each

@@ -133,6 +133,9 @@ class Machine:
     #: backward and 0.02 ms back to back. 0: not modelled (presets). Calibrated:
     #: calibrate.update_step_cost.
     update_step_s: float = 0.0
+    #: The operators the layer zoo timed (calibrate.ZooCalibration.timed's): with
+    #: ComputeOptions.replay_untimed, the others are replayed on this host. Empty: not known.
+    zoo_ops: frozenset[str] = frozenset()
     #: What a matrix product in a training step costs beyond its price from the calibrated curves,
     #: which are timed with the operands in cache: in a step each layer's weights were last touched a
     #: whole step before, and its inputs a layer or more before, so they come from memory. Seconds per
@@ -355,7 +358,7 @@ def from_dict(document: Any) -> Machine:
     if missing:
         raise UsageError(f"machine description lacks {', '.join(missing)}")
     # A description is not this host: its kernels are never replayed.
-    not_described = {"compute_curves", "bandwidth_curve", "replay_device", "stream_device"}
+    not_described = {"compute_curves", "bandwidth_curve", "replay_device", "stream_device", "zoo_ops"}
     allowed = {f.name for f in dataclasses.fields(Machine)} - not_described
     unknown = sorted(set(document) - allowed)
     if unknown:

@@ -84,6 +84,7 @@ VARIANTS = {
     "data movement replayed, elementwise from memory": ComputeOptions(
         replay_data_movement=True, elementwise_from_memory=True
     ),
+    "untimed operators replayed": ComputeOptions(replay_untimed=True),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
@@ -115,6 +116,9 @@ COPIES_AND_GAPS = "copies calibrated and host gaps"
 DATA_MOVEMENT_REPLAYED = "data movement replayed"
 #: And the elementwise family from memory, its efficiencies fitted that way.
 REPLAYED_AND_FROM_MEMORY = "data movement replayed, elementwise from memory"
+#: The variant that replays each distinct call of an operator the layer zoo never timed
+#: (ComputeOptions.replay_untimed): the model's machine, which knows the zoo's operators.
+UNTIMED_REPLAYED = "untimed operators replayed"
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -217,6 +221,9 @@ def calibrated_machines(
     # with the efficiencies the zoo's own calls come out at under that pricing. (A zoo read from the
     # cache has no timed rows: its variants keep the model's efficiencies.)
     timed = zoo.timed
+    if timed is not None:  # the operators the zoo timed, for the variant that replays the others
+        zoo_ops = frozenset(str(op) for op in timed["op"])
+        machines = {v: dataclasses.replace(m, zoo_ops=zoo_ops) for v, m in machines.items()}
     refitted = (
         *NORM_PRICINGS,
         ELEMENTWISE_FROM_MEMORY,
