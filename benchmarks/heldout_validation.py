@@ -64,6 +64,7 @@ from dnnperf.perfmodel.validate import (
     ELEMENTWISE_FROM_MEMORY,
     NORM_PRICINGS,
     REPLAYED_AND_FROM_MEMORY,
+    UNTIMED_BY_FAMILY,
     UNTIMED_REPLAYED,
     UPDATE_BACK_TO_BACK,
     UPDATE_CALLS_AND_BYTES,
@@ -848,6 +849,7 @@ VARIANTS = (
     DATA_MOVEMENT_REPLAYED,
     REPLAYED_AND_FROM_MEMORY,
     UNTIMED_REPLAYED,
+    UNTIMED_BY_FAMILY,
     SUBNORMALS_PRICED,
     SUBNORMALS_UNPRICED,
     PER_CALL_HOST,
@@ -883,6 +885,7 @@ OPTIONS = {
             DATA_MOVEMENT_REPLAYED,
             REPLAYED_AND_FROM_MEMORY,
             UNTIMED_REPLAYED,
+            UNTIMED_BY_FAMILY,
         )
     },
 }
@@ -1141,6 +1144,7 @@ def run(models: Sequence[tuple[str, str, tuple[int, ...], str]], args: argparse.
         every[SUBNORMALS_UNPRICED] = model
         every[DATA_MOVEMENT_REPLAYED] = model
         every[UNTIMED_REPLAYED] = model
+        every[UNTIMED_BY_FAMILY] = model
     if profile.device_type == "cuda":
         every[PER_CALL_HOST] = model
     machines = {v: every[v] for v in VARIANTS if v in every}

@@ -581,7 +581,7 @@ def test_described_machine_needs_every_field() -> None:
     described = {
         k: v
         for k, v in dataclasses.asdict(toy_machine()).items()
-        if k not in ("compute_curves", "bandwidth_curve", "replay_device", "stream_device")
+        if k not in ("compute_curves", "bandwidth_curve", "replay_device", "stream_device", "zoo_ops")
     }
     with pytest.raises(UsageError, match="lacks link_bandwidth"):
         from_dict({k: v for k, v in described.items() if k != "link_bandwidth"})

@@ -175,7 +175,9 @@ def test_this_machine_calibrates_only_the_collectives_and_fsdp_a_prediction_need
 
         monkeypatch.setattr(calibrate, name, measured)
 
-    zoo = calibrate.ZooCalibration(efficiency={}, curves={}, call_s={}, kernel_s=0.0, host_call_s={})
+    zoo = calibrate.ZooCalibration(
+        efficiency={}, curves={}, call_s={}, kernel_s=0.0, host_call_s={}, ops=frozenset({"aten.relu"})
+    )
     for name, value in [
         ("calibrated", zoo),
         ("update_step_cost", (1e-4, 1e-6, 1.0)),
@@ -201,6 +203,7 @@ def test_this_machine_calibrates_only_the_collectives_and_fsdp_a_prediction_need
     lean = calibrated_machine("cpu", collectives=(), fsdp=False)
     assert "fsdp_cost" not in ran and "calibrated" in ran and not [r for r in ran if r[0] == "link"]
     assert lean.sources["link"] == lean.sources["fsdp"] == NOT_CALIBRATED
+    assert lean.zoo_ops == {"aten.relu"}  # the zoo's operators: the others are replayed
     two = dataclasses.replace(lean, nodes=2)
     with pytest.raises(UsageError, match="without its link"):
         predict("basic_cnn", two, 4, "dp", preset="tiny")
@@ -263,3 +266,18 @@ def test_each_strategy_predicts_with_exactly_the_collectives_it_is_said_to_need(
         for op in needed:
             without = [o for o in needed if o != op]
             assert not all(predicted(strategy, without, layout) for layout in layouts), (strategy, op)
+
+
+def test_the_zoos_operators_come_back_from_the_calibration_cache(monkeypatch, tmp_path) -> None:
+    """The operators the zoo timed, which decide what a prediction replays, are kept in the cache."""
+    from dnnperf import calibration
+    from dnnperf.perfmodel import calibrate
+    from dnnperf.perfmodel.machine import from_profile
+
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    timed = calibrate.ZooCalibration({}, {}, {}, 0.0, {}, ops=frozenset({"aten.relu", "aten.gelu[tanh]"}))
+    runs: list[int] = []
+    monkeypatch.setattr(calibrate, "zoo_calibration", lambda machine: runs.append(1) or timed)
+    base = from_profile(calibration.calibrate("cpu", quick=True))
+    assert calibrate.calibrated(base).ops == timed.ops
+    assert calibrate.calibrated(base).ops == timed.ops and runs == [1]  # the second from the cache

@@ -1433,6 +1433,8 @@ class ZooCalibration:
     #: The zoo's rows as timed (net of the timing floor), for :func:`zoo_fit` under other options;
     #: None where the calibration came from the cache, which keeps only what the model uses.
     timed: pd.DataFrame | None = None
+    #: The operators the zoo timed: the others are replayed on this host (ComputeOptions.replay_untimed).
+    ops: frozenset[str] = frozenset()
 
 
 def zoo_calibration(machine: Machine, repeats: int = 7, sized: bool = False) -> ZooCalibration:
@@ -1453,13 +1455,15 @@ def zoo_calibration(machine: Machine, repeats: int = 7, sized: bool = False) -> 
         points = [(float(x), float(r)) for x, r in zip(per_call, rate, strict=True) if r > 0]
         if points:
             curves[f"{family}/{phase}"] = Curve(*dedupe(points))  # shapes of equal FLOPs: their median
-    return ZooCalibration(efficiency, curves, fixed, kernel_floor, host_call, rows)
+    return ZooCalibration(
+        efficiency, curves, fixed, kernel_floor, host_call, rows, frozenset(map(str, rows["op"]))
+    )
 
 
 def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
     """:func:`zoo_calibration` of this host at the current thread count, measured once and cached."""
     store = JsonCache("model-calibration")
-    key = f"zoo-13/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
+    key = f"zoo-14/{platform.node()}/{torch.get_num_threads()}/{torch.__version__}/{machine.name}"
     cached = store.get(key)
     if isinstance(cached, dict) and not refresh:
         try:
@@ -1469,6 +1473,7 @@ def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
                 call_s={str(k): float(v) for k, v in cached["call_s"].items()},
                 kernel_s=float(cached["kernel_s"]),
                 host_call_s={str(k): float(v) for k, v in cached["host_call_s"].items()},
+                ops=frozenset(str(op) for op in cached["ops"]),
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             pass
@@ -1481,6 +1486,7 @@ def calibrated(machine: Machine, refresh: bool = False) -> ZooCalibration:
             "call_s": found.call_s,
             "kernel_s": found.kernel_s,
             "host_call_s": found.host_call_s,
+            "ops": sorted(found.ops),
         },
     )
     return found

@@ -387,6 +387,7 @@ def from_profile(
     cold_product_s: tuple[float, float] = (0.0, 0.0),
     product_rows_efficiency: dict[str, float] | None = None,
     inner_call_s: float = 0.0,
+    zoo_ops: frozenset[str] = frozenset(),
 ) -> Machine:
     """This machine as ``dnnperf hw`` measured it: its curves, peaks, bandwidth and dispatch overhead.
 
@@ -418,7 +419,9 @@ def from_profile(
     its pinned host-to-device bandwidth for the batch's copy.
 
     ``link``: alpha/beta from the collective calibration (collectives.calibrate); default the gloo
-    loopback figures measured on the project's 2-core machine (docs/performance-model.md)."""
+    loopback figures measured on the project's 2-core machine (docs/performance-model.md).
+    ``zoo_ops``: the operators the layer zoo timed (calibrate.ZooCalibration.ops); default none.
+    """
     curves: dict[str, Curve] = {}
     peaks: dict[str, float] = {}
     for op, family in (("matmul", "matmul"), ("conv2d", "convolution")):
@@ -473,6 +476,7 @@ def from_profile(
         cold_product_byte_s=cold_product_s[1],
         product_rows_efficiency=dict(product_rows_efficiency or {}),
         inner_call_s=inner_call_s,
+        zoo_ops=frozenset(zoo_ops),
         host_bandwidth=(profile.host_bandwidth("h2d") or 0.0) if gpu else 0.0,
         # A GPU's collectives run on its own engines (NCCL), not on the host's cores.
         comm_on_compute_cores=not gpu,
