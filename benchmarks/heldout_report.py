@@ -28,6 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from dnnperf.jsonio import write_text_atomic
+from dnnperf.perfmodel.validate import (
+    COPIES_AND_GAPS,
+    COPIES_CALIBRATED,
+    DATA_MOVEMENT_REPLAYED,
+    ELEMENTWISE_FROM_MEMORY,
+    REPLAYED_AND_FROM_MEMORY,
+    UNTIMED_REPLAYED,
+    UPDATE_BACK_TO_BACK,
+    UPDATE_CALLS_AND_BYTES,
+)
 from dnnperf.probes.opcount import PHASES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -663,7 +673,6 @@ def zoo_norms_out_of_cache(documents: dict[str, dict[str, Any]]) -> str:
 
 #: The model with its update calibrated back to back and right after a backward (the model's since the
 #: twenty-third set again, whose runs have it as a variant; heldout_validation.UPDATE_BACK_TO_BACK).
-UPDATE_BACK_TO_BACK = "update calibrated back to back"
 UPDATE_AFTER_BACKWARD = "update calibrated after a backward"
 
 
@@ -695,16 +704,9 @@ def subnormals(documents: dict[str, dict[str, Any]]) -> str:
 #: family from memory, the memory family fitted on the zoo's copies, and that with host gaps, each
 #: against the model (its name never in the JSON: the model stands in).
 UPDATE_STEP_COST = "update with a fixed cost a step"
-UPDATE_CALLS_AND_BYTES = "update by its calls and bytes"
 HOST_GAPS = "host gaps"
 NO_HOST_GAPS = "no host gaps"
 NEITHER = "neither the update's fixed cost nor host gaps"
-ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
-COPIES_CALIBRATED = "memory operators calibrated on copies"
-COPIES_AND_GAPS = "copies calibrated and host gaps"
-DATA_MOVEMENT_REPLAYED = "data movement replayed"
-REPLAYED_AND_FROM_MEMORY = "data movement replayed, elementwise from memory"
-UNTIMED_REPLAYED = "untimed operators replayed"
 
 #: Each such table by its marker: option_table's off and on variants, the short names of the two, and
 #: the first set it shows (None: every set that ran a variant of it).

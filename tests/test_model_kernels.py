@@ -188,7 +188,7 @@ def test_the_description_keeps_data_movement_of_forward_and_backward_whole() -> 
     expected = {
         (m, p, o): int(c)
         for m, p, o, c in zip(rows.module, rows.phase, rows.op, rows.calls, strict=True)
-        if p in kernels.DATA_MOVEMENT_PHASES
+        if p in kernels.KEPT_PHASES
     }
     assert counted == expected
     # A clone's memory format is kept, and replays.
@@ -259,6 +259,32 @@ def test_an_operator_the_zoo_never_timed_takes_its_replay_where_asked(
     sleep = _replays_sleep()
     assert sleep - kernels.replay_floor("cpu") <= replayed[sleepy][0] - 1e-6 < sleep + CALL_S
     assert replayed[others] == pytest.approx(timed[others])  # the timed operators keep their price
+
+
+def test_calls_that_take_indices_or_masks_are_never_replayed_for_their_family(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A gather's indices and a mask choose a kernel's work, and a replay's operands are zeros and
+    all-true: of an index_select, a masked fill and a flip kept for their family, only the flip is
+    timed."""
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    kernels.forget_replays()
+    x = torch.randn(8, 4)
+    calls = {
+        "index": kernels.signature("aten.index_select", [x, 0, torch.tensor([3, 1])]),
+        "mask": kernels.signature("aten.masked_fill", [x, x > 0, 0.0]),
+        "flip": kernels.signature("aten.flip", [x, [0]]),
+    }
+    assert [kernels.reads_values(c) for c in calls.values()] == [True, True, False]
+    timed: list[str] = []
+    monkeypatch.setattr(
+        kernels, "time_call", lambda call, *a, **k: timed.append(call["op"]) or kernels.Replay(1e-3, 0)
+    )
+    kept = [{"call": c, "rows": [["m", "forward", c["op"], 1]], "family": "memory"} for c in calls.values()]
+    rows = {("m", "forward", c["op"]): 1 for c in calls.values()}
+    replayed = kernels.replayed_rows(kept, rows, "cpu", others=lambda op, family: True)
+    assert set(replayed) == {("m", "forward", "aten.flip")}
+    assert "aten.index_select" not in timed and "aten.masked_fill" not in timed and "aten.flip" in timed
 
 
 @torch.library.custom_op("dnnperf_test::fresh", mutates_args=())

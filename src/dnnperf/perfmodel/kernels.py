@@ -73,7 +73,7 @@ DATA_MOVEMENT_FAMILIES = ("memory", "uncovered")
 #: The phases whose other calls a description keeps, each with its family (the update's are the
 #: optimizer's, priced apart), for the replays of data movement or of the operators the layer zoo
 #: never timed (``ComputeOptions.replay_untimed``).
-DATA_MOVEMENT_PHASES = ("forward", "backward")
+KEPT_PHASES = ("forward", "backward")
 #: Families a description never keeps the calls of: views and metadata, which run no kernel.
 UNKEPT_FAMILIES = ("free",)
 #: Timed calls per replay (after one untimed call that lets the library set up its caches).
@@ -232,9 +232,9 @@ def split_kernels(
 
 
 class KernelCalls:
-    """An ``OpCounter`` observer: the distinct calls of :data:`REPLAYED_OPS` in a step, and of the
-    :data:`DATA_MOVEMENT_FAMILIES` in its forward and backward, each with how many times each (module,
-    phase, operator) row made it."""
+    """An ``OpCounter`` observer: the distinct calls of :data:`REPLAYED_OPS` in a step, and of every
+    other operator that runs a kernel in its forward and backward (:data:`KEPT_PHASES`, with its
+    family), each with how many times each (module, phase, operator) row made it."""
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -244,7 +244,7 @@ class KernelCalls:
         self._families: dict[int, str] = {}
 
     def __call__(self, module: str, phase: str, call: Any, info: Any) -> None:
-        other = phase in DATA_MOVEMENT_PHASES and info.family not in UNKEPT_FAMILIES
+        other = phase in KEPT_PHASES and info.family not in UNKEPT_FAMILIES
         if info.name not in REPLAYED_OPS and not other:
             return
         # The overload packet is replayed (resolve: its default overload), so an ``out=`` is left out.

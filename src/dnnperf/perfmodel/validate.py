@@ -203,6 +203,7 @@ def calibrated_machines(
             product_rows_efficiency=product_rows,
             inner_call_s=inner_call,
             gap_call_s=gap_call,
+            zoo_ops=zoo.ops,  # the others are replayed (ComputeOptions.replay_untimed)
         )
         for v in VARIANTS
     }
@@ -224,8 +225,6 @@ def calibrated_machines(
     # with the efficiencies the zoo's own calls come out at under that pricing. (A zoo read from the
     # cache has no timed rows: its variants keep the model's efficiencies.)
     timed = zoo.timed
-    # The operators the zoo timed: the others are replayed (ComputeOptions.replay_untimed).
-    machines = {v: dataclasses.replace(m, zoo_ops=zoo.ops) for v, m in machines.items()}
     refitted = (
         *NORM_PRICINGS,
         ELEMENTWISE_FROM_MEMORY,
