@@ -3470,6 +3470,117 @@ class UpsamplingDecoder(nn.Module):
         return self.decoder(self.encoder(image))
 
 
+class ComplexConvNet(nn.Module):
+    """A complex-valued CNN (deep complex networks): the image as a complex tensor, 3x3 complex
+    convolutions (two of stride 2), a split ReLU on the real and imaginary parts, a complex linear
+    layer whose outputs' magnitudes are the logits."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 64)) -> None:
+        super().__init__()
+        convs = []
+        for index, (a, b) in enumerate(zip((3, *widths[:-1]), widths, strict=True)):
+            convs.append(nn.Conv2d(a, b, 3, 2 if index else 1, 1, dtype=torch.cfloat))
+        self.convs = nn.ModuleList(convs)
+        self.head = nn.Linear(widths[-1], CLASSES, dtype=torch.cfloat)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = torch.complex(image, torch.zeros_like(image))
+        for conv in self.convs:
+            y = conv(x)
+            x = torch.complex(nn.functional.relu(y.real), nn.functional.relu(y.imag))
+        return self.head(x.mean((2, 3))).abs()
+
+
+class DoublePrecisionMLP(nn.Module):
+    """A scientific-computing regressor-style MLP kept in float64 throughout: six tanh layers of 512
+    on the flattened image, a linear head."""
+
+    def __init__(self, width: int = 512, depth: int = 6) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for index in range(depth):
+            layers += [nn.Linear(3 * IMAGE_SIZE**2 if index == 0 else width, width), nn.Tanh()]
+        self.body = nn.Sequential(*layers, nn.Linear(width, CLASSES)).double()
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.body(image.flatten(1).double())
+
+
+class Perceiver(nn.Module):
+    """A Perceiver-like classifier: 32 learned latents cross-attend to the image's 1,024 pixels
+    (Fourier-free, a linear embedding of each pixel plus a learned position), then four latent
+    self-attention blocks (nn.TransformerEncoderLayer, pre-norm), a mean over the latents."""
+
+    def __init__(self, width: int = 128, latents: int = 32, depth: int = 4) -> None:
+        super().__init__()
+        self.pixels = nn.Linear(3, width)
+        self.position = nn.Parameter(torch.randn(IMAGE_SIZE**2, width) * 0.02)
+        self.latents = nn.Parameter(torch.randn(latents, width) * 0.02)
+        self.cross_norm = nn.LayerNorm(width)
+        self.cross = nn.MultiheadAttention(width, 1, batch_first=True)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, 4, 2 * width, 0.0, batch_first=True, norm_first=True)
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        tokens = self.pixels(image.flatten(2).transpose(1, 2)) + self.position
+        keys = self.cross_norm(tokens)
+        queries = self.latents.expand(image.shape[0], -1, -1)
+        x = queries + self.cross(queries, keys, keys, need_weights=False)[0]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x.mean(1))
+
+
+class ConformerBlock(nn.Module):
+    """A Conformer block: half feed-forward, self-attention, a convolution module (pointwise, GLU,
+    depthwise 15-tap, batch norm, SiLU, pointwise), half feed-forward, a layer norm."""
+
+    def __init__(self, width: int, heads: int = 4) -> None:
+        super().__init__()
+
+        def feed_forward() -> nn.Sequential:
+            return nn.Sequential(
+                nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.SiLU(), nn.Linear(4 * width, width)
+            )
+
+        self.ff1, self.ff2 = feed_forward(), feed_forward()
+        self.attention_norm = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.conv_norm = nn.LayerNorm(width)
+        self.pointwise_in = nn.Conv1d(width, 2 * width, 1)
+        self.depthwise = nn.Conv1d(width, width, 15, padding=7, groups=width)
+        self.conv_batch_norm = nn.BatchNorm1d(width)
+        self.pointwise_out = nn.Conv1d(width, width, 1)
+        self.out_norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.ff1(x)
+        h = self.attention_norm(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        h = nn.functional.glu(self.pointwise_in(self.conv_norm(x).transpose(1, 2)), 1)
+        h = nn.functional.silu(self.conv_batch_norm(self.depthwise(h)))
+        x = x + self.pointwise_out(h).transpose(1, 2)
+        return self.out_norm(x + 0.5 * self.ff2(x))
+
+
+class Conformer(nn.Module):
+    """A Conformer encoder over the image's rows as a sequence (32 steps of 96 features, as a
+    spectrogram's frames): a linear projection, four Conformer blocks, a mean over time."""
+
+    def __init__(self, width: int = 128, depth: int = 4) -> None:
+        super().__init__()
+        self.project = nn.Linear(3 * IMAGE_SIZE, width)
+        self.blocks = nn.Sequential(*(ConformerBlock(width) for _ in range(depth)))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        frames = image.permute(0, 2, 1, 3).flatten(2)  # (n, rows, channels x columns)
+        return self.head(self.blocks(self.project(frames)).mean(1))
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -4622,6 +4733,38 @@ MODELS = (
         _autoencoder_mse_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=False,
+    ),
+    OwnModel(
+        "torch-complex-cnn",
+        "torch.nn complex-valued CNN, complex convolutions and a split ReLU",
+        ComplexConvNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-double-mlp",
+        "torch.nn tanh MLP in float64",
+        DoublePrecisionMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-perceiver",
+        "torch.nn Perceiver-like latent cross-attention classifier",
+        Perceiver,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-conformer",
+        "torch.nn Conformer encoder, attention and depthwise convolution modules",
+        Conformer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
     ),
     OwnModel(
         "xt-narrow-decoder",

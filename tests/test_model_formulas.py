@@ -761,6 +761,30 @@ def test_norms_out_of_cache_take_the_rate_of_the_zoo_s_calls_beyond_the_l2() -> 
     assert zoo_fit(zoo, machine, only)[0] == efficiency  # the zoo's operators are all the zoo's
 
 
+def test_the_zoo_net_of_its_page_faults_fits_the_rate_beyond_them() -> None:
+    """A copy the zoo timed at twice its bandwidth's time, half of it page faults: net of them
+    (ComputeOptions.zoo_faults_apart) its efficiency is 1, with them 0.5; rows without faults keep
+    theirs."""
+    from dnnperf.perfmodel.calibrate import zoo_fit
+
+    machine = toy_machine(memory_bandwidth=1e11)
+    base = {"phase": "forward", "module": "m", "dtype": "float32", "kind": "", "flops": 0.0, "calls": 1.0}
+    roofline = 4e6 / 1e11
+    zoo = pd.DataFrame(
+        [
+            {**base, "op": "aten.cat", "family": "memory", "bytes": 4e6, "rows": 0.0, "sized": False}
+            | {"measured": 2 * roofline, "faults": 100.0, "fault_s": roofline},
+            {**base, "op": "aten.add", "family": "elementwise", "bytes": 4e6, "rows": 0.0, "sized": False}
+            | {"measured": 4 * roofline, "faults": 0.0, "fault_s": 0.0},
+        ]
+    )
+    with_faults, _ = zoo_fit(zoo, machine, ComputeOptions(overhead=False))
+    apart, _ = zoo_fit(zoo, machine, ComputeOptions(overhead=False, zoo_faults_apart=True))
+    assert with_faults["memory/forward"] == pytest.approx(0.5)
+    assert apart["memory/forward"] == pytest.approx(1.0)
+    assert with_faults["elementwise/forward"] == apart["elementwise/forward"] == pytest.approx(0.25)
+
+
 def test_host_costs_per_call_solve_the_layers_issue_times() -> None:
     """Issue times made from known seconds per call (elementwise 5 us, convolution 40 us, a view 2 us
     forward; backward 9 and 70 us): the fit gives them back; a phase lost in noise (0 s) is left out."""

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dnnperf.perfmodel import kernels
-from dnnperf.perfmodel.compute import ComputeOptions, op_times
+from dnnperf.perfmodel.compute import ComputeOptions, op_times, other_replays
 from dnnperf.perfmodel.graph import StepGraph, describe_model
 from dnnperf.perfmodel.machine import Curve, Machine
 from test_model_formulas import toy_machine
@@ -261,6 +261,75 @@ def test_an_operator_the_zoo_never_timed_takes_its_replay_where_asked(
     assert replayed[others] == pytest.approx(timed[others])  # the timed operators keep their price
 
 
+class _Complex(nn.Module):
+    """A linear layer, and the sleepy operator called on a complex tensor made from its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        side = torch.ops.dnnperf_test.sleepy(torch.complex(h, h).detach())
+        return h.mean() + 0 * side.real.sum()
+
+
+def test_the_zoos_operators_in_another_dtype_take_their_replay_where_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A zoo that timed every operator the step runs, in float32: the sleepy operator's complex call
+    is priced by its family, and with ``replay_other_dtypes`` at its replay (its logged sleeps); the
+    float32 linear layer keeps its price either way."""
+    kernels.forget_replays()
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    graph = describe_model(_Complex(), torch.randn(4, 8), name="complex", count_faults=False)
+    sleepy = (graph.ops["op"] == "dnnperf_test.sleepy").to_numpy()
+    kept = [k["call"] for k in graph.kernels if k["call"]["op"] == "dnnperf_test.sleepy"]
+    assert [kernels.floating_dtypes(call) for call in kept] == [{"complex64"}]
+    linear = (graph.ops["module"] == "linear").to_numpy()
+    assert linear.any()
+    machine = _machine(replay_device="cpu", zoo_ops=frozenset(graph.ops["op"]))
+    by_family = op_times(graph, machine, ComputeOptions(replay_untimed=True))["seconds"].to_numpy()
+    assert by_family[sleepy][0] < SLEEP_S / 10
+    _slept.clear()
+    asked = ComputeOptions(replay_untimed=True, replay_other_dtypes=True)
+    replayed = op_times(graph, machine, asked)["seconds"].to_numpy()
+    sleep = _replays_sleep()
+    assert sleep - kernels.replay_floor("cpu") <= replayed[sleepy][0] - 1e-6 < sleep + CALL_S
+    assert replayed[linear] == pytest.approx(by_family[linear])
+
+
+def test_which_calls_count_as_untimed() -> None:
+    """By operator and dtype: a zoo that timed exp and mm in float32 leaves their float32 calls to its
+    prices, and their complex and double calls, products included, to replays; an operator it never
+    timed is replayed in any dtype; without ``replay_other_dtypes``, by operator alone."""
+    machine = _machine(replay_device="cpu", zoo_ops=frozenset({"aten.exp", "aten.mm"}))
+
+    def call(op: str, dtype: str, operands: int = 1) -> dict[str, object]:
+        found = kernels.signature(op, [torch.zeros(4, 4, dtype=getattr(torch, dtype))] * operands)
+        assert found is not None
+        return found
+
+    both = other_replays(machine, ComputeOptions(replay_untimed=True, replay_other_dtypes=True))
+    by_op = other_replays(machine, ComputeOptions(replay_untimed=True))
+    assert both is not None and by_op is not None
+    cases = {
+        ("aten.exp", "float32"): (False, False),
+        ("aten.exp", "complex64"): (True, False),
+        ("aten.exp", "float64"): (True, False),
+        ("aten.cumsum", "float32"): (True, True),
+        ("aten.mm", "float32"): (False, False),
+        ("aten.mm", "complex64"): (True, False),
+    }
+    for (op, dtype), expected in cases.items():
+        family = "matmul" if op == "aten.mm" else "elementwise"
+        made = call(op, dtype, 2 if op == "aten.mm" else 1)
+        assert (both(made, family), by_op(made, family)) == expected, (op, dtype)
+    assert kernels.floating_dtypes(call("aten.mm", "complex64", 2)) == {"complex64"}
+    assert other_replays(machine, ComputeOptions(replay_untimed=False, replay_other_dtypes=True)) is None
+
+
 def test_calls_that_take_indices_or_masks_are_never_replayed_for_their_family(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -316,6 +385,28 @@ def test_a_replays_page_faults_are_counted_and_left_to_the_steps_own_count(
     fault_s = replay.seconds / replay.faults / 2  # the faults are half the replay's time
     seconds = op_times(graph, _machine(replay_device="cpu", page_fault_s=fault_s))["seconds"].iloc[0]
     assert seconds == pytest.approx(2 * replay.seconds / 2 + 2 * 1e-6)
+
+
+class _Fresh(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.ops.dnnperf_test.fresh(x))
+
+
+def test_a_timed_counter_counts_each_operators_page_faults() -> None:
+    """The operator that writes a fresh 64 MiB mapping takes its pages' faults in a timed count; the
+    relu after it on four floats takes next to none; an untimed count keeps none."""
+    from dnnperf.probes.opcount import OpCounter
+
+    model, x = _Fresh(), torch.randn(4)
+    with OpCounter(model, timed=True) as counter:
+        model(x)
+    rows = {r.name: r for r in counter.table()}
+    pages = 2**26 // 4096
+    assert pages / 512 <= (rows["dnnperf_test.fresh"].faults or 0) <= pages + 64
+    assert (rows["aten.relu"].faults or 0) <= 8
+    with OpCounter(model) as untimed:
+        model(x)
+    assert {r.faults for r in untimed.table()} == {None}
 
 
 class _TwoConvs(nn.Module):

@@ -68,7 +68,7 @@ from dnnperf.perfmodel.compute import (
 from dnnperf.perfmodel.graph import StepGraph, operator_row
 from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import device_lead
-from dnnperf.perfmodel.machine import Curve, Machine, dedupe
+from dnnperf.perfmodel.machine import ZOO_DTYPE, Curve, Machine, dedupe
 from dnnperf.perfmodel.zeros import CANDIDATES
 from dnnperf.probes.opcount import NO_MODULE, PHASES, OpCall, OpCounter
 from dnnperf.workloads.base import Stages, no_stages
@@ -1103,8 +1103,8 @@ def timed_rows(
     median measured seconds (on a GPU, CUDA events around each call, made behind a lead from an empty
     queue so that they time its kernels)."""
     device = device or torch.device("cpu")
-    layer = layer.to(device)
-    x = torch.randn(shape, device=device, requires_grad=True)
+    layer = layer.to(device, getattr(torch, ZOO_DTYPE))
+    x = torch.randn(shape, device=device, dtype=getattr(torch, ZOO_DTYPE), requires_grad=True)
     # A materialised output gradient, as a loss's backward hands a layer: ``.sum().backward()`` would
     # give every layer a stride-0 expanded gradient (4 bytes of storage), which kernels walk at a
     # different cost (a bias gradient's sum: 80 us for 4 bytes counted) or copy first.
@@ -1120,7 +1120,11 @@ def timed_rows(
             layer(x).backward(grad)
             synchronize(device)  # the events resolve once the device has run them
             tables.append(counter.take_step())
-    rows = [{**operator_row(r), "measured": r.seconds} for table in tables for r in table]
+    rows = [
+        {**operator_row(r), "measured": r.seconds, "faults": float(r.faults or 0)}
+        for table in tables
+        for r in table
+    ]
     frame = pd.DataFrame(rows)
     keys = ["phase", "module", "op", "family", "dtype", "kind"]
     return frame.groupby(keys, as_index=False, sort=False).median()
@@ -1225,6 +1229,10 @@ def _zoo_rows(
     floor = float(per_call[((rows["bytes"] / rows["calls"]) <= 1024) & ~rows["sized"]].median())
     floor = floor if floor == floor else 0.0  # NaN when no such call ran
     rows = rows.assign(measured=rows["measured"] - floor * rows["calls"])
+    # What the calls' page faults took (a fresh block from the OS faults on first touch, as glibc's
+    # history of mappings has it), for ComputeOptions.zoo_faults_apart; none on a GPU's rows.
+    fault_s = 0.0 if gpu else page_fault_cost()
+    rows = rows.assign(fault_s=rows["faults"] * fault_s)
     # On a GPU, each kernel's own floor too (the model adds Machine.kernel_s per call back).
     kernel_floor = measure_kernel_floor(device) if gpu else 0.0
     if gpu:
@@ -1254,6 +1262,8 @@ def zoo_fit(
     beyond the L2 (``sized``: :func:`_sized_zoo`) give normalization and pooling their efficiencies
     where ``options.norms_out_of_cache``, and nothing otherwise."""
     options = options or ComputeOptions()
+    if options.zoo_faults_apart and "fault_s" in rows:
+        rows = rows.assign(measured=(rows["measured"] - rows["fault_s"]).clip(lower=0.0))
     if "sized" in rows:
         sized = rows["sized"].astype(bool)
         norms = rows["family"].isin(PER_ELEMENT_NORMS)
@@ -1261,7 +1271,8 @@ def zoo_fit(
         if options.copies_calibrated:
             keep = keep | (sized & (rows["family"] == "memory"))
         rows = rows[keep]
-    graph = StepGraph("zoo", 1, rows.drop(columns=["measured", "sized"], errors="ignore"), 0, {}, 0, 0, 0)
+    unpriced = ["measured", "sized", "faults", "fault_s"]
+    graph = StepGraph("zoo", 1, rows.drop(columns=unpriced, errors="ignore"), 0, {}, 0, 0, 0)
     # The zoo prices its rows as timed: in cache; every one of its operators is the zoo's.
     priced = dataclasses.replace(options, overhead=False, cold_products=False, norms_zoo_only=False)
     predicted = op_times(graph, machine, priced)["compute_s"].to_numpy()

@@ -32,15 +32,22 @@ these choices is in docs/validation.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dnnperf.perfmodel.graph import StepGraph
-from dnnperf.perfmodel.kernels import DATA_MOVEMENT_FAMILIES, MATRIX_OPS, replayed_between, replayed_rows
-from dnnperf.perfmodel.machine import Machine
+from dnnperf.perfmodel.kernels import (
+    DATA_MOVEMENT_FAMILIES,
+    MATRIX_OPS,
+    floating_dtypes,
+    replayed_between,
+    replayed_rows,
+)
+from dnnperf.perfmodel.machine import ZOO_DTYPE, Machine
 from dnnperf.perfmodel.subnormals import priced_slowdown
 
 #: Families run by a compute library (GEMM/convolution kernels) and their calibrated curve.
@@ -227,6 +234,17 @@ class ComputeOptions:
     #: -5.3% to 11.2%, 78.5%, -2.6% (validation-heldout-third-host-pricings.md, "Untimed operators
     #: replayed").
     replay_untimed: bool = True
+    #: With ``replay_untimed``, the zoo's operators in a dtype other than the one it timed them in
+    #: (machine.ZOO_DTYPE) count as untimed too: a complex exponential, a complex or double-precision
+    #: product, which run other kernels. A state-space LM's complex ``exp`` at batch 4 was priced at
+    #: 2.27 ms as float32's and ran in 70.3 ms in its step.
+    replay_other_dtypes: bool = False
+    #: On a CPU, the layer zoo's timings net of the minor page faults their calls took, at the host's
+    #: cost a fault (calibrate.page_fault_cost), before its efficiencies are fitted: a step's faults
+    #: are charged apart (StepGraph.page_faults), and the zoo's depend on the allocator's history (an
+    #: LSTM layer's step took 1,484 faults each time, a GRU's 300 and then none), which moved the
+    #: memory family's forward efficiency from 0.021 to 0.061 between calibrations of one host.
+    zoo_faults_apart: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
     #: "host gaps, fixed part").
@@ -237,17 +255,25 @@ class ComputeOptions:
             raise ValueError(f"combine must be 'max' or 'sum', got {self.combine!r}")
 
 
-def other_replays(machine: Machine, options: ComputeOptions) -> Callable[[str, str], bool] | None:
-    """Which of the other operators a description keeps (kernels.KernelCalls) are replayed, by
-    operator and family: data movement (``replay_data_movement``), the operators the machine's layer
-    zoo never timed (``replay_untimed``); None: none."""
+def other_replays(
+    machine: Machine, options: ComputeOptions
+) -> Callable[[Mapping[str, Any], str], bool] | None:
+    """Which calls a description keeps (kernels.KernelCalls) are replayed beyond convolutions and small
+    products, by call and family: data movement (``replay_data_movement``), the operators the
+    machine's layer zoo never timed (``replay_untimed``), and with ``replay_other_dtypes`` any of
+    them, products included, in a dtype the zoo did not time; None: none."""
     timed = {op.split("[")[0] for op in machine.zoo_ops}
     movement, untimed = options.replay_data_movement, options.replay_untimed and bool(timed)
+    dtypes = untimed and options.replay_other_dtypes
     if not movement and not untimed:
         return None
 
-    def replayed(op: str, family: str) -> bool:
-        return (movement and family in DATA_MOVEMENT_FAMILIES) or (untimed and op not in timed)
+    def replayed(call: Mapping[str, Any], family: str) -> bool:
+        other_dtype = dtypes and bool(floating_dtypes(call) - {ZOO_DTYPE})
+        if call["op"] in MATRIX_OPS:  # products are the zoo's curves' in its dtype
+            return other_dtype
+        moved = movement and family in DATA_MOVEMENT_FAMILIES
+        return moved or (untimed and (call["op"] not in timed or other_dtype))
 
     return replayed
 

@@ -431,6 +431,26 @@ def replays(calls: Iterable[Mapping[str, Any]], device: str) -> list[Replay]:
     return [_TIMED[key] for key, _ in keys]
 
 
+#: The prefixes of floating-point and complex dtypes' names, as calls carry them (``"complex64"``).
+FLOATING = ("float", "bfloat", "complex")
+
+
+def floating_dtypes(call: Mapping[str, Any]) -> frozenset[str]:
+    """The dtypes of ``call``'s floating-point and complex tensors (its arguments and keywords)."""
+    found: set[str] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, list):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict) and str(value.get("dtype", "")).startswith(FLOATING):
+            found.add(str(value["dtype"]))
+
+    for value in (*call["args"], *call.get("kwargs", {}).values()):
+        visit(value)
+    return frozenset(found)
+
+
 def reads_values(call: Mapping[str, Any]) -> bool:
     """Whether ``call`` takes an integer or boolean tensor: indices or a mask, whose values (zeros and
     all-true in a replay, :func:`operands`) choose what the kernel does, so a replay on them is no
@@ -440,7 +460,7 @@ def reads_values(call: Mapping[str, Any]) -> bool:
         if isinstance(value, list):
             return any(integral(v) for v in value)
         dtype = value.get("dtype", "") if isinstance(value, dict) else ""
-        return bool(dtype) and not dtype.startswith(("float", "bfloat", "complex"))
+        return bool(dtype) and not dtype.startswith(FLOATING)
 
     return any(integral(v) for v in (*call["args"], *call.get("kwargs", {}).values()))
 
@@ -476,7 +496,7 @@ def replayed_between(
     fault_s: float = 0.0,
     products_below: float = 0.0,
     attention: bool = False,
-    others: Callable[[str, str], bool] | None = None,
+    others: Callable[[Mapping[str, Any], str], bool] | None = None,
 ) -> dict[tuple[str, str, str], float]:
     """An interpolated description's rows from its two sources' replays (``StepGraph.kernels_between``):
     each row replayed whole in both, its seconds interpolated linearly in the batch to ``batch_size``
@@ -503,29 +523,45 @@ def replayed_rows(
     fault_s: float = 0.0,
     products_below: float = 0.0,
     attention: bool = False,
-    others: Callable[[str, str], bool] | None = None,
+    others: Callable[[Mapping[str, Any], str], bool] | None = None,
 ) -> dict[tuple[str, str, str], float]:
     """(module, phase, operator) -> the step's seconds in that row from replays, for the rows whose
     every call (``calls_per_row``, the description's count) was replayed; each replay's page faults
     at ``fault_s`` apiece taken off (the step's are charged apart). Matrix products only on a CPU
-    and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`); the CPU's attention
-    kernel only where ``attention`` (:data:`ATTENTION_OPS`); the other operators a description
-    keeps (with their family, KernelCalls) only on a CPU and where ``others(operator, family)``,
-    net of a replay's own cost a call (:func:`replay_floor`)."""
+    and of fewer than ``products_below`` FLOPs a call (:data:`MATRIX_OPS`), or where ``others(call,
+    "matmul")``; the CPU's attention kernel only where ``attention`` (:data:`ATTENTION_OPS`); the
+    other operators a description keeps (with their family, KernelCalls) only on a CPU and where
+    ``others(call, family)``, net of a replay's own cost a call (:func:`replay_floor`)."""
     cpu = device.startswith("cpu")
 
     def wanted(kernel: Mapping[str, Any]) -> bool:
         call = kernel["call"]
         if call["op"] in MATRIX_OPS:
-            return cpu and product_flops(call) < products_below
+            other = others is not None and others(call, "matmul")
+            return cpu and (product_flops(call) < products_below or other)
         if call["op"] in ATTENTION_OPS:
             return cpu and attention
         if "family" in kernel:
-            wanted_op = others is not None and others(call["op"], kernel["family"])
+            wanted_op = others is not None and others(call, kernel["family"])
             return cpu and wanted_op and not reads_values(call)
         return True
 
-    kernels = [k for k in kernels if wanted(k)]
+    chosen = [wanted(k) for k in kernels]
+    if others is not None and cpu:
+        # A row is priced whole, by its replays or not at all: where ``others`` chose some of its
+        # calls (a complex exp beside a float one), its other kept calls are replayed with them.
+        hit = {
+            (m, p, o)
+            for kernel, yes in zip(kernels, chosen, strict=True)
+            if yes and ("family" in kernel or kernel["call"]["op"] in MATRIX_OPS)
+            if others(kernel["call"], kernel.get("family", "matmul"))
+            for m, p, o, _ in kernel["rows"]
+        }
+        for index, kernel in enumerate(kernels):
+            beside = "family" in kernel or kernel["call"]["op"] in MATRIX_OPS
+            if not chosen[index] and beside and not reads_values(kernel["call"]):
+                chosen[index] = any((m, p, o) in hit for m, p, o, _ in kernel["rows"])
+    kernels = [k for k, yes in zip(kernels, chosen, strict=True) if yes]
     if not kernels:
         return {}
     floor = replay_floor(device) if any("family" in k for k in kernels) else 0.0

@@ -23,6 +23,10 @@ from dnnperf.errors import UsageError
 from dnnperf.hardware import HardwareProfile, NotMeasuredError, device_key
 from dnnperf.perfmodel.collectives import OPERATIONS
 
+#: The dtype the layer zoo times its layers in (calibrate.zoo_calibration): its operators in another
+#: dtype (a complex exponential, a double-precision product) run other kernels, which it never timed.
+ZOO_DTYPE = "float32"
+
 GB = 1e9
 #: Fields that must be positive numbers.
 _POSITIVE = (
@@ -133,8 +137,9 @@ class Machine:
     #: backward and 0.02 ms back to back. 0: not modelled (presets). Calibrated:
     #: calibrate.update_step_cost.
     update_step_s: float = 0.0
-    #: The operators the layer zoo timed (calibrate.ZooCalibration.timed's): with
-    #: ComputeOptions.replay_untimed, the others are replayed on this host. Empty: not known.
+    #: The operators the layer zoo timed (calibrate.ZooCalibration.timed's), in :data:`ZOO_DTYPE`:
+    #: with ComputeOptions.replay_untimed, the others, and these in any other dtype, are replayed on
+    #: this host. Empty: not known.
     zoo_ops: frozenset[str] = frozenset()
     #: What a matrix product in a training step costs beyond its price from the calibrated curves,
     #: which are timed with the operands in cache: in a step each layer's weights were last touched a

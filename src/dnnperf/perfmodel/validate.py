@@ -86,6 +86,11 @@ VARIANTS = {
     ),
     "untimed operators replayed": ComputeOptions(replay_untimed=True),
     "untimed operators by their family": ComputeOptions(replay_untimed=False),
+    "untimed operators and dtypes replayed": ComputeOptions(replay_other_dtypes=True),
+    "zoo net of its page faults": ComputeOptions(zoo_faults_apart=True),
+    "untimed dtypes replayed, zoo net of its page faults": ComputeOptions(
+        replay_other_dtypes=True, zoo_faults_apart=True
+    ),
 }
 ZOO_CURVE_FAMILIES = ("convolution", "matmul")
 #: The variant whose update cost is calibrated back to back, where the model's is right after a
@@ -122,6 +127,13 @@ REPLAYED_AND_FROM_MEMORY = "data movement replayed, elementwise from memory"
 UNTIMED_REPLAYED = "untimed operators replayed"
 #: The model without those replays (the model before the thirty-fifth held-out set).
 UNTIMED_BY_FAMILY = "untimed operators by their family"
+#: The variant that also replays the zoo's operators in a dtype it did not time them in
+#: (ComputeOptions.replay_other_dtypes): the model's machine.
+OTHER_DTYPES_REPLAYED = "untimed operators and dtypes replayed"
+#: The variant whose zoo's timings are taken net of their page faults before its efficiencies are
+#: fitted (ComputeOptions.zoo_faults_apart), and that with the dtypes replayed too.
+FAULTS_APART = "zoo net of its page faults"
+DTYPES_AND_FAULTS_APART = "untimed dtypes replayed, zoo net of its page faults"
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -231,6 +243,8 @@ def calibrated_machines(
         COPIES_CALIBRATED,
         COPIES_AND_GAPS,
         REPLAYED_AND_FROM_MEMORY,
+        FAULTS_APART,
+        DTYPES_AND_FAULTS_APART,
     )
     for variant in refitted if timed is not None else ():
         fitted, fixed_s = zoo_fit(timed, from_profile(profile), VARIANTS[variant])

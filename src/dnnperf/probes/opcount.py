@@ -96,6 +96,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -164,6 +165,8 @@ class OpRecord:
     seconds: float | None = None
     #: Of which the host's: dispatch and launch (on a CPU all of ``seconds``); None when not timed.
     host_seconds: float | None = None
+    #: Minor page faults the calls took, when timed on the host clock (a CPU); None otherwise.
+    faults: int | None = None
     #: The library that ran the calls (see :func:`library_of`); None when not counted.
     library: str | None = None
     #: dtype of the first floating-point tensor argument ("float32"...); None when there was none.
@@ -1078,14 +1081,26 @@ def _dtype_of(call: OpCall) -> str | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (the OS's count)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class HostTimer:
-    """Operator times on the host clock: exact on the CPU, where operators run synchronously."""
+    """Operator times on the host clock: exact on the CPU, where operators run synchronously. Each
+    call's minor page faults are counted too (``last_faults``): a fresh block the allocator maps from
+    the OS faults on first touch, a cost that depends on the allocator's history, not the operator."""
 
-    def start(self) -> int:
-        return time.perf_counter_ns()
+    def __init__(self) -> None:
+        self.last_faults = 0
 
-    def stop(self, token: int) -> float:
-        return (time.perf_counter_ns() - token) * 1e-9
+    def start(self) -> tuple[int, int]:
+        return minor_faults(), time.perf_counter_ns()
+
+    def stop(self, token: tuple[int, int]) -> float:
+        seconds = (time.perf_counter_ns() - token[1]) * 1e-9
+        self.last_faults = minor_faults() - token[0]
+        return seconds
 
 
 class _EventTimer:
@@ -1139,6 +1154,7 @@ class _Totals:
     calls: int = 0
     seconds: float = 0.0
     host_seconds: float = 0.0
+    faults: int = 0
     events: list[tuple[Any, Any]] = field(default_factory=list)
     library: str | None = None
     dtype: str | None = None
@@ -1195,8 +1211,9 @@ class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
             return out
         token = timer.start()
         out = func(*args, **kwargs)
-        elapsed = timer.stop(token)
-        counter._record(info, OpCall(args, kwargs, out, info.index), elapsed)
+        elapsed = timer.stop(token)  # type: ignore[arg-type]
+        faults = timer.last_faults if isinstance(timer, HostTimer) else 0
+        counter._record(info, OpCall(args, kwargs, out, info.index), elapsed, faults)
         return out
 
 
@@ -1438,7 +1455,7 @@ class OpCounter:
             return self._stage
         return "forward"
 
-    def _record(self, info: _OpInfo, call: OpCall, elapsed: Any = None) -> None:
+    def _record(self, info: _OpInfo, call: OpCall, elapsed: Any = None, faults: int = 0) -> None:
         phase = self._phase()
         name = variant_name(info.name, call)
         # Backward operators belong to the module that made their autograd node; the rest to the
@@ -1457,6 +1474,7 @@ class OpCounter:
         if isinstance(elapsed, float):
             totals.seconds += elapsed
             totals.host_seconds += elapsed
+            totals.faults += faults
         elif elapsed is not None:
             totals.events.append(elapsed[:2])
             totals.host_seconds += elapsed[2]
@@ -1515,6 +1533,7 @@ class OpCounter:
                 if timed
                 else None,
                 host_seconds=totals.host_seconds if timed else None,
+                faults=totals.faults if isinstance(self._timer, HostTimer) else None,
                 library=totals.library,
                 dtype=totals.dtype,
                 kind=totals.kind or "",
