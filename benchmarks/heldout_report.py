@@ -32,7 +32,10 @@ from dnnperf.perfmodel.validate import (
     COPIES_AND_GAPS,
     COPIES_CALIBRATED,
     DATA_MOVEMENT_REPLAYED,
+    DTYPES_AND_FAULTS_APART,
     ELEMENTWISE_FROM_MEMORY,
+    FAULTS_APART,
+    OTHER_DTYPES_REPLAYED,
     REPLAYED_AND_FROM_MEMORY,
     UNTIMED_REPLAYED,
     UPDATE_BACK_TO_BACK,
@@ -365,6 +368,18 @@ SETS = (
         "torch.nn (`benchmarks/own_models.py`): a message-passing graph network, a product-key memory, "
         "an S4D-like state space LM, a decoder with rotary embeddings by hand and an autoencoder that "
         "upsamples bilinearly and by transposed convolutions.",
+    ),
+    (
+        "thirty-sixth",
+        "thirty-sixth set",
+        "Eight models (`THIRTY_SIXTH_MODELS`, `--thirty-sixth`), fixed (each built and stepped twice "
+        "to choose its batches) before any of them was predicted, to confirm the untimed operators "
+        "replayed and to judge the zoo's operators in another dtype replayed (variant \"untimed "
+        'operators and dtypes replayed") and the zoo\'s timings net of their page faults (variant "zoo '
+        'net of its page faults"): hf:luke, hf:nanochat, hf:cwm and hf:jais2 (transformers, `small`, '
+        "batch 2 and 3) and four networks written in torch.nn (`benchmarks/own_models.py`): a "
+        "complex-valued CNN, a float64 MLP, a Perceiver-like latent cross-attention classifier and a "
+        "Conformer encoder.",
     ),
     (
         "first-subnormals",
@@ -739,6 +754,19 @@ LATER_OPTIONS: dict[str, tuple[str, str, tuple[str, str], str | None]] = {
         ("by their family", "replayed"),
         None,
     ),
+    "other-dtypes": (
+        UNTIMED_REPLAYED,
+        OTHER_DTYPES_REPLAYED,
+        ("by operator", "and by dtype"),
+        "thirty-sixth",
+    ),
+    "faults-apart": (
+        "the zoo with its page faults",
+        FAULTS_APART,
+        ("with its faults", "net of them"),
+        "thirty-sixth",
+    ),
+    "dtypes-and-faults-apart": ("neither", DTYPES_AND_FAULTS_APART, ("neither", "both"), "thirty-sixth"),
     "data-movement-and-elementwise": (
         DATA_MOVEMENT_REPLAYED,
         REPLAYED_AND_FROM_MEMORY,

@@ -70,7 +70,7 @@ from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
 from dnnperf.perfmodel.kernels import device_lead
 from dnnperf.perfmodel.machine import ZOO_DTYPE, Curve, Machine, dedupe
 from dnnperf.perfmodel.zeros import CANDIDATES
-from dnnperf.probes.opcount import NO_MODULE, PHASES, OpCall, OpCounter
+from dnnperf.probes.opcount import NO_MODULE, PHASES, OpCall, OpCounter, minor_faults
 from dnnperf.workloads.base import Stages, no_stages
 
 BLOCKS = 32
@@ -666,15 +666,11 @@ def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
     one faults 40% slower), not a tensor from the allocator: glibc hands out even a 64 MiB block from
     a free hole in its heap, already resident, so in a process with a history (a notebook, a test
     session) a tensor's pages need not fault at all."""
-    try:
-        import resource
-    except ImportError:  # not a Unix
-        return 0.0
     with _one_thread():
         warm = torch.empty(nbytes // 4)
         samples = []
         for i in range(repeats + 2):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            before = minor_faults()
             started = time.perf_counter()
             block = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # as glibc's
             fresh = torch.frombuffer(block, dtype=torch.float32)
@@ -682,7 +678,7 @@ def measure_page_fault_cost(nbytes: int = 64 << 20, repeats: int = 15) -> float:
             del fresh  # releases the buffer, so that the mapping can close
             block.close()
             total = time.perf_counter() - started
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            faults = minor_faults() - before
             started = time.perf_counter()
             warm.fill_(1.0)
             touched = time.perf_counter() - started

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import random
-import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from dnnperf.errors import DnnperfError
 from dnnperf.perfmodel import collectives
 from dnnperf.perfmodel.calibrate import page_fault_cost
 from dnnperf.perfmodel.machine import GLOO_SEGMENT
+from dnnperf.probes.opcount import minor_faults
 
 #: 1 KiB to 64 MiB in powers of 4.
 SIZES = tuple(1024 * 4**i for i in range(9))
@@ -92,7 +92,7 @@ def _rank_main(
             random.Random(round_).shuffle(order)
             for op, n in order:
                 dist.barrier()
-                faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                faults_before = minor_faults()
                 started = time.perf_counter()
                 if op == "allreduce":
                     dist.all_reduce(buffers[n])
@@ -108,7 +108,7 @@ def _rank_main(
                     dist.recv(buffers[n], src=0)
                 if round_ > 0:
                     samples.setdefault(f"{op}/{n}", []).append(time.perf_counter() - started)
-                    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+                    faulted = minor_faults() - faults_before
                     faults.setdefault(f"{op}/{n}", []).append(faulted)
         gathered: list[Any] = [None] * world
         dist.gather_object({"seconds": samples, "faults": faults}, gathered if rank == 0 else None, dst=0)

@@ -229,21 +229,25 @@ class ComputeOptions:
     #: On a CPU, each distinct call in the forward and backward of an operator the machine's layer zoo
     #: never timed (Machine.zoo_ops) replayed, its replay's time for its row rather than its family's
     #: price: a cumulative sum, an FFT, a flip, an unfold's col2im. Not the calls that take indices
-    #: or masks (kernels.reads_values), whose random operands would not do the step's work. Judged by
-    #: the thirty-fifth held-out set with the twenty-eighth's rule, it took the set from 19.3%, 80.1%,
-    #: -5.3% to 11.2%, 78.5%, -2.6% (validation-heldout-third-host-pricings.md, "Untimed operators
-    #: replayed").
-    replay_untimed: bool = True
+    #: or masks (kernels.reads_values), whose random operands would not do the step's work. Off: the
+    #: thirty-fifth held-out set passed it with the twenty-eighth's rule (19.3%, 80.1%, -5.3% to 11.2%,
+    #: 78.5%, -2.6%); the thirty-sixth, fixed to confirm it, failed it on its max alone (27.9%, 38.9%,
+    #: -27.3% to 23.3%, 43.5%, -21.1%: a Perceiver over already, +38.9% to +43.5%)
+    #: (validation-heldout-third-host-pricings-2.md, "Untimed operators again").
+    replay_untimed: bool = False
     #: With ``replay_untimed``, the zoo's operators in a dtype other than the one it timed them in
     #: (machine.ZOO_DTYPE) count as untimed too: a complex exponential, a complex or double-precision
-    #: product, which run other kernels. A state-space LM's complex ``exp`` at batch 4 was priced at
-    #: 2.27 ms as float32's and ran in 70.3 ms in its step.
+    #: product, which run other kernels (a state-space LM's complex ``exp`` at batch 4 was priced at
+    #: 2.27 ms as float32's and ran in 70.3 ms in its step). Off with ``replay_untimed``: the
+    #: thirty-sixth set passed it on top of those replays by the twentieth's rule (its two changed rows,
+    #: a float64 MLP's, from 30.2% to 27.7%), but the replays it extends failed there.
     replay_other_dtypes: bool = False
     #: On a CPU, the layer zoo's timings net of the minor page faults their calls took, at the host's
     #: cost a fault (calibrate.page_fault_cost), before its efficiencies are fitted: a step's faults
     #: are charged apart (StepGraph.page_faults), and the zoo's depend on the allocator's history (an
-    #: LSTM layer's step took 1,484 faults each time, a GRU's 300 and then none), which moved the
-    #: memory family's forward efficiency from 0.021 to 0.061 between calibrations of one host.
+    #: LSTM layer's step took 1,484 faults each time, a GRU's 300 and then none). Off: judged by the
+    #: thirty-sixth held-out set, it moved none of its rows by 2% (another calibration's zoo took
+    #: faults only in its matrix products and a batch norm's backward).
     zoo_faults_apart: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant

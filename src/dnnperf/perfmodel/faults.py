@@ -30,6 +30,7 @@ import torch
 
 from dnnperf.errors import DnnperfError
 from dnnperf.interrupts import children_beside
+from dnnperf.probes.opcount import minor_faults
 
 if TYPE_CHECKING:
     from dnnperf.workloads.base import Task, Workload
@@ -50,19 +51,15 @@ def steady_page_faults(
     counting once ``least`` steps are counted and they took that much CPU time (a large model's steps
     are few: its faults are a small part of a long step; a small model's, where they weigh most, are
     cheap to count ten times). 0 where the OS does not count faults."""
-    try:
-        import resource
-    except ImportError:  # not a Unix
-        return 0.0
     for _ in range(warm):
         step()
     counts = []
     spent = 0.0
     while len(counts) < counted and not (budget_s is not None and len(counts) >= least and spent > budget_s):
         cpu = time.process_time()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        before = minor_faults()
         step()
-        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        counts.append(minor_faults() - before)
         spent += time.process_time() - cpu
     return float(np.median(counts))
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 import platform
-import resource
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,6 +39,7 @@ import torch
 
 from dnnperf.devices import current
 from dnnperf.hardware import matmul_flops
+from dnnperf.probes.opcount import minor_faults
 
 #: Convolutions forward and backward (and the forward convolutions a double backward runs): replayed
 #: for workspace and for time, the kernels whose cost depends on more than their FLOPs and bytes.
@@ -353,7 +353,7 @@ def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> R
         faults: list[int] = []
         for _ in range(repeats):
             flush.fill_(1.0)
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            before = minor_faults()
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 lead()  # the device busy while the host launches the call: its kernels alone are timed
@@ -366,7 +366,7 @@ def _time_call(call: Mapping[str, Any], device: torch.device, repeats: int) -> R
                 began = time.perf_counter()
                 op(*args, **named)
                 seconds.append(time.perf_counter() - began)
-            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            faults.append(minor_faults() - before)
         return Replay(statistics.median(seconds), statistics.median(faults))
     except Exception:  # a replay must never break the prediction it serves: the roofline stands
         return Replay(math.nan, 0.0)
