@@ -147,6 +147,34 @@ def test_update_temporaries_follow_the_optimizer_type() -> None:
     assert update_temporaries(torch.optim.Adam(params, foreach=True)) == 2 * PARAMS  # a group at once
 
 
+class _UnusedTable(nn.Module):
+    """wide(), and an embedding table four times its parameters that the step never looks up (a
+    masked LM's entity embeddings): it gets no gradient, so no state and no update buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = wide()
+        self.unused = nn.Embedding(512, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_parameters_without_a_gradient_take_no_update_buffers() -> None:
+    """The unused table is the largest parameter, yet the update's buffers are the used ones' (AdamW:
+    two of the largest used weight's size); the estimate holds the profiler's measured peak."""
+    torch.manual_seed(0)
+    model = _UnusedTable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = torch.randn(1, 64)
+    graph = describe_model(model, batch, optimizer=optimizer, name="unused")
+    assert graph.update_temp_bytes == 2 * LARGEST
+    unused_bytes = 4 * 512 * 64
+    assert update_temporaries(optimizer) == 2 * unused_bytes  # every parameter counted: the old price
+    measured = profiled_step(model, optimizer, batch)
+    assert memory_estimate(graph).peak == pytest.approx(measured.measured_peak, rel=0.10)
+
+
 def test_an_interpolated_description_predicts_the_counted_peak() -> None:
     def graph(batch: int):
         torch.manual_seed(0)

@@ -17,7 +17,7 @@ import difflib
 import hashlib
 import json
 import platform
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -439,8 +439,10 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def update_temporaries(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes the optimizer's update allocates for a moment on top of gradients and state.
+def update_temporaries(optimizer: torch.optim.Optimizer, updated: Collection[int] | None = None) -> int:
+    """Bytes the optimizer's update allocates for a moment on top of gradients and state, over the
+    parameters that have a gradient (``updated``: their ids, as the step left them; None: every one
+    that requires one): torch's optimizers skip the others (an embedding the step never looked up).
 
     torch's single-tensor implementations (the default off CUDA) update one parameter at a time, each
     with transient buffers of that parameter's size: SGD one for weight decay (``grad + wd * param``)
@@ -452,7 +454,7 @@ def update_temporaries(optimizer: torch.optim.Optimizer) -> int:
     kind = type(optimizer).__name__
     worst = 0
     for group in optimizer.param_groups:
-        params = [p for p in group["params"] if p.requires_grad]
+        params = [p for p in group["params"] if p.requires_grad and (updated is None or id(p) in updated)]
         if not params or group.get("fused"):
             continue
         decay = bool(group.get("weight_decay"))
@@ -744,6 +746,9 @@ def capture(
         default=0,
     )
     segments = walk.result(workspace.per_module(described, device), outside_flow=double)
+    # The parameters an update found with a gradient (all, where the step marks no update).
+    with_grads = [id(p) for params in walk.updated.values() for p in params]
+    updated = set(with_grads) if walk.updated else None
     per_cycle: dict[int, int] = {}
     for segment in segments:
         per_cycle[segment.cycle] = per_cycle.get(segment.cycle, 0) + segment.saved
@@ -759,7 +764,7 @@ def capture(
         layers=list(layers.values()),
         module_io=module_io,
         memory_walk=segments,
-        update_temp_bytes=max((update_temporaries(opt) for opt in optimizers or []), default=0),
+        update_temp_bytes=max((update_temporaries(opt, updated) for opt in optimizers or []), default=0),
         frozen_param_bytes=frozen,
         param_tensors=trainable,
         tp_regions=list(tp_regions.values()),
