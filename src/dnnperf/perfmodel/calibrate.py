@@ -363,7 +363,7 @@ def lead_network() -> Callable[[], None]:
 
 def update_samples(
     machine: Machine,
-    repeats: int = 9,
+    repeats: int = 5,
     passes: int = 3,
     after_backward: bool = True,
     sets: Sequence[tuple[int, int]] = UPDATE_SETS + STEP_SETS,
@@ -379,7 +379,10 @@ def update_samples(
     tensor of 64 elements took 0.38 ms after a backward against 0.02 back to back. Judged by the
     twenty-third held-out set run again (each lead then a forward and backward), the update
     calibrated after a backward took the rows it changes from a median |error| of 4.9% to 3.0%, none
-    grown by 5 points. The leads cost most of the calibration: one before each timed step (486)."""
+    grown by 5 points. The leads cost most of the calibration: one before each timed step (270).
+    Medians of 5 steps rather than 9, in three interleaved calibrations each way on that Xeon, fitted
+    alike (a step 628-768 µs against 603-773, a call 3.7-4.2 µs against 3.4-4.1, a share of the
+    roofline 1.00-1.16 against 1.04-1.09) in 17-19 s rather than 30-31 s."""
     torch.manual_seed(0)
     lead = lead_network() if after_backward else None
     configs = []
