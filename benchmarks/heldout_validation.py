@@ -44,10 +44,11 @@ from typing import Any
 import torch
 
 from dnnperf import environment
-from dnnperf.calibration.timing import bytes_text, time_samples
+from dnnperf.calibration.speed import PROBE_SIDE, host_speed
+from dnnperf.calibration.timing import bytes_text
 from dnnperf.devices import to_device
 from dnnperf.errors import UsageError
-from dnnperf.hardware import bytes_moved, cpu_caches, matmul_flops, read_profile
+from dnnperf.hardware import cpu_caches, matmul_flops, read_profile
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
 from dnnperf.perfmodel.compute import ComputeOptions, op_times
 from dnnperf.perfmodel.graph import ScalableGraph, describe_model
@@ -1115,30 +1116,6 @@ def products_in_step(task: Any, batch: dict[str, torch.Tensor], steps: int = 3) 
             task.step(batch)
     products = [e for e in profiler.key_averages() if e.key in PROFILED_PRODUCTS]
     return sum(e.self_cpu_time_total for e in products) * 1e-6 / steps, sum(e.count for e in products) / steps
-
-
-#: The host-speed probe: a square product of the size the profile's matmul curve starts at, and a copy.
-PROBE_SIDE = 512
-PROBE_COPY_BYTES = 64 * 2**20
-
-
-def host_speed(device: str, repeats: int = 20) -> dict[str, float]:
-    """This host's speed now, beside the profile's: a 512x512 float32 product (268 MFLOP, the size the
-    profile's matmul curve starts at) and a 64 MiB copy, the median of ``repeats`` calls each after
-    one untimed. The machine is shared; a slow spell over a whole run moves every measured step and not
-    the calibrated profile."""
-    where = torch.device(device)
-    a = torch.randn(PROBE_SIDE, PROBE_SIDE, device=where)
-    source = torch.empty(PROBE_COPY_BYTES // 4, device=where)
-    target = torch.empty_like(source)
-    seconds = {}
-    for what, call in (("product", lambda: torch.mm(a, a)), ("copy", lambda: target.copy_(source))):
-        call()
-        seconds[what] = statistics.median(time_samples(call, where, calls=1, repeats=repeats))
-    return {
-        "matmul_flops": matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE) / seconds["product"],
-        "copy_bytes_per_s": bytes_moved("copy", PROBE_COPY_BYTES) / seconds["copy"],
-    }
 
 
 def device_name(device: str) -> str:

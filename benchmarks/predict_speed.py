@@ -30,7 +30,10 @@ from pathlib import Path
 import torch
 
 from dnnperf import environment, hardware
+from dnnperf.calibration.speed import PROBE_SIDE, host_speed
+from dnnperf.hardware import matmul_flops
 from dnnperf.jsonio import write_json_atomic, write_text_atomic
+from dnnperf.perfmodel.machine import from_profile
 
 NODES = ",".join(str(2**i) for i in range(11))
 COMMAND = ["predict", "resnet50", "--preset", "full", "-b", "32", "--sweep", f"nodes={NODES}", "--no-report"]
@@ -80,6 +83,19 @@ def markdown(document: dict) -> str:
             f"{len(values)} |"
         )
     cold = statistics.median(document["seconds"]["cold"])
+    speed = document.get("host_speed")
+    host = []
+    if speed:
+        start, end, profiled = speed["start"], speed["end"], speed["profile_matmul_flops"]
+        host = [
+            f"Host speed (`calibration.speed.host_speed`, one thread): a {PROBE_SIDE}x{PROBE_SIDE} product "
+            f"at {start['matmul_flops'] / 1e9:.0f} GFLOP/s before the rounds and "
+            f"{end['matmul_flops'] / 1e9:.0f} after"
+            + (f" (the profile's: {profiled / 1e9:.0f})" if profiled else "")
+            + f"; a 64 MiB copy at {start['copy_bytes_per_s'] / 1e9:.1f} and "
+            f"{end['copy_bytes_per_s'] / 1e9:.1f} GB/s. The host is shared: its speed moves by the hour.",
+            "",
+        ]
     verdict = "met" if cold < TARGET_S else "not met"
     return "\n".join(
         [
@@ -97,6 +113,7 @@ def markdown(document: dict) -> str:
             "interpreters) are made; *new workload*: the machine's calibrations are cached; *warm*:",
             "everything is. The rounds interleave the cases.",
             "",
+            *host,
             "| case | median | range | runs |",
             "|---|---:|---:|---:|",
             *rows,
@@ -121,7 +138,11 @@ def main() -> None:
         profile = args.profile or hardware.profile_path("cpu")
         if not profile.is_file():
             raise SystemExit(f"no hardware profile at {profile}: run `OMP_NUM_THREADS=1 dnnperf hw` first")
+        torch.set_num_threads(1)  # the command's one thread
+        start = host_speed("cpu")
         seconds = measure(profile, args.rounds)
+        end = host_speed("cpu")
+        curve = from_profile(hardware.read_profile(profile)).compute_curves.get("matmul")
         identity = ", ".join(filter(None, [platform.machine(), environment.cpu_revision()]))
         document = {
             "seconds": seconds,
@@ -129,6 +150,13 @@ def main() -> None:
             "torch": torch.__version__,
             "commit": environment.source_commit(),
             "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "host_speed": {
+                "start": start,
+                "end": end,
+                "profile_matmul_flops": float(curve(matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE)))
+                if curve is not None
+                else None,
+            },
         }
         if args.json:
             write_json_atomic(args.json, document)

@@ -138,9 +138,11 @@ def test_the_validation_pages_in_sample_tables_are_readable():
 def test_the_host_speed_is_the_probes_work_over_their_injected_times(monkeypatch: pytest.MonkeyPatch):
     """Timed calls injected at 2 ms for the product and 8 ms for the copy: 2 x 512^3 FLOP / 2 ms =
     134.2 GFLOP/s, and 64 MiB read and written / 8 ms = 16.8 GB/s."""
+    from dnnperf.calibration import speed as probe
+
     injected = iter([[0.002] * 3, [0.008] * 3])
-    monkeypatch.setattr(heldout, "time_samples", lambda *a, **k: next(injected))
-    speed = heldout.host_speed("cpu", repeats=3)
+    monkeypatch.setattr(probe, "time_samples", lambda *a, **k: next(injected))
+    speed = probe.host_speed("cpu", repeats=3)
     assert speed["matmul_flops"] == pytest.approx(2 * 512**3 / 0.002)
     assert speed["copy_bytes_per_s"] == pytest.approx(2 * 64 * 2**20 / 0.008)
 

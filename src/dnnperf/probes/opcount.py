@@ -1211,7 +1211,7 @@ class CountingMode(_TorchDispatchMode):  # type: ignore[misc,valid-type]
             return out
         token = timer.start()
         out = func(*args, **kwargs)
-        elapsed = timer.stop(token)  # type: ignore[arg-type]
+        elapsed = timer.stop(token)
         faults = timer.last_faults if isinstance(timer, HostTimer) else 0
         counter._record(info, OpCall(args, kwargs, out, info.index), elapsed, faults)
         return out

@@ -1,0 +1,32 @@
+"""This host's speed now, beside its profile's: a shared machine runs faster or slower by the hour,
+and a slow spell moves every step measured in it, not the profile a prediction was calibrated from."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from dnnperf.calibration.timing import time_samples
+from dnnperf.hardware import bytes_moved, matmul_flops
+
+#: A square float32 product of the size a profile's matmul curve starts at, and a copy from memory.
+PROBE_SIDE = 512
+PROBE_COPY_BYTES = 64 * 2**20
+
+
+def host_speed(device: str, repeats: int = 20) -> dict[str, float]:
+    """A ``PROBE_SIDE`` square float32 product's FLOP/s (``matmul_flops``) and a ``PROBE_COPY_BYTES``
+    copy's bytes read and written per second, each the median of ``repeats`` calls after one untimed."""
+    where = torch.device(device)
+    a = torch.randn(PROBE_SIDE, PROBE_SIDE, device=where)
+    source = torch.empty(PROBE_COPY_BYTES // 4, device=where)
+    target = torch.empty_like(source)
+    seconds = {}
+    for what, call in (("product", lambda: torch.mm(a, a)), ("copy", lambda: target.copy_(source))):
+        call()
+        seconds[what] = statistics.median(time_samples(call, where, calls=1, repeats=repeats))
+    return {
+        "matmul_flops": matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE) / seconds["product"],
+        "copy_bytes_per_s": bytes_moved("copy", PROBE_COPY_BYTES) / seconds["copy"],
+    }
