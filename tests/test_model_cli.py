@@ -402,3 +402,28 @@ def test_a_calibrated_gpu_without_a_measured_link_predicts_one_device_only(
     assert main(["predict", "basic_cnn", "--preset", "tiny", "--nodes", "2"]) == 2
     assert "measured no link between devices" in capsys.readouterr().err
     assert main(["predict", "basic_cnn", "--preset", "tiny", "-b", "4", "--json"]) == 0  # one device: fine
+
+
+def test_the_drift_warning_follows_the_hosts_speed_against_its_profile(monkeypatch: pytest.MonkeyPatch):
+    """A product injected at half the profile's rate is said, with its change; one 10% off is not
+    (the threshold, DRIFT, is 15%); `dnnperf predict` passes the profile's rate at the probe's size
+    from its machine's matmul curve."""
+    from types import SimpleNamespace
+
+    from dnnperf.calibration import speed as probe
+    from dnnperf.cli import predict as command
+    from dnnperf.perfmodel.machine import Curve
+
+    now = {"flops": 50e9}
+    monkeypatch.setattr(
+        probe, "host_speed", lambda *a, **k: {"matmul_flops": now["flops"], "copy_bytes_per_s": 1e10}
+    )
+    text = probe.drift_warning(100e9, "cpu", "2026-12-07T03:08")
+    assert text is not None and "50 GFLOP/s now" in text and "100 when profiled" in text and "-50%" in text
+    now["flops"] = 110e9
+    assert probe.drift_warning(100e9, "cpu", "2026-12-07T03:08") is None
+    said: list[str] = []
+    machine = SimpleNamespace(compute_curves={"matmul": Curve((1e6, 1e12), (200e9, 200e9))})
+    profile = SimpleNamespace(created="2026-12-07T03:08")
+    command.warn_if_drifted(profile, machine, "cpu", SimpleNamespace(warn=said.append))
+    assert len(said) == 1 and "-45%" in said[0]  # 110 against the curve's 200 GFLOP/s

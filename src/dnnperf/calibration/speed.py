@@ -30,3 +30,21 @@ def host_speed(device: str, repeats: int = 20) -> dict[str, float]:
         "matmul_flops": matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE) / seconds["product"],
         "copy_bytes_per_s": bytes_moved("copy", PROBE_COPY_BYTES) / seconds["copy"],
     }
+
+
+#: How far this host's product rate may stray from its profile's before `dnnperf predict` says so.
+DRIFT = 0.15
+
+
+def drift_warning(profiled_flops: float, device: str, created: str, repeats: int = 7) -> str | None:
+    """A line for the user where this host's ``PROBE_SIDE`` product runs more than ``DRIFT`` off the
+    rate its profile (made at ``created``) gives that size (``profiled_flops``); None otherwise."""
+    now = host_speed(device, repeats)["matmul_flops"]
+    change = now / profiled_flops - 1
+    if abs(change) <= DRIFT:
+        return None
+    return (
+        f"this host runs a {PROBE_SIDE}x{PROBE_SIDE} product at {now / 1e9:.0f} GFLOP/s now and ran it "
+        f"at {profiled_flops / 1e9:.0f} when profiled ({created}), {change:+.0%}: predictions follow the "
+        "profile; run `dnnperf hw` again if the host's load has changed"
+    )

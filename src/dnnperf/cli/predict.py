@@ -133,6 +133,21 @@ def parse_sweep(items: list[str]) -> dict[str, list[float]]:
     return axes
 
 
+def warn_if_drifted(profile: Any, machine: Any, device: str, out: Output) -> None:
+    """Say so when ``device``'s speed now is far from the speed ``profile`` recorded (a shared host
+    runs faster or slower by the hour): the predictions of ``machine``, calibrated from it, follow
+    the profile."""
+    from dnnperf.calibration.speed import PROBE_SIDE, drift_warning
+    from dnnperf.hardware import matmul_flops
+
+    curve = machine.compute_curves.get("matmul")
+    if curve is not None:
+        profiled = float(curve(matmul_flops(PROBE_SIDE, PROBE_SIDE, PROBE_SIDE)))
+        text = drift_warning(profiled, device, profile.created)
+        if text:
+            out.warn(text)
+
+
 def warn_if_busy(profile: Any, out: Output) -> None:
     """Say so when ``profile`` (a HardwareProfile) was calibrated beside other work: its figures, and
     the predictions made from them, then run low."""
@@ -223,6 +238,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         profile = hardware.load_profile(resolve_device(args.device))
         if profile is not None:
             warn_if_busy(profile, out)
+            warn_if_drifted(profile, machine, str(resolve_device(args.device)), out)
     changes = {k: v for k, v in (("nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     machine = dataclasses.replace(machine, **changes)
     several = machine.devices > 1 or {"nodes", "devices_per_node"} & set(axes)
