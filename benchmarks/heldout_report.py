@@ -382,6 +382,13 @@ SETS = (
         "Conformer encoder.",
     ),
     (
+        "thirty-sixth-again",
+        "thirty-sixth set again",
+        "The thirty-sixth set's eight models run a second time (`--thirty-sixth`), the model as that set "
+        "left it, from a `dnnperf hw` profile made just before (`--profile`) rather than the host's "
+        "first: how much of the set's error the host's drift from its profile made.",
+    ),
+    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "

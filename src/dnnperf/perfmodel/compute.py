@@ -209,7 +209,7 @@ class ComputeOptions:
     #: 0.14 backward, a WaveNet's pads at batch 8 came to 12.5 ms where its step ran them in about 4.
     #: Off: judged by the thirty-second held-out set, it changed 3 rows, all under already, their
     #: median |error| from 15.5% to 18.2%; with host gaps, by the thirty-third, the set from 5.2%,
-    #: 38.5%, -1.8% to 7.4%, 26.9%, +6.2% (validation-heldout-third-host-pricings.md, "Copies").
+    #: 38.5%, -1.8% to 7.4%, 26.9%, +6.2% (validation-heldout-third-host-pricings-2.md, "Copies").
     copies_calibrated: bool = False
     #: On this host's CPU, each phase's host seconds between its operator calls beyond the calibration
     #: network's (host_gap_seconds): the model's own Python. Off: the twenty-ninth held-out set passed
