@@ -300,6 +300,28 @@ def test_the_zoos_operators_in_another_dtype_take_their_replay_where_asked(
     assert replayed[linear] == pytest.approx(by_family[linear])
 
 
+def test_a_row_is_replayed_whole_where_some_of_its_calls_are_chosen(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A row of two exps, one complex and one float32: with ``replay_other_dtypes`` the complex call
+    is chosen and the float one replayed beside it, so the row takes both replays (2 x 1 ms); by
+    operator alone neither is, and the row keeps its family's price (no replayed row)."""
+    monkeypatch.setenv("DNNPERF_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "time_call", lambda *a, **k: kernels.Replay(1e-3, 0))
+    monkeypatch.setattr(kernels, "replay_floor", lambda device: 0.0)
+    kernels.forget_replays()
+    machine = _machine(replay_device="cpu", zoo_ops=frozenset({"aten.exp"}))
+    calls = [
+        kernels.signature("aten.exp", [torch.zeros(4, dtype=d)]) for d in (torch.complex64, torch.float32)
+    ]
+    kept = [{"call": c, "rows": [["m", "forward", "aten.exp", 1]], "family": "elementwise"} for c in calls]
+    rows = {("m", "forward", "aten.exp"): 2}
+    both = other_replays(machine, ComputeOptions(replay_untimed=True, replay_other_dtypes=True))
+    assert kernels.replayed_rows(kept, rows, "cpu", others=both) == {("m", "forward", "aten.exp"): 2e-3}
+    by_op = other_replays(machine, ComputeOptions(replay_untimed=True))
+    assert kernels.replayed_rows(kept, rows, "cpu", others=by_op) == {}
+
+
 def test_which_calls_count_as_untimed() -> None:
     """By operator and dtype: a zoo that timed exp and mm in float32 leaves their float32 calls to its
     prices, and their complex and double calls, products included, to replays; an operator it never

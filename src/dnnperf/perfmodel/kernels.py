@@ -534,34 +534,40 @@ def replayed_rows(
     ``others(call, family)``, net of a replay's own cost a call (:func:`replay_floor`)."""
     cpu = device.startswith("cpu")
 
+    def kept(kernel: Mapping[str, Any]) -> bool:  # a call ``others`` may choose
+        return "family" in kernel or kernel["call"]["op"] in MATRIX_OPS
+
+    # Which calls ``others`` chooses (on a CPU; never one that reads indices or a mask).
+    picked = [
+        cpu
+        and others is not None
+        and kept(k)
+        and not reads_values(k["call"])
+        and others(k["call"], k.get("family", "matmul"))
+        for k in kernels
+    ]
+    # A row is priced whole, by its replays or not at all: where ``others`` chose some of its calls
+    # (a complex exp beside a float one), its other kept calls are replayed with them.
+    hit = {(m, p, o) for k, yes in zip(kernels, picked, strict=True) if yes for m, p, o, _ in k["rows"]}
+
     def wanted(kernel: Mapping[str, Any]) -> bool:
         call = kernel["call"]
+        # Chosen by ``others``, or beside such a call in its row.
+        in_hit_row = (
+            cpu
+            and kept(kernel)
+            and not reads_values(call)
+            and any((m, p, o) in hit for m, p, o, _ in kernel["rows"])
+        )
         if call["op"] in MATRIX_OPS:
-            other = others is not None and others(call, "matmul")
-            return cpu and (product_flops(call) < products_below or other)
+            return (cpu and product_flops(call) < products_below) or in_hit_row
         if call["op"] in ATTENTION_OPS:
             return cpu and attention
         if "family" in kernel:
-            wanted_op = others is not None and others(call, kernel["family"])
-            return cpu and wanted_op and not reads_values(call)
+            return in_hit_row
         return True
 
-    chosen = [wanted(k) for k in kernels]
-    if others is not None and cpu:
-        # A row is priced whole, by its replays or not at all: where ``others`` chose some of its
-        # calls (a complex exp beside a float one), its other kept calls are replayed with them.
-        hit = {
-            (m, p, o)
-            for kernel, yes in zip(kernels, chosen, strict=True)
-            if yes and ("family" in kernel or kernel["call"]["op"] in MATRIX_OPS)
-            if others(kernel["call"], kernel.get("family", "matmul"))
-            for m, p, o, _ in kernel["rows"]
-        }
-        for index, kernel in enumerate(kernels):
-            beside = "family" in kernel or kernel["call"]["op"] in MATRIX_OPS
-            if not chosen[index] and beside and not reads_values(kernel["call"]):
-                chosen[index] = any((m, p, o) in hit for m, p, o, _ in kernel["rows"])
-    kernels = [k for k, yes in zip(kernels, chosen, strict=True) if yes]
+    kernels = [k for k in kernels if wanted(k)]
     if not kernels:
         return {}
     floor = replay_floor(device) if any("family" in k for k in kernels) else 0.0
