@@ -35,6 +35,7 @@ from dnnperf.perfmodel.validate import (
     DTYPES_AND_FAULTS_APART,
     ELEMENTWISE_FROM_MEMORY,
     FAULTS_APART,
+    LARGE_COPIES_FROM_MEMORY,
     OTHER_DTYPES_REPLAYED,
     REPLAYED_AND_FROM_MEMORY,
     UNTIMED_REPLAYED,
@@ -387,6 +388,18 @@ SETS = (
         "The thirty-sixth set's eight models run a second time (`--thirty-sixth`), the model as that set "
         "left it, from a `dnnperf hw` profile made just before (`--profile`) rather than the host's "
         "first: how much of the set's error the host's drift from its profile made.",
+    ),
+    (
+        "thirty-seventh",
+        "thirty-seventh set",
+        "Eight models (`THIRTY_SEVENTH_MODELS`, `--thirty-seventh`), fixed (each built and stepped to "
+        "choose its batches) before any of them was predicted, and run from a `dnnperf hw` profile made "
+        "just before, to judge the memory family's calls beyond the L2 priced from memory at the zoo's "
+        'large copies\' efficiency (variant "large copies from memory"): hf:nomic_bert, '
+        "hf:internlm3, hf:minicpm3 and hf:ministral3 (transformers, `small`, batch 2 and 3) and four "
+        "networks written in torch.nn (`benchmarks/own_models.py`): a "
+        "Transformer-XL-like LM with segment memory, slot attention over CNN features, an hourglass LM "
+        "and DETR-like object queries.",
     ),
     (
         "first-subnormals",
@@ -774,6 +787,12 @@ LATER_OPTIONS: dict[str, tuple[str, str, tuple[str, str], str | None]] = {
         "thirty-sixth",
     ),
     "dtypes-and-faults-apart": ("neither", DTYPES_AND_FAULTS_APART, ("neither", "both"), "thirty-sixth"),
+    "large-copies": (
+        "large copies through the cache's curve",
+        LARGE_COPIES_FROM_MEMORY,
+        ("cache's curve", "from memory"),
+        "thirty-seventh",
+    ),
     "data-movement-and-elementwise": (
         DATA_MOVEMENT_REPLAYED,
         REPLAYED_AND_FROM_MEMORY,

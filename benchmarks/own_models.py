@@ -3581,6 +3581,158 @@ class Conformer(nn.Module):
         return self.head(self.blocks(self.project(frames)).mean(1))
 
 
+class SegmentMemoryLM(nn.Module):
+    """A Transformer-XL-like LM: the 128 tokens in four segments of 32, each layer's attention over
+    its segment and the previous segment's hidden states at that layer (detached, concatenated onto
+    the keys), causal within the segment; pre-norm blocks of 128 dimensions, four heads."""
+
+    def __init__(self, width: int = 128, depth: int = 4, segment: int = 32) -> None:
+        super().__init__()
+        self.segment, self.heads = segment, 4
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
+        self.query = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.key_value = nn.ModuleList(nn.Linear(width, 2 * width) for _ in range(depth))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, c = x.shape
+        return x.view(n, t, self.heads, c // self.heads).transpose(1, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        s = self.segment
+        memories: list[torch.Tensor | None] = [None] * len(self.mlps)
+        outputs = []
+        for start in range(0, tokens.shape[1], s):
+            x = self.embed(tokens[:, start : start + s])
+            t = x.shape[1]
+            for index, mlp in enumerate(self.mlps):
+                h = self.norms[2 * index](x)
+                memory = memories[index]
+                context = h if memory is None else torch.cat([memory, h], 1)
+                memories[index] = h.detach()
+                k, v = self.key_value[index](context).chunk(2, -1)
+                past = context.shape[1] - t
+                mask = torch.ones(t, context.shape[1], dtype=torch.bool, device=x.device).tril(past)
+                a = nn.functional.scaled_dot_product_attention(
+                    self._heads(self.query[index](h)), self._heads(k), self._heads(v), attn_mask=mask
+                )
+                x = x + self.out[index](a.transpose(1, 2).flatten(2))
+                x = x + mlp(self.norms[2 * index + 1](x))
+            outputs.append(x)
+        return self.head(torch.cat(outputs, 1))
+
+
+class SlotAttention(nn.Module):
+    """Slot attention over a small CNN's features: two 5x5 convolutions give 1,024 positions of 64
+    features (plus a learned position each); 6 slots compete for them (softmax over the slots) for
+    three iterations, each a weighted mean, a GRUCell update and a residual MLP; a mean over the
+    slots classifies."""
+
+    def __init__(self, width: int = 64, slots: int = 6, iterations: int = 3) -> None:
+        super().__init__()
+        self.iterations = iterations
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3, width, 5, padding=2), nn.ReLU(), nn.Conv2d(width, width, 5, padding=2), nn.ReLU()
+        )
+        self.position = nn.Parameter(torch.randn(IMAGE_SIZE**2, width) * 0.02)
+        self.input_norm = nn.LayerNorm(width)
+        self.slots = nn.Parameter(torch.randn(slots, width) * 0.02)
+        self.slot_norm = nn.LayerNorm(width)
+        self.query = nn.Linear(width, width, bias=False)
+        self.key = nn.Linear(width, width, bias=False)
+        self.value = nn.Linear(width, width, bias=False)
+        self.update = nn.GRUCell(width, width)
+        self.mlp_norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        features = self.input_norm(self.encoder(image).flatten(2).transpose(1, 2) + self.position)
+        k, v = self.key(features), self.value(features)
+        n, c = features.shape[0], features.shape[2]
+        slots = self.slots.expand(n, -1, -1)
+        for _ in range(self.iterations):
+            q = self.query(self.slot_norm(slots))
+            attention = torch.softmax(q @ k.transpose(1, 2) * c**-0.5, dim=1) + 1e-8
+            attention = attention / attention.sum(-1, keepdim=True)
+            updates = attention @ v
+            slots = self.update(updates.reshape(-1, c), slots.reshape(-1, c)).view(n, -1, c)
+            slots = slots + self.mlp(self.mlp_norm(slots))
+        return self.head(slots.mean(1))
+
+
+class HourglassLM(nn.Module):
+    """An hourglass decoder LM: two causal blocks at the 128 tokens, the tokens shortened fourfold
+    (shifted right by three so no token sees ahead, groups of four concatenated and projected), two
+    blocks at the 32, back up by repeating each four times (repeat_interleave) onto the residual, one
+    block more; torch.nn's encoder layers under causal masks, 128 dimensions."""
+
+    def __init__(self, width: int = 128, factor: int = 4) -> None:
+        super().__init__()
+        self.factor = factor
+
+        def blocks(count: int) -> nn.ModuleList:
+            return nn.ModuleList(
+                nn.TransformerEncoderLayer(width, 4, 4 * width, 0.0, batch_first=True, norm_first=True)
+                for _ in range(count)
+            )
+
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.positions = nn.Parameter(torch.randn(TOKENS, width) * 0.02)
+        self.pre, self.short, self.post = blocks(2), blocks(2), blocks(1)
+        self.shorten = nn.Linear(factor * width, width)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, VOCABULARY)
+
+    @staticmethod
+    def _run(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        for block in blocks:
+            x = block(x, src_mask=mask, is_causal=True)
+        return x
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        f = self.factor
+        x = self._run(self.pre, self.embed(tokens) + self.positions[: tokens.shape[1]])
+        shifted = nn.functional.pad(x, (0, 0, f - 1, 0))[:, : x.shape[1]]
+        short = self.shorten(shifted.reshape(x.shape[0], x.shape[1] // f, -1))
+        up = self._run(self.short, short).repeat_interleave(f, dim=1)
+        return self.head(self.norm(self._run(self.post, x + up)))
+
+
+class ObjectQueryDecoder(nn.Module):
+    """A DETR-like classifier: a strided CNN backbone's 8x8 map (64 positions of 128 features plus
+    learned positions) read by 16 learned object queries through torch.nn's transformer decoder
+    (three layers of self-attention, cross-attention and MLP); the queries' mean classifies."""
+
+    def __init__(self, width: int = 128, queries: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Conv2d(3, 64, 3, stride=2, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.Conv2d(64, width, 3, stride=2, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+        )
+        self.position = nn.Parameter(torch.randn((IMAGE_SIZE // 4) ** 2, width) * 0.02)
+        self.queries = nn.Parameter(torch.randn(queries, width) * 0.02)
+        layer = nn.TransformerDecoderLayer(width, 4, 2 * width, 0.0, batch_first=True)
+        self.decoder = nn.TransformerDecoder(layer, depth)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        memory = self.backbone(image).flatten(2).transpose(1, 2) + self.position
+        queries = self.queries.expand(image.shape[0], -1, -1)
+        return self.head(self.decoder(queries, memory).mean(1))
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -4762,6 +4914,38 @@ MODELS = (
         "torch-conformer",
         "torch.nn Conformer encoder, attention and depthwise convolution modules",
         Conformer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-segment-memory-lm",
+        "torch.nn Transformer-XL-like LM, each segment attending to the last one's states",
+        SegmentMemoryLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-slot-attention",
+        "torch.nn slot attention over CNN features, GRUCell updates",
+        SlotAttention,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-hourglass-lm",
+        "torch.nn hourglass decoder LM, tokens shortened and repeated back",
+        HourglassLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-object-queries",
+        "torch.nn DETR-like object queries decoding CNN features (TransformerDecoder)",
+        ObjectQueryDecoder,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,

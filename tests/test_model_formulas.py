@@ -669,6 +669,78 @@ def test_elementwise_from_memory_takes_the_bandwidth_from_memory_at_every_size()
     assert off[:2] == pytest.approx([1e6 / 1e12, 1e8 / 1e11])
 
 
+def test_copies_from_memory_keep_the_rate_of_a_copy_that_writes_fresh_memory() -> None:
+    """A copy that truly runs at the bandwidth from memory at every size (it writes memory just
+    allocated), timed by the zoo once at 4e5 bytes (in cache on the curve, 4x faster than memory):
+    fitted and priced from memory (ComputeOptions.copies_from_memory) it comes out at that bandwidth
+    at a tenth and at a hundred times the zoo's size; fitted and priced through the curve, its
+    efficiency (a quarter) prices the 4e7 bytes at four times what they take. An add keeps the curve."""
+    from dnnperf.perfmodel.calibrate import zoo_fit
+    from dnnperf.perfmodel.machine import Curve
+
+    machine = toy_machine(bandwidth_curve=Curve((4e5, 4e6, 4e7), (4e11, 2e11, 1e11)), memory_bandwidth=1e11)
+    curve = machine.bandwidth_curve
+    copy, add = ("aten.clone", "memory"), ("aten.add", "elementwise")
+    base = {"phase": "forward", "module": "m", "dtype": "float32", "kind": "", "flops": 0.0, "calls": 1.0}
+    zoo = pd.DataFrame(
+        [
+            {**base, "op": copy[0], "family": copy[1], "bytes": 4e5, "rows": 0.0, "measured": 4e5 / 1e11},
+            {**base, "op": add[0], "family": add[1], "bytes": 4e5, "rows": 0.0, "measured": 4e5 / curve(4e5)},
+        ]
+    )
+    sizes = (4e4, 4e7)
+    step = pd.DataFrame(
+        [
+            {**base, "op": op, "family": family, "bytes": n, "rows": 0.0}
+            for op, family in (copy, add)
+            for n in sizes
+        ]
+    )
+    graph = StepGraph("toy", 1, step, 0, {}, 0, 0, 0)
+    priced = {}
+    for from_memory in (True, False):
+        options = ComputeOptions(overhead=False, copies_from_memory=from_memory)
+        efficiency, _ = zoo_fit(zoo, machine, options)
+        priced[from_memory] = op_times(graph, dataclasses.replace(machine, efficiency=efficiency), options)
+    on, off = (priced[k]["seconds"].to_numpy() for k in (True, False))
+    assert on[:2] == pytest.approx([n / 1e11 for n in sizes])
+    assert off[1] == pytest.approx(4 * 4e7 / 1e11)  # the in-cache efficiency, a quarter, at memory's rate
+    assert on[2:] == pytest.approx(off[2:])
+    assert on[2:] == pytest.approx([n / curve(n) for n in sizes])
+
+
+def test_large_copies_from_memory_take_the_rate_of_the_zoo_s_large_copies() -> None:
+    """A copy that truly runs at a tenth of the cache's curve up to the L2 and at 0.8 of the bandwidth
+    from memory beyond it, timed by the zoo at 4e5 bytes and (``sized``) at 8e6: with
+    ComputeOptions.large_copies_from_memory a call of 4e4 bytes keeps the small copy's efficiency on
+    the curve and one of 4e7 comes out at 0.8 of memory's bandwidth; without, the 4e7 are priced at
+    a tenth of the curve, eight times what they take."""
+    from dnnperf.perfmodel.calibrate import zoo_fit
+    from dnnperf.perfmodel.compute import LARGE_COPY_BYTES
+    from dnnperf.perfmodel.machine import Curve
+
+    machine = toy_machine(bandwidth_curve=Curve((4e5, 4e6, 4e7), (4e11, 2e11, 1e11)), memory_bandwidth=1e11)
+    curve = machine.bandwidth_curve
+    assert 4e5 < LARGE_COPY_BYTES < 8e6
+    base = {"phase": "forward", "module": "m", "dtype": "float32", "kind": "", "flops": 0.0, "calls": 1.0}
+    small = {**base, "op": "aten.clone", "family": "memory", "rows": 0.0}
+    zoo = pd.DataFrame(
+        [
+            {**small, "bytes": 4e5, "measured": 4e5 / curve(4e5) / 0.1, "sized": False},
+            {**small, "bytes": 8e6, "measured": 8e6 / 1e11 / 0.8, "sized": True},
+        ]
+    )
+    graph = StepGraph("toy", 1, pd.DataFrame([{**small, "bytes": n} for n in (4e4, 4e7)]), 0, {}, 0, 0, 0)
+    priced = {}
+    for on in (True, False):
+        options = ComputeOptions(overhead=False, large_copies_from_memory=on)
+        efficiency, _ = zoo_fit(zoo, machine, options)
+        fitted = dataclasses.replace(machine, efficiency=efficiency)
+        priced[on] = op_times(graph, fitted, options)["seconds"].to_numpy()
+    assert priced[True] == pytest.approx([4e4 / curve(4e4) / 0.1, 4e7 / 1e11 / 0.8])
+    assert priced[False] == pytest.approx([4e4 / curve(4e4) / 0.1, 4e7 / curve(4e7) / 0.1])
+
+
 def test_norms_priced_per_element_keep_the_zoo_rate_at_every_size() -> None:
     """A batch norm that truly takes 0.2 ns a byte at any size and an add that truly runs at the cache
     curve's bandwidth, each timed once in a zoo of one size (4 MB): fitted and priced per element

@@ -63,6 +63,7 @@ from dnnperf.perfmodel.compute import (
     PER_ELEMENT_OPS,
     ComputeOptions,
     few_rows_class,
+    large_copies,
     op_times,
 )
 from dnnperf.perfmodel.graph import StepGraph, operator_row
@@ -1267,7 +1268,7 @@ def zoo_fit(
         sized = rows["sized"].astype(bool)
         norms = rows["family"].isin(PER_ELEMENT_NORMS)
         keep = (norms & sized) | (~norms & ~sized) if options.norms_out_of_cache else ~sized
-        if options.copies_calibrated:
+        if options.copies_calibrated or options.large_copies_from_memory:
             keep = keep | (sized & (rows["family"] == "memory"))
         rows = rows[keep]
     unpriced = ["measured", "sized", "faults", "fault_s"]
@@ -1278,6 +1279,15 @@ def zoo_fit(
     rows = rows.assign(predicted=predicted)
     fixed: dict[str, float] = {}
     fitted: dict[str, float] = {}
+    if options.large_copies_from_memory:
+        # The large copies' own efficiency per phase; the family's comes from the others.
+        beyond = large_copies(rows["family"].to_numpy(str), (rows["bytes"] / rows["calls"]).to_numpy(float))
+        for phase, group in rows[beyond].groupby("phase"):
+            if group["measured"].sum() > 0:
+                fitted[f"memory/{phase}/large"] = min(
+                    1.0, float(group["predicted"].sum() / group["measured"].sum())
+                )
+        rows = rows[~beyond]
     dense = rows["kind"] == ""
     for (family, phase), group in rows[dense & rows["family"].isin(FIXED_COST_FAMILIES)].groupby(
         ["family", "phase"]

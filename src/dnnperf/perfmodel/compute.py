@@ -88,6 +88,17 @@ PER_ELEMENT_OPS = frozenset(
 )
 
 
+#: A call of the memory family larger than this (bytes read and written) is a large copy
+#: (ComputeOptions.large_copies_from_memory): beyond the 2 MiB L2 of the Xeons the model was built on,
+#: and beyond every copy of the layer zoo's own (calibrate._zoo: 1.2 MB at most).
+LARGE_COPY_BYTES = 2 * 2**20
+
+
+def large_copies(families: np.ndarray, bytes_per_call: np.ndarray) -> np.ndarray:
+    """Which rows are large copies (``LARGE_COPY_BYTES``)."""
+    return (families == "memory") & (bytes_per_call > LARGE_COPY_BYTES)
+
+
 #: Families whose kernels work out statistics or a window per element (batch, group, layer and
 #: instance norms; max and average pools): on one thread of the Xeon of validation-heldout-third-host.md
 #: they took about the same time per element from 256 KiB to 9 MiB (batch norm's forward 1.25-1.63 ns,
@@ -249,6 +260,20 @@ class ComputeOptions:
     #: thirty-sixth held-out set, it moved none of its rows by 2% (another calibration's zoo took
     #: faults only in its matrix products and a batch norm's backward).
     zoo_faults_apart: bool = False
+    #: The memory family's rows (copies, pads, concatenations, stacks) at the machine's bandwidth from
+    #: memory rather than the cache's curve at their working set, their efficiencies fitted on the zoo
+    #: that way (calibrate.zoo_fit): a copy writes memory just allocated, not in cache, and reads
+    #: operands written layers before. Through the cache's curve the zoo's copies (12 KB to 1.2 MB,
+    #: a recurrent layer's) came out at 0.04-0.17 of it, and that efficiency over-priced a
+    #: Perceiver's 29.7 MB of clones at batch 8 (42 ms against about 3.3 in its step); from memory
+    #: the same copies came out at 0.5-1.
+    copies_from_memory: bool = False
+    #: Only the memory family's calls larger than ``LARGE_COPY_BYTES`` at the bandwidth from memory,
+    #: at their own efficiency (``memory/PHASE/large``), fitted on the zoo's copies of that size
+    #: (calibrate._sized_zoo: a pad, a concatenation, a GLU's split, block transposes, 4-17 MB a call);
+    #: smaller calls keep the cache's curve at the efficiency of the zoo's small copies, whose
+    #: sizes (12 KB to 1.2 MB) they share.
+    large_copies_from_memory: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
     #: "host gaps, fixed part").
@@ -323,6 +348,10 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
                 at_memory &= per_element(ops) | keys.isin(list(machine.efficiency)).to_numpy()
             if options.elementwise_from_memory:
                 at_memory |= families == "elementwise"
+            if options.copies_from_memory:
+                at_memory |= families == "memory"
+            if options.large_copies_from_memory:
+                at_memory |= large_copies(families, working_set)
             bandwidth = np.where(at_memory, machine.memory_bandwidth, bandwidth)
     else:
         bandwidth = np.full(len(ops), machine.memory_bandwidth)
@@ -345,6 +374,10 @@ def op_times(graph: StepGraph, machine: Machine, options: ComputeOptions = Compu
                 for f, p, o, k in zip(families, phases, operators, kinds, strict=True)
             ]
         )
+        if options.large_copies_from_memory:
+            beyond = large_copies(families, nbytes / calls)
+            own = np.array([efficiency.get(f"memory/{p}/large", 0.0) for p in phases])
+            large = np.where(beyond & (own > 0), own, large)
         # A convolution of few output rows a call: between its kind's few-rows class and the kind.
         small = np.array(
             [

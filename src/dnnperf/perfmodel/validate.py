@@ -88,6 +88,8 @@ VARIANTS = {
     "untimed operators by their family": ComputeOptions(replay_untimed=False),
     "untimed operators and dtypes replayed": ComputeOptions(replay_untimed=True, replay_other_dtypes=True),
     "zoo net of its page faults": ComputeOptions(zoo_faults_apart=True),
+    "memory operators from memory": ComputeOptions(copies_from_memory=True),
+    "large copies from memory": ComputeOptions(large_copies_from_memory=True),
     "untimed dtypes replayed, zoo net of its page faults": ComputeOptions(
         replay_untimed=True, replay_other_dtypes=True, zoo_faults_apart=True
     ),
@@ -134,6 +136,11 @@ OTHER_DTYPES_REPLAYED = "untimed operators and dtypes replayed"
 #: fitted (ComputeOptions.zoo_faults_apart), and that with the dtypes replayed too.
 FAULTS_APART = "zoo net of its page faults"
 DTYPES_AND_FAULTS_APART = "untimed dtypes replayed, zoo net of its page faults"
+#: The variant that prices the memory family at the bandwidth from memory
+#: (ComputeOptions.copies_from_memory), its efficiencies fitted that way too.
+COPIES_FROM_MEMORY = "memory operators from memory"
+#: Only the large copies so (ComputeOptions.large_copies_from_memory), at their own efficiency.
+LARGE_COPIES_FROM_MEMORY = "large copies from memory"
 
 
 def gpu_of_this_host(profile: HardwareProfile) -> str:
@@ -245,6 +252,8 @@ def calibrated_machines(
         REPLAYED_AND_FROM_MEMORY,
         FAULTS_APART,
         DTYPES_AND_FAULTS_APART,
+        COPIES_FROM_MEMORY,
+        LARGE_COPIES_FROM_MEMORY,
     )
     for variant in refitted if timed is not None else ():
         fitted, fixed_s = zoo_fit(timed, from_profile(profile), VARIANTS[variant])
