@@ -390,18 +390,6 @@ SETS = (
         "first: how much of the set's error the host's drift from its profile made.",
     ),
     (
-        "thirty-seventh",
-        "thirty-seventh set",
-        "Eight models (`THIRTY_SEVENTH_MODELS`, `--thirty-seventh`), fixed (each built and stepped to "
-        "choose its batches) before any of them was predicted, and run from a `dnnperf hw` profile made "
-        "just before, to judge the memory family's calls beyond the L2 priced from memory at the zoo's "
-        'large copies\' efficiency (variant "large copies from memory"): hf:nomic_bert, '
-        "hf:internlm3, hf:minicpm3 and hf:ministral3 (transformers, `small`, batch 2 and 3) and four "
-        "networks written in torch.nn (`benchmarks/own_models.py`): a "
-        "Transformer-XL-like LM with segment memory, slot attention over CNN features, an hourglass LM "
-        "and DETR-like object queries.",
-    ),
-    (
         "first-subnormals",
         "first set, subnormals priced",
         "The first set's 16 models (same flags as the first) with each phase whose own outputs are "
@@ -414,6 +402,30 @@ SETS = (
         "The 15 convolutional models of the first three sets at batches 6 and 12 (`--shapes`).",
     ),
     ("shapes-again", "shapes set again", "The same 15 models at batches 5 and 10 (`--shapes-again`)."),
+    (
+        "thirty-seventh",
+        "thirty-seventh set",
+        "Eight models (`THIRTY_SEVENTH_MODELS`, `--thirty-seventh`), fixed (each built and stepped to "
+        "choose its batches) before any of them was predicted, and run from a `dnnperf hw` profile made "
+        "just before, to judge the memory family's calls beyond the L2 priced from memory at the zoo's "
+        'large copies\' efficiency (variant "large copies from memory"): hf:nomic_bert, '
+        "hf:internlm3, hf:minicpm3 and hf:ministral3 (transformers, `small`, batch 2 and 3) and four "
+        "networks written in torch.nn (`benchmarks/own_models.py`): a "
+        "Transformer-XL-like LM with segment memory, slot attention over CNN features, an hourglass LM "
+        "and DETR-like object queries.",
+    ),
+    (
+        "thirty-eighth",
+        "thirty-eighth set",
+        "Eight models (`THIRTY_EIGHTH_MODELS`, `--thirty-eighth`), fixed (each built and stepped to "
+        "choose its batches) before any of them was predicted, and run from a `dnnperf hw` profile made "
+        "just before: the model as it is, judging no pricing, its memory walk charging the gradients a "
+        "tensor read in several segments accumulates and a repeated module's partial gradients: "
+        "hf:iquestcoder, hf:olmo_hybrid, hf:lfm3 and hf:modernbert-decoder (transformers, `small`, "
+        "batch 2 and 3) and four networks written in torch.nn (`benchmarks/own_models.py`): a gMLP, an "
+        "ALBERT-like LM whose one layer runs six times, a neural cellular automaton and a Performer-like "
+        "LM (batch 2 and 4).",
+    ),
 )
 #: The pages of each set's rows (a page of every set would be too long to read): each page and the
 #: first of its sets, in ``SETS``' order; a page holds its sets up to the next page's first.

@@ -3733,6 +3733,123 @@ class ObjectQueryDecoder(nn.Module):
         return self.head(self.decoder(queries, memory).mean(1))
 
 
+class SpatialGatingMLP(nn.Module):
+    """gMLP: patches of 4x4 (64 tokens of 128), four blocks each a layer norm, a channel projection
+    to 512 with GELU, split in halves, one half normalized and mixed across tokens by a learned
+    64x64 projection (the spatial gating unit) and multiplied into the other, projected back."""
+
+    def __init__(self, width: int = 128, depth: int = 4) -> None:
+        super().__init__()
+        tokens = (IMAGE_SIZE // 4) ** 2
+        self.embed = nn.Conv2d(3, width, 4, stride=4)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(depth))
+        self.expand = nn.ModuleList(nn.Linear(width, 4 * width) for _ in range(depth))
+        self.gate_norms = nn.ModuleList(nn.LayerNorm(2 * width) for _ in range(depth))
+        self.spatial = nn.ModuleList(nn.Linear(tokens, tokens) for _ in range(depth))
+        self.contract = nn.ModuleList(nn.Linear(2 * width, width) for _ in range(depth))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.embed(image).flatten(2).transpose(1, 2)
+        for index, norm in enumerate(self.norms):
+            u, v = nn.functional.gelu(self.expand[index](norm(x))).chunk(2, -1)
+            v = self.spatial[index](self.gate_norms[index](v).transpose(1, 2)).transpose(1, 2)
+            x = x + self.contract[index](u * v)
+        return self.head(x.mean(1))
+
+
+class SharedLayerEncoder(nn.Module):
+    """An ALBERT-like encoder: a factorized embedding (64 then 256 dimensions) and one
+    nn.TransformerEncoderLayer applied six times (its weights shared), a masked-token-free
+    next-token head over the last layer."""
+
+    def __init__(self, width: int = 256, repeats: int = 6) -> None:
+        super().__init__()
+        self.repeats = repeats
+        self.embed = nn.Embedding(VOCABULARY, 64)
+        self.project = nn.Linear(64, width)
+        self.positions = nn.Parameter(torch.randn(TOKENS, width) * 0.02)
+        self.layer = nn.TransformerEncoderLayer(width, 4, 4 * width, 0.0, batch_first=True, norm_first=True)
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.project(self.embed(tokens)) + self.positions[: tokens.shape[1]]
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
+        for _ in range(self.repeats):
+            x = self.layer(x, src_mask=mask, is_causal=True)
+        return self.head(x)
+
+
+class NeuralCellularAutomaton(nn.Module):
+    """A neural cellular automaton: 16 channels of state on the 32x32 grid (the image in the first
+    three), each of eight steps perceiving by fixed Sobel and identity filters (a depthwise 3x3
+    convolution), updating by a two-layer 1x1 network on a random half of the cells; a pooled
+    linear head classifies the last state."""
+
+    def __init__(self, channels: int = 16, steps: int = 8) -> None:
+        super().__init__()
+        self.channels, self.steps = channels, steps
+        sobel = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8
+        identity = torch.zeros(3, 3)
+        identity[1, 1] = 1.0
+        filters = torch.stack([identity, sobel, sobel.t()]).repeat(channels, 1, 1).unsqueeze(1)
+        self.register_buffer("filters", filters)
+        self.update = nn.Sequential(nn.Conv2d(3 * channels, 96, 1), nn.ReLU(), nn.Conv2d(96, channels, 1))
+        self.head = nn.Linear(channels, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = image.shape
+        state = torch.cat([image, image.new_zeros(n, self.channels - 3, h, w)], 1)
+        for _ in range(self.steps):
+            perceived = nn.functional.conv2d(state, self.filters, padding=1, groups=self.channels)
+            alive = (torch.rand(n, 1, h, w, device=image.device) < 0.5).to(image.dtype)
+            state = state + self.update(perceived) * alive
+        return self.head(state.mean((2, 3)))
+
+
+class RandomFeatureAttentionLM(nn.Module):
+    """A Performer-like causal LM: attention through 64 positive random features a head (softmax
+    kernel estimated by exp of projected queries and keys), causal by running sums over the tokens
+    (cumsum), four pre-norm blocks of 128 dimensions and four heads, GELU MLPs."""
+
+    def __init__(self, width: int = 128, depth: int = 4, features: int = 64) -> None:
+        super().__init__()
+        self.heads = 4
+        head = width // self.heads
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.positions = nn.Parameter(torch.randn(TOKENS, width) * 0.02)
+        self.register_buffer("projection", torch.randn(head, features) / head**0.5)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, VOCABULARY)
+
+    def _features(self, x: torch.Tensor) -> torch.Tensor:
+        projected = x @ self.projection
+        return torch.exp(
+            projected - (x * x).sum(-1, keepdim=True) / 2 - projected.amax(-1, keepdim=True).detach()
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n, t = tokens.shape
+        x = self.embed(tokens) + self.positions[:t]
+        for index, mlp in enumerate(self.mlps):
+            q, k, v = self.qkv[index](self.norms[2 * index](x)).view(n, t, 3, self.heads, -1).unbind(2)
+            q, k = self._features(q * 0.5), self._features(k * 0.5)
+            context = torch.cumsum(k.unsqueeze(-1) * v.unsqueeze(-2), 1)  # (n, t, heads, features, head)
+            normalizer = torch.cumsum(k, 1)
+            attended = (q.unsqueeze(-2) @ context).squeeze(-2) / (
+                (q * normalizer).sum(-1, keepdim=True) + 1e-6
+            )
+            x = x + self.out[index](attended.flatten(2))
+            x = x + mlp(self.norms[2 * index + 1](x))
+        return self.head(x)
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -4948,6 +5065,38 @@ MODELS = (
         ObjectQueryDecoder,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-gmlp",
+        "torch.nn gMLP, spatial gating units across patches",
+        SpatialGatingMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-shared-layer-lm",
+        "torch.nn ALBERT-like LM, one encoder layer applied six times",
+        SharedLayerEncoder,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-cellular-automaton",
+        "torch.nn neural cellular automaton, eight stochastic update steps",
+        NeuralCellularAutomaton,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-random-feature-lm",
+        "torch.nn Performer-like LM, causal attention by random features and running sums",
+        RandomFeatureAttentionLM,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
         adam=True,
     ),
     OwnModel(
