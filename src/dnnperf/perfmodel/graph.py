@@ -620,7 +620,7 @@ class _MemoryWalk:
                 where = last.get(self.owner.get(id(parameter), ""), indices[-1])
                 self.segments[where]["grads"] += _nbytes(parameter)
             # A module called several times (a recurrent cell stepped by hand, a layer applied again):
-            # backward reaches its last call first; each earlier call makes a partial gradient of its
+            # backward reaches its last call first; every call before it makes a partial gradient of its
             # parameters' size and adds it to the sum so far, and while the largest is added the sum,
             # the partial and the new sum are alive (a GRU cell of 256 stepped 16 times: 1.69 MB of
             # temporaries at its peak, its weights 0.89 MB, the largest 0.79).
