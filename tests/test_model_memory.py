@@ -239,10 +239,10 @@ class _SteppedCell(nn.Module):
 
 
 def test_each_earlier_call_of_a_module_makes_a_partial_gradient() -> None:
-    """Backward reaches the cell's last call first; every call before it makes a partial gradient of the
-    parameters' size and adds it to the sum so far (the largest weight's sum made anew): the walk
-    charges both to every call before the last, and the estimate holds the profiler's measured peak within 10%,
-    which it misses by more without."""
+    """Backward reaches the cell's last call first; every call before it makes a partial gradient of
+    the parameters' size and adds it to the sum so far (the largest weight's sum made anew): the walk
+    charges both to every call before the last, and the estimate holds the profiler's measured peak
+    within 10%, which it misses by more without."""
     torch.manual_seed(0)
     model = _SteppedCell()
     batch = torch.randn(4, 16, 32)
