@@ -609,7 +609,7 @@ class _MemoryWalk:
         something, where a double backward runs (0: none does)."""
         workspace = workspace or {}
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        partial = [0] * len(self.segments)  # partial parameter gradients, per segment
+        held = [0] * len(self.segments)  # gradients being accumulated, per segment
         for cycle in range(self.cycle + 1):
             indices = [i for i, s in enumerate(self.segments) if s["cycle"] == cycle]
             if not indices:
@@ -625,30 +625,29 @@ class _MemoryWalk:
             # the partial and the new sum are alive (a GRU cell of 256 stepped 16 times: 1.69 MB of
             # temporaries at its peak, its weights 0.89 MB, the largest 0.79).
             owned: dict[str, int] = {}
-            largest: dict[str, int] = {}
+            biggest: dict[str, int] = {}
             for parameter in unique.values():
                 module = self.owner.get(id(parameter), "")
                 owned[module] = owned.get(module, 0) + _nbytes(parameter)
-                largest[module] = max(largest.get(module, 0), _nbytes(parameter))
+                biggest[module] = max(biggest.get(module, 0), _nbytes(parameter))
             starts: dict[str, list[int]] = {}
             for i in indices:
                 if self.calls[i]:
                     starts.setdefault(self.segments[i]["module"], []).append(i)
             for module, nbytes in owned.items():
                 for i in starts.get(module, [])[:-1]:
-                    partial[i] += nbytes + largest[module]
+                    held[i] += nbytes + biggest[module]
         # A tensor saved in several segments (keys read by each of a loop's iterations, an input
         # three projections read) has its gradient accumulated by backward from the last of them to
         # the first: held beside what flows there (a slot attention's keys and values, read by three
         # iterations, made its peak 2.2 MB above the flow alone at batch 4).
-        accumulating = partial
         for first, last, nbytes in self.uses.values():
             for index in range(max(first, 0), last):
-                accumulating[index] += nbytes
-        for s, largest, held in zip(self.segments, self.largest, accumulating, strict=True):
+                held[index] += nbytes
+        for s, largest, accumulating in zip(self.segments, self.largest, held, strict=True):
             # Operators outside leaf modules (a loss, attention written as functions): the gradient
             # that flows there is about the size of what they save, arriving and leaving.
-            s["flow"] = max(s["flow"], 2 * largest) + held
+            s["flow"] = max(s["flow"], 2 * largest) + accumulating
             if s["module"] == "(none)" and s["saved"]:
                 s["flow"] = max(s["flow"], outside_flow)
             s["workspace"] = workspace.get(s["module"], 0)
