@@ -415,9 +415,7 @@ def test_the_drift_warning_follows_the_hosts_speed_against_its_profile(monkeypat
     from dnnperf.perfmodel.machine import Curve
 
     now = {"flops": 50e9}
-    monkeypatch.setattr(
-        probe, "host_speed", lambda *a, **k: {"matmul_flops": now["flops"], "copy_bytes_per_s": 1e10}
-    )
+    monkeypatch.setattr(probe, "product_rate", lambda *a, **k: now["flops"])
     text = probe.drift_warning(100e9, "cpu", "2026-12-07T03:08")
     assert text is not None and "50 GFLOP/s now" in text and "100 when profiled" in text and "-50%" in text
     now["flops"] = 110e9

@@ -263,16 +263,19 @@ class ComputeOptions:
     #: The memory family's rows (copies, pads, concatenations, stacks) at the machine's bandwidth from
     #: memory rather than the cache's curve at their working set, their efficiencies fitted on the zoo
     #: that way (calibrate.zoo_fit): a copy writes memory just allocated, not in cache, and reads
-    #: operands written layers before. Through the cache's curve the zoo's copies (12 KB to 1.2 MB,
-    #: a recurrent layer's) came out at 0.04-0.17 of it, and that efficiency over-priced a
-    #: Perceiver's 29.7 MB of clones at batch 8 (42 ms against about 3.3 in its step); from memory
-    #: the same copies came out at 0.5-1.
+    #: operands written layers before. Through the cache's curve the zoo's small copies (12 KB to 1.2
+    #: MB, a recurrent layer's) came out at 0.01-0.17 of it, and that efficiency over-priced a
+    #: Perceiver's 29.7 MB of clones at batch 8 (42 ms against about 3.3 in its step). Off: tried on
+    #: the thirtieth to thirty-sixth held-out sets' stored steps, it priced a Fourier operator's zeros
+    #: at their own efficiency from memory, +24% to +90%, and was dropped before the thirty-seventh
+    #: set was fixed (validation-heldout-third-host-pricings-2.md, "Large copies from memory").
     copies_from_memory: bool = False
     #: Only the memory family's calls larger than ``LARGE_COPY_BYTES`` at the bandwidth from memory,
     #: at their own efficiency (``memory/PHASE/large``), fitted on the zoo's copies of that size
     #: (calibrate._sized_zoo: a pad, a concatenation, a GLU's split, block transposes, 4-17 MB a call);
     #: smaller calls keep the cache's curve at the efficiency of the zoo's small copies, whose
-    #: sizes (12 KB to 1.2 MB) they share.
+    #: sizes (12 KB to 1.2 MB) they share. Off: judged by the thirty-seventh held-out set with the
+    #: twenty-eighth's rule, it took the set from 7.2%, 22.5%, -7.2% to 8.0%, 22.5%, -8.0%.
     large_copies_from_memory: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
