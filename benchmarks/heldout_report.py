@@ -426,6 +426,17 @@ SETS = (
         "ALBERT-like LM whose one layer runs six times, a neural cellular automaton and a Performer-like "
         "LM (batch 2 and 4).",
     ),
+    (
+        "thirty-ninth",
+        "thirty-ninth set",
+        "Eight models (`THIRTY_NINTH_MODELS`, `--thirty-ninth`), fixed (each built and stepped to "
+        "choose its batches) before any of them was predicted, and run from a `dnnperf hw` profile made "
+        "just before: the model as it is, judging no pricing: hf:apertus1p5_text, hf:aria_text, "
+        "hf:bert-generation and hf:cohere2_moe (transformers, `small`, batch 2 and 3) and four networks "
+        "written in torch.nn (`benchmarks/own_models.py`): a Bahdanau-style decoder (a GRUCell stepped "
+        "by hand with additive attention), a Nystromformer-like encoder, a deep-equilibrium MLP and an "
+        "Attention U-Net.",
+    ),
 )
 #: The pages of each set's rows (a page of every set would be too long to read): each page and the
 #: first of its sets, in ``SETS``' order; a page holds its sets up to the next page's first.

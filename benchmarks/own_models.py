@@ -3850,6 +3850,159 @@ class RandomFeatureAttentionLM(nn.Module):
         return self.head(x)
 
 
+class AdditiveAttentionDecoder(nn.Module):
+    """A Bahdanau-style sequence model: a bidirectional GRU encodes the tokens (128 a direction), and a
+    GRUCell decoder of 256 steps through the first 32 positions by hand, each step scoring every
+    encoder state with additive attention (tanh of two projections, a learned vector) and reading
+    their weighted sum; next-token logits at those positions, the rest from the encoder."""
+
+    def __init__(self, width: int = 128, steps: int = 32) -> None:
+        super().__init__()
+        self.steps = steps
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.encoder = nn.GRU(width, width, batch_first=True, bidirectional=True)
+        self.keys = nn.Linear(2 * width, width, bias=False)
+        self.query = nn.Linear(2 * width, width)
+        self.score = nn.Linear(width, 1, bias=False)
+        self.cell = nn.GRUCell(width + 2 * width, 2 * width)
+        self.head = nn.Linear(2 * width, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        embedded = self.embed(tokens)
+        memory, _ = self.encoder(embedded)
+        keys = self.keys(memory)
+        state = memory[:, -1]
+        decoded = []
+        for step in range(self.steps):
+            weights = self.score(torch.tanh(keys + self.query(state).unsqueeze(1))).softmax(1)
+            context = (weights * memory).sum(1)
+            state = self.cell(torch.cat([embedded[:, step], context], -1), state)
+            decoded.append(state)
+        states = torch.cat([torch.stack(decoded, 1), memory[:, self.steps :]], 1)
+        return self.head(states)
+
+
+class NystromEncoder(nn.Module):
+    """A Nystromformer-like encoder: attention approximated through 16 landmarks (means of 8-token
+    segments), the landmark kernel's pseudo-inverse by six Newton iterations of matrix products,
+    four blocks of 128 dimensions and four heads, next-token head."""
+
+    def __init__(self, width: int = 128, depth: int = 4, landmarks: int = 16) -> None:
+        super().__init__()
+        self.heads, self.landmarks = 4, landmarks
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.positions = nn.Parameter(torch.randn(TOKENS, width) * 0.02)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, VOCABULARY)
+
+    @staticmethod
+    def _pseudo_inverse(kernel: torch.Tensor, iterations: int = 6) -> torch.Tensor:
+        identity = torch.eye(kernel.shape[-1], dtype=kernel.dtype, device=kernel.device)
+        scale = kernel.abs().sum(-1).amax(-1, keepdim=True) * kernel.abs().sum(-2).amax(-1, keepdim=True)
+        inverse = kernel.transpose(-1, -2) / scale.unsqueeze(-1)
+        for _ in range(iterations):
+            product = kernel @ inverse
+            inverse = (
+                0.25
+                * inverse
+                @ (13 * identity - product @ (15 * identity - product @ (7 * identity - product)))
+            )
+        return inverse
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n, t = tokens.shape
+        x = self.embed(tokens) + self.positions[:t]
+        for index, mlp in enumerate(self.mlps):
+            q, k, v = (
+                self.qkv[index](self.norms[2 * index](x)).view(n, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            )
+            scale = q.shape[-1] ** -0.5
+            q_land = q.reshape(n, self.heads, self.landmarks, -1, q.shape[-1]).mean(3)
+            k_land = k.reshape(n, self.heads, self.landmarks, -1, k.shape[-1]).mean(3)
+            left = (q @ k_land.transpose(-1, -2) * scale).softmax(-1)
+            middle = self._pseudo_inverse((q_land @ k_land.transpose(-1, -2) * scale).softmax(-1))
+            right = (q_land @ k.transpose(-1, -2) * scale).softmax(-1) @ v
+            attended = (left @ middle @ right).transpose(1, 2).reshape(n, t, -1)
+            x = x + self.out[index](attended)
+            x = x + mlp(self.norms[2 * index + 1](x))
+        return self.head(x)
+
+
+class EquilibriumMLP(nn.Module):
+    """A deep-equilibrium classifier: one residual MLP cell (512 wide, layer norm, ReLU) iterated to a
+    fixed point of the image's features, twelve iterations without gradients and two with them (the
+    phantom gradient of implicit models), then a linear head."""
+
+    def __init__(self, width: int = 512, settle: int = 12, trained: int = 2) -> None:
+        super().__init__()
+        self.settle, self.trained = settle, trained
+        self.inject = nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, width)
+        self.cell = nn.Sequential(
+            nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU(), nn.Linear(width, width)
+        )
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        injected = self.inject(image.flatten(1))
+        state = torch.zeros_like(injected)
+        with torch.no_grad():
+            for _ in range(self.settle):
+                state = self.norm(self.cell(state) + injected)
+        for _ in range(self.trained):
+            state = self.norm(self.cell(state) + injected)
+        return self.head(state)
+
+
+class AttentionGatedUNet(nn.Module):
+    """An Attention U-Net classifier: three levels of two 3x3 convolutions with batch norm (32, 64 and
+    128 channels, max-pooled down, transposed convolutions up), each skip connection gated by an
+    additive attention map (1x1 convolutions of the skip and the coarser signal, ReLU, a sigmoid
+    map), the decoder's output pooled into a linear head."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128)) -> None:
+        super().__init__()
+
+        def block(inputs: int, outputs: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(inputs, outputs, 3, padding=1),
+                nn.BatchNorm2d(outputs),
+                nn.ReLU(),
+                nn.Conv2d(outputs, outputs, 3, padding=1),
+                nn.BatchNorm2d(outputs),
+                nn.ReLU(),
+            )
+
+        self.down = nn.ModuleList(block(a, b) for a, b in zip((3, *widths[:-1]), widths, strict=True))
+        self.up = nn.ModuleList(nn.ConvTranspose2d(b, a, 2, stride=2) for a, b in itertools.pairwise(widths))
+        self.gate_skip = nn.ModuleList(nn.Conv2d(a, a // 2, 1) for a in widths[:-1])
+        self.gate_signal = nn.ModuleList(nn.Conv2d(a, a // 2, 1) for a in widths[:-1])
+        self.gate_map = nn.ModuleList(nn.Conv2d(a // 2, 1, 1) for a in widths[:-1])
+        self.merge = nn.ModuleList(block(2 * a, a) for a in widths[:-1])
+        self.head = nn.Linear(widths[0], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        skips, x = [], image
+        for index, block in enumerate(self.down):
+            x = block(x)
+            if index < len(self.down) - 1:
+                skips.append(x)
+                x = nn.functional.max_pool2d(x, 2)
+        for index in reversed(range(len(skips))):
+            x = self.up[index](x)
+            skip = skips[index]
+            gate = torch.relu(self.gate_skip[index](skip) + self.gate_signal[index](x))
+            skip = skip * torch.sigmoid(self.gate_map[index](gate))
+            x = self.merge[index](torch.cat([skip, x], 1))
+        return self.head(x.mean((2, 3)))
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -5097,6 +5250,38 @@ MODELS = (
         RandomFeatureAttentionLM,
         _next_token_loss,
         LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-additive-attention",
+        "torch.nn Bahdanau-style decoder, a GRUCell stepped by hand with additive attention",
+        AdditiveAttentionDecoder,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-nystrom-encoder",
+        "torch.nn Nystromformer-like encoder, landmark attention and an iterative pseudo-inverse",
+        NystromEncoder,
+        _next_token_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-equilibrium-mlp",
+        "torch.nn deep-equilibrium MLP, fixed-point iterations with and without gradients",
+        EquilibriumMLP,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-attention-unet",
+        "torch.nn Attention U-Net, skip connections gated by additive attention maps",
+        AttentionGatedUNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),
     OwnModel(
