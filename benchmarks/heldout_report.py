@@ -437,6 +437,17 @@ SETS = (
         "by hand with additive attention), a Nystromformer-like encoder, a deep-equilibrium MLP and an "
         "Attention U-Net.",
     ),
+    (
+        "fortieth",
+        "fortieth set",
+        "Eight models (`FORTIETH_MODELS`, `--fortieth`), fixed (each built and stepped to choose its "
+        "batches) before any of them was predicted, and run from a `dnnperf hw` profile made just "
+        "before, to judge the host's seconds between a phase's calls charged at their part that does "
+        'not grow with the batch (variant "host gaps, fixed part"): hf:dory, hf:esmc, hf:gpt-sw3 and '
+        "hf:gpt_neox_japanese (transformers, `small`, batch 2 and 3) and four networks written in "
+        "torch.nn (`benchmarks/own_models.py`): an XCiT-like classifier, a GhostNet-like classifier, a "
+        "PoolFormer-like classifier and a speech-recognizer-like tagger trained with CTC.",
+    ),
 )
 #: The pages of each set's rows (a page of every set would be too long to read): each page and the
 #: first of its sets, in ``SETS``' order; a page holds its sets up to the next page's first.

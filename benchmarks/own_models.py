@@ -31,6 +31,8 @@ VAE_IMAGE_SIZE = 64
 CLASSES = 100
 VOCABULARY = 4096
 TOKENS = 128
+#: Symbols a CTC tagger emits (blank included).
+CTC_SYMBOLS = 64
 #: Width of a caption's token embeddings the text-conditioned transformers read (8 tokens).
 CAPTION_WIDTH = 64
 #: A 1-D signal's samples (an image's rows laid end to end) and a series' features a step.
@@ -84,6 +86,21 @@ def _vq_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 def _next_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     logits = model(batch["tokens"])
     return nn.functional.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+
+
+def _ctc_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Connectionist temporal classification: the model's per-position log-probabilities over the
+    vocabulary's first ``CTC_SYMBOLS`` symbols (0 the blank) against label sequences of a quarter of
+    the positions, taken from the targets."""
+    log_probs = model(batch["tokens"])  # (positions, batch, symbols)
+    positions, count, _ = log_probs.shape
+    labels = batch["targets"][:, : positions // 4] % (CTC_SYMBOLS - 1) + 1
+    return nn.functional.ctc_loss(
+        log_probs,
+        labels,
+        torch.full((count,), positions, dtype=torch.long),
+        torch.full((count,), labels.shape[1], dtype=torch.long),
+    )
 
 
 def _classifier_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -4003,6 +4020,153 @@ class AttentionGatedUNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class CrossCovarianceViT(nn.Module):
+    """An XCiT-like classifier: 4x4 patches (64 tokens of 128), four blocks each mixing channels by
+    cross-covariance attention (per head, the 32x32 matrix of L2-normalized keys against queries
+    over the tokens, a learned temperature, softmax, applied to the values) and a GELU MLP."""
+
+    def __init__(self, width: int = 128, depth: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Conv2d(3, width, 4, stride=4)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2 * depth))
+        self.qkv = nn.ModuleList(nn.Linear(width, 3 * width) for _ in range(depth))
+        self.temperature = nn.Parameter(torch.ones(depth, heads, 1, 1))
+        self.out = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.embed(image).flatten(2).transpose(1, 2)
+        n, t, _ = x.shape
+        for index, mlp in enumerate(self.mlps):
+            q, k, v = (
+                self.qkv[index](self.norms[2 * index](x)).view(n, t, 3, self.heads, -1).permute(2, 0, 3, 4, 1)
+            )
+            q, k = nn.functional.normalize(q, dim=-1), nn.functional.normalize(k, dim=-1)
+            weights = (q @ k.transpose(-1, -2) * self.temperature[index]).softmax(-1)
+            attended = (weights @ v).permute(0, 3, 1, 2).reshape(n, t, -1)
+            x = x + self.out[index](attended)
+            x = x + mlp(self.norms[2 * index + 1](x))
+        return self.head(x.mean(1))
+
+
+class GhostModule(nn.Module):
+    """Half the output channels from a 1x1 convolution, the other half from a cheap depthwise 3x3 of
+    those, concatenated (GhostNet)."""
+
+    def __init__(self, inputs: int, outputs: int, relu: bool = True) -> None:
+        super().__init__()
+        half = outputs // 2
+        self.primary = nn.Sequential(nn.Conv2d(inputs, half, 1, bias=False), nn.BatchNorm2d(half))
+        self.cheap = nn.Sequential(
+            nn.Conv2d(half, half, 3, padding=1, groups=half, bias=False), nn.BatchNorm2d(half)
+        )
+        self.relu = relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        primary = self.primary(x)
+        primary = torch.relu(primary) if self.relu else primary
+        cheap = self.cheap(primary)
+        return torch.cat([primary, torch.relu(cheap) if self.relu else cheap], 1)
+
+
+class GhostNetLike(nn.Module):
+    """A GhostNet-like classifier: a 3x3 stem, six ghost bottlenecks (ghost module, a strided
+    depthwise 3x3 where the map halves, a second ghost module without ReLU, residual where shapes
+    allow) from 16 to 96 channels, pooled into a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        plan = (
+            (16, 32, 16, 1),
+            (16, 48, 24, 2),
+            (24, 72, 24, 1),
+            (24, 96, 40, 2),
+            (40, 120, 40, 1),
+            (40, 192, 96, 2),
+        )
+        self.expand = nn.ModuleList(GhostModule(a, hidden) for a, hidden, _, _ in plan)
+        self.downs = nn.ModuleList(
+            nn.Sequential(
+                nn.Conv2d(hidden, hidden, 3, stride=2, padding=1, groups=hidden, bias=False),
+                nn.BatchNorm2d(hidden),
+            )
+            if stride == 2
+            else nn.Identity()
+            for _, hidden, _, stride in plan
+        )
+        self.project = nn.ModuleList(GhostModule(hidden, b, relu=False) for _, hidden, b, _ in plan)
+        self.residual = [a == b and stride == 1 for a, _, b, stride in plan]
+        self.head = nn.Linear(96, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image)
+        for expand, down, project, residual in zip(
+            self.expand, self.downs, self.project, self.residual, strict=True
+        ):
+            y = project(down(expand(x)))
+            x = x + y if residual else y
+        return self.head(x.mean((2, 3)))
+
+
+class PoolFormer(nn.Module):
+    """A PoolFormer-like classifier: a strided 4x4 stem to 64 channels on an 8x8 map, six blocks
+    whose token mixer is a 3x3 average pool less its input, with group norms (one group) and 1x1
+    convolution MLPs (4x, GELU), a strided 2x2 convolution to 128 channels halfway."""
+
+    def __init__(self, depth: int = 6) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 4, stride=4)
+        widths = [64] * (depth // 2) + [128] * (depth - depth // 2)
+        self.norms = nn.ModuleList(nn.GroupNorm(1, w) for w in widths for _ in range(2))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(w, 4 * w, 1), nn.GELU(), nn.Conv2d(4 * w, w, 1)) for w in widths
+        )
+        self.widen = nn.Conv2d(64, 128, 2, stride=2)
+        self.switch = depth // 2
+        self.head = nn.Linear(128, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image)
+        for index, mlp in enumerate(self.mlps):
+            if index == self.switch:
+                x = self.widen(x)
+            y = self.norms[2 * index](x)
+            x = x + nn.functional.avg_pool2d(y, 3, stride=1, padding=1, count_include_pad=False) - y
+            x = x + mlp(self.norms[2 * index + 1](x))
+        return self.head(x.mean((2, 3)))
+
+
+class ConvRecurrentCTC(nn.Module):
+    """A speech-recognizer-like tagger over token embeddings: two 1-D convolutions (kernel 5, the
+    second strided by 2) with batch norm, a two-layer bidirectional LSTM of 128 a direction, and
+    log-probabilities over ``CTC_SYMBOLS`` symbols per position, trained with CTC."""
+
+    def __init__(self, width: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.convolutions = nn.Sequential(
+            nn.Conv1d(width, width, 5, padding=2),
+            nn.BatchNorm1d(width),
+            nn.ReLU(),
+            nn.Conv1d(width, width, 5, stride=2, padding=2),
+            nn.BatchNorm1d(width),
+            nn.ReLU(),
+        )
+        self.recurrent = nn.LSTM(width, width, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * width, CTC_SYMBOLS)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.convolutions(self.embed(tokens).transpose(1, 2)).transpose(1, 2)
+        x, _ = self.recurrent(x)
+        return self.head(x).log_softmax(-1).transpose(0, 1)
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -5282,6 +5446,38 @@ MODELS = (
         AttentionGatedUNet,
         _classifier_loss,
         ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-xcit",
+        "torch.nn XCiT-like classifier, cross-covariance attention over channels",
+        CrossCovarianceViT,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-ghostnet",
+        "torch.nn GhostNet-like classifier, ghost modules and strided depthwise convolutions",
+        GhostNetLike,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-poolformer",
+        "torch.nn PoolFormer-like classifier, average pooling as the token mixer, group norms",
+        PoolFormer,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-conv-lstm-ctc",
+        "torch.nn speech-recognizer-like tagger, 1-D convolutions, a BiLSTM and CTC loss",
+        ConvRecurrentCTC,
+        _ctc_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
         adam=True,
     ),
     OwnModel(
