@@ -774,6 +774,8 @@ def subnormals(documents: dict[str, dict[str, Any]]) -> str:
 #: against the model (its name never in the JSON: the model stands in).
 UPDATE_STEP_COST = "update with a fixed cost a step"
 HOST_GAPS = "host gaps"
+#: The gaps charged at their part that does not grow with the batch (heldout_validation.FIXED_GAPS).
+FIXED_GAPS = "host gaps, fixed part"
 NO_HOST_GAPS = "no host gaps"
 NEITHER = "neither the update's fixed cost nor host gaps"
 
@@ -783,6 +785,7 @@ LATER_OPTIONS: dict[str, tuple[str, str, tuple[str, str], str | None]] = {
     "update-step": (UPDATE_CALLS_AND_BYTES, UPDATE_STEP_COST, ("calls and bytes", "with a fixed cost"), None),
     "host-gaps": (NO_HOST_GAPS, HOST_GAPS, ("without", "with the gaps"), "twenty-eighth"),
     "update-step-and-gaps": (NEITHER, "the update's fixed cost and host gaps", ("neither", "both"), None),
+    "fixed-gaps": (NO_HOST_GAPS, FIXED_GAPS, ("without", "the fixed part"), "twenty-eighth"),
     "elementwise": (
         "elementwise through the cache's curve",
         ELEMENTWISE_FROM_MEMORY,

@@ -279,7 +279,10 @@ class ComputeOptions:
     large_copies_from_memory: bool = False
     #: With ``host_gaps``, an interpolated description's gaps at batch 0 (StepGraph.fixed_gaps) rather
     #: than at its batch: the part that does not grow with the batch (validation-heldout.md, variant
-    #: "host gaps, fixed part").
+    #: "host gaps, fixed part"). Passed by the fortieth held-out set with the twenty-eighth's rule
+    #: (19.4%, 34.6%, -19.4% to 11.6%, 25.3%, -11.6%), and off: it charges only descriptions that timed
+    #: their gaps (describe_model's ``time_gaps``), which neither ``dnnperf.predict`` nor the CLI's
+    #: descriptions do (validation-heldout-third-host.md, "The model's own Python").
     fixed_gaps: bool = False
 
     def __post_init__(self) -> None:
