@@ -943,6 +943,7 @@ PREVIOUS = "one call cost, update as counted"
 PRODUCTS_IN_CACHE = "products in cache"
 HOST_GAPS = "host gaps"
 FIXED_GAPS = "host gaps, fixed part"
+NO_HOST_GAPS = "no host gaps"
 ATTENTION_REPLAYED = "attention replayed"
 ATTENTION_AS_PRODUCTS = "attention as products"
 ANY_ROWS = "products of any rows"
@@ -967,6 +968,7 @@ VARIANTS = (
     PRODUCTS_IN_CACHE,
     HOST_GAPS,
     FIXED_GAPS,
+    NO_HOST_GAPS,
     ATTENTION_REPLAYED,
     ATTENTION_AS_PRODUCTS,
     ANY_ROWS,
@@ -1006,8 +1008,8 @@ OPTIONS = {
     UPDATE_AS_COUNTED: ComputeOptions(update_share=False),
     PREVIOUS: ComputeOptions(phase_calls=False, update_share=False),
     PRODUCTS_IN_CACHE: ComputeOptions(cold_products=False),
-    HOST_GAPS: ComputeOptions(host_gaps=True),
-    FIXED_GAPS: ComputeOptions(host_gaps=True, fixed_gaps=True),
+    HOST_GAPS: ComputeOptions(fixed_gaps=False),
+    FIXED_GAPS: ComputeOptions(),
     ATTENTION_REPLAYED: ComputeOptions(replay_attention=True),
     ATTENTION_AS_PRODUCTS: ComputeOptions(replay_attention=False),
     ANY_ROWS: ComputeOptions(few_rows_products=False),
@@ -1032,6 +1034,7 @@ OPTIONS = {
             DTYPES_AND_FAULTS_APART,
             COPIES_FROM_MEMORY,
             LARGE_COPIES_FROM_MEMORY,
+            NO_HOST_GAPS,
         )
     },
 }

@@ -293,8 +293,9 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     gaps = {"forward": [5e-3, 400.0], "backward": [1e-3, 500.0], "update": [9e-3, 100.0]}
     graph = StepGraph("toy", 1, ops, 0, {}, 0, 0, 0, gaps=gaps)
     here = toy_machine(replay_device="cpu", gap_call_s={"forward": 5e-6, "backward": 4e-6, "update": 1e-6})
-    plain = step_time(graph, here)  # the default: off
-    charged = step_time(graph, here, ComputeOptions(host_gaps=True))
+    off, whole = ComputeOptions(host_gaps=False), ComputeOptions(fixed_gaps=False)
+    plain = step_time(graph, here, off)
+    charged = step_time(graph, here, whole)
     # Forward: 5 ms between 400 calls, 2 ms of them at 5 us a call: 3 ms more. Backward: 1 ms between
     # 500 calls at 4 us (2 ms): nothing, never less. The update: its own calibration, not charged.
     assert charged.forward_s - plain.forward_s == pytest.approx(3e-3)
@@ -302,14 +303,15 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     assert charged.update_s == pytest.approx(plain.update_s)
     assert charged.overhead_s - plain.overhead_s == pytest.approx(3e-3)
     # A prediction's step and phases carry it (one device, and each rank of data parallelism).
-    with_gaps = predict(graph, here, batch_size=1, options=ComputeOptions(host_gaps=True))
-    without = predict(graph, here, batch_size=1)
+    with_gaps = predict(graph, here, batch_size=1, options=whole)
+    without = predict(graph, here, batch_size=1, options=off)
     assert with_gaps.step_s - without.step_s == pytest.approx(3e-3)
     assert with_gaps.detail["phases_s"]["forward"] == pytest.approx(charged.forward_s)
     # Another machine (a preset) runs other Python at another speed: nothing charged.
     elsewhere = dataclasses.replace(here, replay_device="")
-    on = ComputeOptions(host_gaps=True)
-    assert step_time(graph, elsewhere, on).total_s == pytest.approx(step_time(graph, elsewhere).total_s)
+    assert step_time(graph, elsewhere, whole).total_s == pytest.approx(
+        step_time(graph, elsewhere, off).total_s
+    )
     # Interpolated between two batches, the gaps are the two's in proportion; kept through JSON.
     other = dataclasses.replace(
         graph, batch_size=3, gaps={"forward": [7e-3, 400.0], "backward": [3e-3, 500.0]}
@@ -319,15 +321,14 @@ def test_a_model_pays_the_hosts_gaps_beyond_the_calibration_networks_on_the_cpu_
     assert StepGraph.from_dict(between.to_dict()).gaps == between.gaps
     # Their part that does not grow with the batch: the line through (1, 5 ms) and (3, 7 ms) at batch
     # 0 is 4 ms forward (2 ms over 400 calls at 5 us: 2 ms charged), (1, 1 ms) and (3, 3 ms) give 0
-    # backward; the same at any batch, the described one included.
+    # backward; the same at any batch, the described one included. The model's default.
     assert between.fixed_gaps == {"forward": [pytest.approx(4e-3), 400.0], "backward": [0.0, 500.0]}
-    fixed = ComputeOptions(host_gaps=True, fixed_gaps=True)
     for size in (1, 2, 5):
         at = ScalableGraph(graph, other).at(size)
-        assert step_time(at, here, fixed).forward_s - step_time(at, here).forward_s == pytest.approx(2e-3)
-        assert step_time(at, here, fixed).backward_s == pytest.approx(step_time(at, here).backward_s)
+        assert step_time(at, here).forward_s - step_time(at, here, off).forward_s == pytest.approx(2e-3)
+        assert step_time(at, here).backward_s == pytest.approx(step_time(at, here, off).backward_s)
     # One description has no fixed part to charge.
-    assert step_time(graph, here, fixed).total_s == pytest.approx(plain.total_s)
+    assert step_time(graph, here).total_s == pytest.approx(plain.total_s)
 
 
 def test_cold_product_fit_recovers_a_call_cost_and_a_cost_per_byte() -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
+from tests.test_model_formulas import toy_machine
 from torch import nn
 
+import dnnperf
 from dnnperf.perfmodel.graph import describe_model
 from dnnperf.perfmodel.issue import gap_seconds, issue_seconds
+from dnnperf.perfmodel.machine import Machine
 
 CPU = torch.device("cpu")
 
@@ -132,3 +136,22 @@ def test_a_description_on_the_cpu_times_its_gaps_where_asked() -> None:
     graph = describe_model(_Gapped(0.010, 0.0), torch.randn(4, 8), count_faults=False, time_gaps=True)
     assert graph.gaps["forward"][0] >= 0.010 * 0.95
     assert graph.gaps["forward"][1] > 0
+
+
+def test_dnnperf_predict_on_this_hosts_cpu_charges_the_python_that_does_not_grow_with_the_batch() -> None:
+    """The truth: 20 ms of Python slept between two operator calls of each forward, at every batch.
+    On a machine that is this host's CPU (``replay_device``), ``dnnperf.predict`` times the host
+    between the calls of two descriptions (the example batch and its half) and charges their line at
+    batch 0 (ComputeOptions.fixed_gaps): the forward comes out at least half the sleep above the same
+    network's without it (a sleep lasts at least its seconds; the margin is for a busy host's gaps at
+    the two batches), and not even twice it. A preset machine runs other Python: nothing charged."""
+    here = toy_machine(replay_device="cpu", gap_call_s={"forward": 0.0, "backward": 0.0, "update": 0.0})
+    batch = torch.randn(4, 8)
+
+    def forward_s(model: nn.Module, machine: Machine | str) -> float:
+        return dnnperf.predict(model, batch, machine=machine).detail["phases_s"]["forward"]
+
+    torch.manual_seed(0)
+    charged = forward_s(_Gapped(0.020, 0.0), here) - forward_s(_Gapped(0.0, 0.0), here)
+    assert 0.010 <= charged < 0.040
+    assert forward_s(_Gapped(0.020, 0.0), "a100-ib") == pytest.approx(forward_s(_Gapped(0.0, 0.0), "a100-ib"))

@@ -37,6 +37,9 @@ def predict(
     predict at (default: the example batch's; dp: the global batch), from a second description at half
     the example batch (FLOPs, bytes and activations are affine in the batch). Loss and optimizer as in
     :func:`~dnnperf.perfmodel.graph.describe_model`, which runs real steps and puts the model back.
+    On this host's CPU (``machine=None``) both descriptions time the host between their operator calls
+    too, seven more steps each: the model's own Python is charged at its part that does not grow with
+    the batch (``ComputeOptions.fixed_gaps``).
     A phase whose operator outputs are 0.1% subnormal floats or more gets a RuntimeWarning
     (``.detail["subnormal_outputs"]`` has every phase's share, ``.detail["subnormal_slowdown"]`` how
     much slower each phase ran with them than flushed to zero where the model was described:
@@ -44,15 +47,17 @@ def predict(
     example = example_rows(batch)
     device = next(t.device for t in tensors_in(batch))
     resolved = resolve_machine(machine, device, fsdp=strategy == "fsdp")
-    graph = describe_model(model, batch, loss_fn=loss_fn, optimizer=optimizer)
-    if batch_size is None:
+    # This host's CPU charges the model's own Python between its calls, at the part that does not
+    # grow with the batch (ComputeOptions.fixed_gaps): two descriptions, each with its gaps timed.
+    gaps = device.type == "cpu" and resolved.replay_device == "cpu" and example >= 2
+    graph = describe_model(model, batch, loss_fn=loss_fn, optimizer=optimizer, time_gaps=gaps)
+    if batch_size is None and not gaps:
         prediction = predict_graph(graph, resolved, example, strategy)
     elif example < 2:
         raise UsageError("predicting at another batch size needs an example batch of at least 2")
     else:
-        prediction = predict_graph(
-            scalable(graph, model, batch, loss_fn, optimizer), resolved, batch_size, strategy
-        )
+        source = scalable(graph, model, batch, loss_fn, optimizer)
+        prediction = predict_graph(source, resolved, batch_size or example, strategy)
     for text in warnings_of(prediction.detail):
         warnings.warn(text, RuntimeWarning, stacklevel=2)
     return prediction

@@ -79,7 +79,8 @@ VARIANTS = {
     ),
     "elementwise from memory": ComputeOptions(elementwise_from_memory=True),
     "memory operators calibrated on copies": ComputeOptions(copies_calibrated=True),
-    "copies calibrated and host gaps": ComputeOptions(copies_calibrated=True, host_gaps=True),
+    "copies calibrated and host gaps": ComputeOptions(copies_calibrated=True, fixed_gaps=False),
+    "no host gaps": ComputeOptions(host_gaps=False),
     "data movement replayed": ComputeOptions(replay_data_movement=True),
     "data movement replayed, elementwise from memory": ComputeOptions(
         replay_data_movement=True, elementwise_from_memory=True
@@ -117,7 +118,7 @@ ELEMENTWISE_FROM_MEMORY = "elementwise from memory"
 #: The variant whose memory family's efficiencies come from the zoo's copies too
 #: (ComputeOptions.copies_calibrated).
 COPIES_CALIBRATED = "memory operators calibrated on copies"
-#: And the model's host seconds between its calls charged too (ComputeOptions.host_gaps).
+#: And the model's host seconds between its calls charged too, whole (ComputeOptions.fixed_gaps off).
 COPIES_AND_GAPS = "copies calibrated and host gaps"
 #: The variant that replays each distinct call of data movement and of the operators with no formula
 #: (ComputeOptions.replay_data_movement): the model's machine.
