@@ -448,6 +448,17 @@ SETS = (
         "torch.nn (`benchmarks/own_models.py`): an XCiT-like classifier, a GhostNet-like classifier, a "
         "PoolFormer-like classifier and a speech-recognizer-like tagger trained with CTC.",
     ),
+    (
+        "forty-first",
+        "forty-first set",
+        "Eight models (`FORTY_FIRST_MODELS`, `--forty-first`), fixed (each built and stepped to choose "
+        "its batches) before any of them was predicted, and run from a `dnnperf hw` profile made just "
+        "before, to confirm the host gaps' fixed part, the model's since the fortieth set: "
+        "hf:granitemoe_swa, hf:granitemoeshared, hf:hrm_text and hf:hyperclovax (transformers, `small`, "
+        "batch 2 and 3) and four networks written in torch.nn (`benchmarks/own_models.py`): a "
+        "MobileViT-like classifier, a DPN-like classifier, a hierarchical attention network and an "
+        "axial-attention classifier.",
+    ),
 )
 #: The pages of each set's rows (a page of every set would be too long to read): each page and the
 #: first of its sets, in ``SETS``' order; a page holds its sets up to the next page's first.

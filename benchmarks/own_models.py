@@ -103,6 +103,11 @@ def _ctc_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     )
 
 
+def _sequence_label_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """A label a sequence: the first target token's class among ``CLASSES``."""
+    return nn.functional.cross_entropy(model(batch["tokens"]), batch["targets"][:, 0] % CLASSES)
+
+
 def _classifier_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return nn.functional.cross_entropy(model(batch["image"]), batch["label"])
 
@@ -4167,6 +4172,164 @@ class ConvRecurrentCTC(nn.Module):
         return self.head(x).log_softmax(-1).transpose(0, 1)
 
 
+class MobileViTLike(nn.Module):
+    """A MobileViT-like classifier: a strided convolution stem to a 16x16 map of 64 channels, then two
+    MobileViT blocks (a 3x3 and a 1x1 convolution, the map cut
+    into 2x2 patches whose pixels attend across patches in a two-layer transformer of 96, folded back,
+    projected and fused with the input by a 3x3 convolution), pooled into a linear head."""
+
+    def __init__(self, channels: int = 64, width: int = 96) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, stride=2, padding=1), nn.BatchNorm2d(channels), nn.SiLU()
+        )
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "local": nn.Sequential(
+                        nn.Conv2d(channels, channels, 3, padding=1), nn.SiLU(), nn.Conv2d(channels, width, 1)
+                    ),
+                    "global": nn.TransformerEncoder(
+                        nn.TransformerEncoderLayer(
+                            width, 4, 2 * width, 0.0, batch_first=True, norm_first=True
+                        ),
+                        2,
+                        enable_nested_tensor=False,
+                    ),
+                    "project": nn.Conv2d(width, channels, 1),
+                    "fuse": nn.Conv2d(2 * channels, channels, 3, padding=1),
+                }
+            )
+            for _ in range(2)
+        )
+        self.head = nn.Linear(channels, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image)
+        for block in self.blocks:
+            y = block["local"](x)
+            n, c, h, w = y.shape
+            patches = (
+                y.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 3, 5, 2, 4, 1).reshape(n * 4, h * w // 4, c)
+            )
+            y = block["global"](patches)
+            y = y.reshape(n, 2, 2, h // 2, w // 2, c).permute(0, 5, 3, 1, 4, 2).reshape(n, c, h, w)
+            x = block["fuse"](torch.cat([x, block["project"](y)], 1))
+        return self.head(x.mean((2, 3)))
+
+
+class DualPathBlock(nn.Module):
+    """A dual path block: a grouped bottleneck whose output is split into a residual part added to
+    the residual path and a dense part concatenated to the dense path."""
+
+    def __init__(self, inputs: int, residual: int, growth: int, groups: int = 8) -> None:
+        super().__init__()
+        self.residual = residual
+        middle = 64
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(inputs),
+            nn.ReLU(),
+            nn.Conv2d(inputs, middle, 1, bias=False),
+            nn.BatchNorm2d(middle),
+            nn.ReLU(),
+            nn.Conv2d(middle, middle, 3, padding=1, groups=groups, bias=False),
+            nn.BatchNorm2d(middle),
+            nn.ReLU(),
+            nn.Conv2d(middle, residual + growth, 1, bias=False),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return torch.cat(
+            [x[:, : self.residual] + out[:, : self.residual], x[:, self.residual :], out[:, self.residual :]],
+            1,
+        )
+
+
+class DualPathNet(nn.Module):
+    """A DPN-like classifier: a 3x3 stem to 64 channels, two stages of three dual path blocks (a
+    residual path of 64 channels, a dense path growing 16 a block), a strided average pool between
+    them, pooled into a linear head."""
+
+    def __init__(self, residual: int = 64, growth: int = 16, blocks: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, residual, 3, padding=1, bias=False), nn.BatchNorm2d(residual), nn.ReLU()
+        )
+        widths = [residual + growth * i for i in range(2 * blocks + 1)]
+        self.blocks = nn.ModuleList(DualPathBlock(widths[i], residual, growth) for i in range(2 * blocks))
+        self.down_after = blocks - 1
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.stem(image)
+        for index, block in enumerate(self.blocks):
+            x = block(x)
+            if index == self.down_after:
+                x = nn.functional.avg_pool2d(x, 2)
+        return self.head(x.mean((2, 3)))
+
+
+class HierarchicalAttention(nn.Module):
+    """A hierarchical attention network: the tokens cut into 8 sentences of 16, each sentence's words
+    through a bidirectional GRU (64 a direction) pooled by additive attention, the sentence vectors
+    through another bidirectional GRU pooled the same way, and a linear head."""
+
+    def __init__(self, width: int = 64, sentences: int = 8) -> None:
+        super().__init__()
+        self.sentences = sentences
+        self.embed = nn.Embedding(VOCABULARY, width)
+        self.words = nn.GRU(width, width, batch_first=True, bidirectional=True)
+        self.sentence_rnn = nn.GRU(2 * width, width, batch_first=True, bidirectional=True)
+        self.word_score = nn.Sequential(
+            nn.Linear(2 * width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 1, bias=False)
+        )
+        self.sentence_score = nn.Sequential(
+            nn.Linear(2 * width, 2 * width), nn.Tanh(), nn.Linear(2 * width, 1, bias=False)
+        )
+        self.head = nn.Linear(2 * width, CLASSES)
+
+    @staticmethod
+    def _pool(states: torch.Tensor, score: nn.Module) -> torch.Tensor:
+        return (score(states).softmax(1) * states).sum(1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n, t = tokens.shape
+        words, _ = self.words(self.embed(tokens).reshape(n * self.sentences, t // self.sentences, -1))
+        sentences = self._pool(words, self.word_score).reshape(n, self.sentences, -1)
+        states, _ = self.sentence_rnn(sentences)
+        return self.head(self._pool(states, self.sentence_score))
+
+
+class AxialAttentionNet(nn.Module):
+    """An axial-attention classifier: a strided 2x2 convolution to a 16x16 map of 64 channels, four
+    blocks each attending along the rows and then along the columns (multi-head attention of four
+    heads, pre-norm, residual) and a GELU MLP, pooled into a linear head."""
+
+    def __init__(self, width: int = 64, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, width, 2, stride=2)
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(3 * depth))
+        self.rows = nn.ModuleList(nn.MultiheadAttention(width, 4, batch_first=True) for _ in range(depth))
+        self.columns = nn.ModuleList(nn.MultiheadAttention(width, 4, batch_first=True) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = self.embed(image).permute(0, 2, 3, 1)  # (n, h, w, c)
+        n, h, w, c = x.shape
+        for index, mlp in enumerate(self.mlps):
+            y = self.norms[3 * index](x).reshape(n * h, w, c)
+            x = x + self.rows[index](y, y, y, need_weights=False)[0].reshape(n, h, w, c)
+            y = self.norms[3 * index + 1](x).transpose(1, 2).reshape(n * w, h, c)
+            x = x + self.columns[index](y, y, y, need_weights=False)[0].reshape(n, w, h, c).transpose(1, 2)
+            x = x + mlp(self.norms[3 * index + 2](x))
+        return self.head(x.mean((1, 2)))
+
+
 MODELS = (
     OwnModel(
         "diffusers-unet",
@@ -5478,6 +5641,38 @@ MODELS = (
         ConvRecurrentCTC,
         _ctc_loss,
         LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-mobilevit",
+        "torch.nn MobileViT-like classifier, convolutions and transformers over unfolded patches",
+        MobileViTLike,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-dual-path",
+        "torch.nn DPN-like classifier, residual and densely connected paths in one block",
+        DualPathNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
+        adam=False,
+    ),
+    OwnModel(
+        "torch-hierarchical-attention",
+        "torch.nn hierarchical attention network, word and sentence GRUs pooled by attention",
+        HierarchicalAttention,
+        _sequence_label_loss,
+        LanguageModelFormat(VOCABULARY, TOKENS),
+        adam=True,
+    ),
+    OwnModel(
+        "torch-axial-attention",
+        "torch.nn axial-attention classifier, attention along rows and then columns",
+        AxialAttentionNet,
+        _classifier_loss,
+        ImageFormat(IMAGE_SIZE, CLASSES),
         adam=True,
     ),
     OwnModel(
